@@ -1,0 +1,40 @@
+"""Shared test plumbing: the gpu marker skips without CUDA; frameworks convert to float64 NumPy."""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+
+# float64 is a supported dtype on the embedded default; JAX needs x64 for it. Set before jax loads
+# so every test in the process sees one configuration.
+os.environ.setdefault("JAX_ENABLE_X64", "1")
+
+
+@functools.lru_cache(None)
+def cuda_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def to_f64(x) -> np.ndarray:
+    """Any framework's array -> float64 NumPy (bf16 included)."""
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        return x.detach().to("cpu").double().numpy()
+    if mod.startswith("cupy"):
+        return x.get().astype(np.float64)
+    return np.asarray(x).astype(np.float64)

@@ -1,0 +1,67 @@
+"""Building test inputs in each framework with a chosen dtype and memory layout."""
+from __future__ import annotations
+
+import numpy as np
+
+import os
+
+FRAMEWORKS = tuple(os.environ.get("XGEMM_TEST_FRAMEWORKS", "numpy,torch,jax").split(","))
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+# layouts a caller can hand us: contiguous, transposed (column-major), every other column,
+# offset by one row, reversed rows (negative stride: NumPy only)
+LAYOUTS = ("contiguous", "transposed", "sliced", "offset", "reversed")
+
+
+def np_dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def make(values: np.ndarray, framework: str, dtype: str, layout: str = "contiguous"):
+    """An array equal to `values` (float64, any ndim) in `framework`/`dtype`, laid out per `layout`."""
+    v = np.asarray(values, np.float64)
+    if framework == "jax" or v.ndim < 2:
+        layout = "contiguous"          # JAX arrays are always row-major
+    if framework == "torch" and layout == "reversed":
+        layout = "sliced"              # torch has no negative strides
+    if layout == "transposed":
+        base = np.ascontiguousarray(np.swapaxes(v, -1, -2))
+    elif layout == "sliced":
+        base = np.zeros(v.shape[:-1] + (2 * v.shape[-1],))
+        base[..., ::2] = v
+    elif layout == "offset":
+        base = np.zeros(v.shape[:-2] + (v.shape[-2] + 1, v.shape[-1]))
+        base[..., 1:, :] = v
+    elif layout == "reversed":
+        base = np.ascontiguousarray(v[..., ::-1, :])
+    else:
+        base = v
+    arr = _to_framework(base, framework, dtype)
+    if layout == "transposed":
+        return arr.transpose(-1, -2) if framework == "torch" else np.swapaxes(arr, -1, -2)
+    if layout == "sliced":
+        return arr[..., ::2]
+    if layout == "offset":
+        return arr[..., 1:, :]
+    if layout == "reversed":
+        return arr[..., ::-1, :]
+    return arr
+
+
+def _to_framework(v: np.ndarray, framework: str, dtype: str):
+    if framework == "numpy":
+        return v.astype(np_dtype(dtype))
+    if framework == "torch":
+        import torch
+        return torch.from_numpy(v).to(getattr(torch, dtype))
+    if framework == "jax":
+        import jax.numpy as jnp
+        return jnp.asarray(v, dtype=np_dtype(dtype))
+    raise ValueError(framework)
+
+
+def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 values rounded through `dtype`, as float64."""
+    return np.asarray(values, np.float64).astype(np_dtype(dtype)).astype(np.float64)

@@ -1,0 +1,170 @@
+"""Every bad input gets a typed error that names the argument, the value seen and the fix."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xgemm
+from xgemm import errors
+
+A = np.ones((3, 4), np.float32)
+B = np.ones((4, 5), np.float32)
+
+
+def raises(exc, *words):
+    """pytest.raises that also checks the message mentions each word."""
+    class _Ctx:
+        def __enter__(self):
+            self.ctx = pytest.raises(exc)
+            self.info = self.ctx.__enter__()
+            return self.info
+
+        def __exit__(self, *a):
+            ok = self.ctx.__exit__(*a)
+            for w in words:
+                assert w in str(self.info.value), f"{w!r} not in {self.info.value}"
+            return ok
+    return _Ctx()
+
+
+def test_non_array_input():
+    with raises(errors.NotAnArrayError, "a is a list", "numpy.asarray"):
+        xgemm.matmul([[1.0]], B)
+    with raises(TypeError, "b is a str"):
+        xgemm.matmul(A, "B")
+    with raises(errors.NotAnArrayError, "x is a float"):
+        xgemm.softmax(1.0)
+
+
+def test_mismatched_inner_dims():
+    with raises(errors.ShapeError, "a has shape (3, 4) and b (5, 6)", "must equal"):
+        xgemm.matmul(A, np.ones((5, 6), np.float32))
+
+
+def test_incompatible_batch_dims():
+    with raises(ValueError, "batch dims", "(2,) and (3,)", "broadcast"):
+        xgemm.matmul(np.ones((2, 3, 4), np.float32), np.ones((3, 4, 5), np.float32))
+
+
+def test_rank_zero():
+    with raises(errors.ShapeError, "a is 0-d"):
+        xgemm.matmul(np.ones((), np.float32), B)
+    with raises(errors.ShapeError, "x is 0-d"):
+        xgemm.softmax(np.ones((), np.float32))
+
+
+def test_unsupported_and_mismatched_dtypes():
+    with raises(errors.DTypeError, "a has dtype int32", "astype"):
+        xgemm.matmul(A.astype(np.int32), B)
+    with raises(errors.DTypeError, "a is float32 and b is float16", "cast b"):
+        xgemm.matmul(A, B.astype(np.float16))
+    with raises(errors.DTypeError, "x has dtype complex64"):
+        xgemm.softmax(np.ones(3, np.complex64))
+    with raises(errors.DTypeError, "c is float16"):
+        xgemm.gemm(A, B, np.ones((3, 5), np.float16), beta=1.0)
+
+
+def test_c_shape_and_beta_without_c():
+    with raises(errors.ShapeError, "c has shape (4, 5)", "(3, 5)"):
+        xgemm.gemm(A, B, np.ones((4, 5), np.float32), beta=1.0)
+    with raises(errors.ShapeError, "beta=2 but c is None"):
+        xgemm.gemm(A, B, beta=2.0)
+
+
+@pytest.mark.parametrize("bad", ["2", None, 1j, [1.0], True])
+def test_alpha_beta_types(bad):
+    with raises(errors.ScalarError, "alpha="):
+        xgemm.gemm(A, B, alpha=bad)
+    with raises(TypeError, "beta="):
+        xgemm.gemm(A, B, np.ones((3, 5), np.float32), beta=bad)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -np.inf])
+def test_alpha_beta_non_finite(bad):
+    with raises(errors.NonFiniteScalarError, "not finite"):
+        xgemm.gemm(A, B, alpha=bad)
+    with raises(ValueError, "beta="):
+        xgemm.gemm(A, B, np.ones((3, 5), np.float32), beta=bad)
+
+
+def test_axis_out_of_range_and_not_int():
+    with raises(errors.AxisError, "axis=2 is out of range", "[-2, 2)"):
+        xgemm.softmax(A, axis=2)
+    with raises(IndexError, "axis=-3"):
+        xgemm.softmax(A, axis=-3)
+    with raises(errors.AxisError, "not an integer"):
+        xgemm.softmax(A, axis=1.0)
+
+
+def test_out_wrong_shape_dtype_readonly_alias():
+    with raises(errors.ShapeError, "out has shape (5, 3)", "(3, 5)"):
+        xgemm.matmul(A, B, out=np.empty((5, 3), np.float32))
+    with raises(errors.DTypeError, "out has dtype float64"):
+        xgemm.matmul(A, B, out=np.empty((3, 5), np.float64))
+    ro = np.empty((3, 5), np.float32)
+    ro.flags.writeable = False
+    with raises(errors.OutError, "read-only"):
+        xgemm.matmul(A, B, out=ro)
+    x = np.ones((4, 4), np.float32)
+    with raises(errors.OutError, "shares memory"):
+        xgemm.matmul(x, x, out=x)
+    with raises(errors.OutError, "shares memory"):
+        xgemm.softmax(x, out=x)
+    with raises(errors.OutError, "shares memory"):
+        xgemm.matmul(np.ones((2, 2), np.float32), x[:2, :], out=x[1:3, :])   # partial overlap with b
+    xgemm.matmul(np.ones((2, 2), np.float32), x[:2, :], out=x[2:, :])           # adjacent, no overlap: fine
+
+def test_out_of_other_framework_and_jax_out():
+    torch = pytest.importorskip("torch")
+    with raises(errors.FrameworkError, "out is a torch array", "numpy"):
+        xgemm.matmul(A, B, out=torch.empty(3, 5))
+    jnp = pytest.importorskip("jax.numpy")
+    with raises(errors.OutError, "immutable"):
+        xgemm.matmul(A, B, out=jnp.empty((3, 5), jnp.float32))
+
+
+def test_mixed_frameworks_without_rule():
+    class Foreign:          # a DLPack producer of an unknown framework
+        def __init__(self, x):
+            self.x = x
+            self.shape, self.dtype = x.shape, x.dtype
+
+        def __dlpack__(self, **kw):
+            return self.x.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.x.__dlpack_device__()
+
+    with raises(errors.FrameworkError, "b is a other array", "no rule"):
+        xgemm.matmul(A, Foreign(B))
+
+
+def test_mixed_devices():
+    from dataclasses import replace
+    from xgemm import api, interop
+    from xgemm.problem import Device
+    cpu = interop.view(A, "a", "t")
+    gpu = replace(interop.view(B, "b", "t"), device=Device("cuda", 0, (9, 0)))
+    with raises(errors.DeviceError, "a is on cpu and b on cuda:0", "move b"):
+        api._same_device("matmul", [("a", cpu), ("b", gpu)])
+
+
+def test_device_dlpack_cannot_describe():
+    torch = pytest.importorskip("torch")
+    with raises(errors.DeviceError, "b lives on a device DLPack cannot describe"):
+        xgemm.matmul(torch.ones(3, 4), torch.empty(4, 5, device="meta"))
+
+
+def test_forced_kernel_that_declines_raises():
+    with raises(errors.KernelUnavailableError, "cute_sgemm"):
+        with xgemm.policy.force("cute_sgemm"):
+            xgemm.matmul(A, B)
+    with raises(errors.KernelUnavailableError, "not one of"):
+        with xgemm.policy.force("no_such_kernel"):
+            xgemm.matmul(A, B)
+
+
+def test_errors_are_builtin_subclasses():
+    assert issubclass(errors.ShapeError, ValueError)
+    assert issubclass(errors.DTypeError, TypeError)
+    assert issubclass(errors.AxisError, IndexError)

@@ -1,0 +1,14 @@
+"""xgemm: Hopper-class GEMM and softmax for any DLPack array (NumPy, torch, JAX, CuPy).
+
+    xgemm.matmul(a, b)                          # numpy.matmul semantics, result in a's framework
+    xgemm.gemm(a, b, c, alpha=2.0, beta=1.0)    # D = alpha*A@B + beta*C
+    xgemm.softmax(x, axis=-1)
+    print(xgemm.explain(a, b))                  # kernel, policy, why others declined, copies made
+
+Importing xgemm imports no framework and no compiler; they load when an array of theirs arrives.
+"""
+from . import errors, policy
+from .api import explain, gemm, matmul, softmax
+
+__version__ = "0.1.0"
+__all__ = ["matmul", "gemm", "softmax", "explain", "errors", "policy", "__version__"]

@@ -1,0 +1,119 @@
+"""python -m xgemm info | explain | build-cache
+
+  info          frameworks, GPU (or none), and which kernel families can run here
+  explain       the plan for a sample problem (kernel, policy, declines, copies)
+  build-cache   compile the kernel set ahead of time (no GPU needed) into the on-disk cache
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+
+
+def _version(module: str) -> str:
+    if importlib.util.find_spec(module) is None:
+        return "not installed"
+    try:
+        from importlib.metadata import version
+        dist = {"cutlass": "nvidia-cutlass-dsl", "cuda": "cuda-python", "jax": "jax", "torch": "torch",
+                "cupy": "cupy-cuda13x", "triton": "triton", "numpy": "numpy"}[module]
+        return version(dist)
+    except Exception:
+        return "installed"
+
+
+def _gpus() -> list:
+    """GPUs through cuda-python (no framework import)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return ["cuda-python not installed: GPU detection unavailable"]
+    try:
+        err, = driver.cuInit(0)
+    except Exception:       # no NVIDIA driver on this machine
+        return []
+    if int(err) != 0:
+        return []
+    _, count = driver.cuDeviceGetCount()
+    gpus = []
+    for i in range(count):
+        _, dev = driver.cuDeviceGet(i)
+        _, name = driver.cuDeviceGetName(64, dev)
+        attr = driver.CUdevice_attribute
+        _, major = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+        _, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+        _, sms = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
+        label = name.split(b"\0", 1)[0].decode()
+        gpus.append(f"cuda:{i} {label} sm_{major}{minor} {sms} SMs")
+    return gpus
+
+
+def info() -> dict:
+    from . import policy
+    gpus = _gpus()
+    families = {}
+    for op in ("gemm", "softmax"):
+        for name, target in policy._TABLE[op]:
+            spec = importlib.util.find_spec(target.partition(":")[0])
+            families[f"{op}/{name}"] = "present" if spec is not None else "not in this install"
+    needs = {"CuTe-DSL kernels (cute_*)": "cutlass", "Gluon build (gluon_*, build-cache)": "triton",
+             "cubin launcher": "cuda"}
+    return {
+        "xgemm": __import__("xgemm").__version__,
+        "python": sys.version.split()[0],
+        "frameworks": {m: _version(m) for m in ("numpy", "torch", "jax", "cupy")},
+        "compilers": {m: _version(m) for m in ("cutlass", "triton", "cuda")},
+        "gpus": gpus or ["none: every call runs on the embedded default (the framework's own op)"],
+        "kernels": families,
+        "kernel families need": {k: _version(v) for k, v in needs.items()},
+    }
+
+
+def _explain(args) -> None:
+    import numpy as np
+    import xgemm
+    m, n, k = args.shape
+    a = np.ones((m, k), np.float32)
+    b = np.ones((k, n), np.float32)
+    print(xgemm.explain(a, b))
+    print(xgemm.explain(np.ones((m, n), np.float32)))
+
+
+def _build_cache(args) -> None:
+    built = []
+    try:
+        from . import gluon_cache
+        built += gluon_cache.build(arch=args.arch)
+    except ImportError as exc:
+        print(f"gluon kernels skipped: {exc}", file=sys.stderr)
+    try:
+        from . import compile as cute_compile
+        built += cute_compile.prebuild(arch=args.arch)
+    except ImportError as exc:
+        print(f"CuTe kernels skipped: {exc}", file=sys.stderr)
+    print(f"{len(built)} kernel entries in the cache")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xgemm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="frameworks, GPUs and kernel families available")
+    p = sub.add_parser("explain", help="the plan for an M x N x K float32 matmul and an M x N softmax")
+    p.add_argument("shape", nargs=3, type=int, metavar=("M", "N", "K"), default=[256, 256, 256])
+    p = sub.add_parser("build-cache", help="compile the kernel set ahead of time (no GPU needed)")
+    p.add_argument("--arch", default="sm_90a")
+    args = parser.parse_args(argv)
+    if args.cmd == "info":
+        print(json.dumps(info(), indent=2))
+    elif args.cmd == "explain":
+        _explain(args)
+    else:
+        _build_cache(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

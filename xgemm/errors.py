@@ -1,0 +1,52 @@
+"""Typed errors. Each message names the argument, the value seen, and the fix.
+
+Every class subclasses the builtin a caller would already catch (ValueError or TypeError),
+so `except ValueError` keeps working for code written against NumPy.
+"""
+
+
+class XgemmError(Exception):
+    """Base of every error xgemm raises on purpose."""
+
+
+class NotAnArrayError(XgemmError, TypeError):
+    """An operand is not an array (it has no `__dlpack__`)."""
+
+
+class ShapeError(XgemmError, ValueError):
+    """Shapes do not fit: inner dims, batch dims, rank, or `out`'s shape."""
+
+
+class DTypeError(XgemmError, TypeError):
+    """A dtype is unsupported, or operands' dtypes differ."""
+
+
+class DeviceError(XgemmError, ValueError):
+    """Operands (or `out`) live on different devices."""
+
+
+class FrameworkError(XgemmError, TypeError):
+    """Operands come from frameworks that have no declared mixing rule."""
+
+
+class OutError(XgemmError, ValueError):
+    """`out` is read-only, immutable, or overlaps an input."""
+
+
+class AxisError(XgemmError, ValueError, IndexError):
+    """`axis` is out of range (an IndexError too, like numpy.exceptions.AxisError)."""
+
+
+class ScalarError(XgemmError, TypeError):
+    """alpha/beta is not a real number."""
+
+
+class NonFiniteScalarError(XgemmError, ValueError):
+    """alpha/beta is NaN or infinite."""
+
+
+class KernelUnavailableError(XgemmError, RuntimeError):
+    """A kernel was forced (policy override) but cannot serve this problem or this machine."""
+
+
+__all__ = [name for name in dir() if name.endswith("Error")]

@@ -1,0 +1,95 @@
+"""The embedded default: the owner framework's own ops (NumPy, torch, CuPy; JAX goes through xgemm.jax).
+
+Contract
+- dtypes: float32, float16, bfloat16, float64; fp16/bf16 accumulate in float32, float64 in float64,
+  then alpha/beta are applied in the accumulator type and the result is cast to the output dtype —
+  the same numerics as the GPU kernels' fp32-accumulate epilogue.
+- majorness / alignment / strides: any (the framework handles them; no copy is made).
+- devices: whatever the framework runs on. On CPU this is the only kernel; on a GPU it is the declared
+  fallback (torch.matmul -> cuBLAS, cupy.matmul -> cuBLAS), and explain() says why the others declined.
+- beta == 0 never reads C, so NaN/Inf in C cannot leak into D.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Optional
+
+from ..problem import Policy
+
+
+def _xp(x: Any):
+    from array_api_compat import array_namespace
+    return array_namespace(x)
+
+
+def _dtype(xp, name: str):
+    if name == "bfloat16" and xp.__name__.endswith("numpy"):
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return getattr(xp, name)
+
+
+def _quiet(fw: str):
+    """NumPy warns on inf-inf in softmax rows of -inf; the NaN result is the documented answer."""
+    if fw == "numpy":
+        import numpy
+        return numpy.errstate(invalid="ignore", over="ignore")
+    return contextlib.nullcontext()
+
+
+def _store(result: Any, out: Optional[Any]) -> Any:
+    if out is None:
+        return result
+    out.obj[...] = result
+    return out.obj
+
+
+class _ReferenceGemm:
+    name = "reference"
+
+    def supports(self, problem) -> Optional[str]:
+        return None
+
+    def policy(self, problem) -> Policy:
+        return Policy(notes=(f"{problem.framework}.matmul on {problem.device.kind}",))
+
+    def run(self, problem, policy, operands, out, stream) -> Any:
+        a, b, c = operands
+        xp = _xp(a.obj)
+        acc_t = _dtype(xp, "float64" if problem.a.dtype == "float64" else "float32")
+        epi = problem.epilogue
+        with _quiet(problem.framework):
+            acc = xp.matmul(xp.astype(a.obj, acc_t), xp.astype(b.obj, acc_t))
+            if epi.alpha != 1.0:
+                acc = acc * epi.alpha
+            if epi.reads_c:
+                acc = acc + epi.beta * xp.astype(c.obj, acc_t)
+            return _store(xp.astype(acc, _dtype(xp, epi.out_dtype)), out)
+
+
+class _ReferenceSoftmax:
+    name = "reference"
+
+    def supports(self, problem) -> Optional[str]:
+        return None
+
+    def policy(self, problem) -> Policy:
+        return Policy(notes=(f"{problem.framework} max/exp/sum on {problem.device.kind}",))
+
+    def run(self, problem, policy, operands, out, stream) -> Any:
+        (x,) = operands
+        xp = _xp(x.obj)
+        acc_t = _dtype(xp, "float64" if problem.x.dtype == "float64" else "float32")
+        axis = problem.axis
+        with _quiet(problem.framework):
+            x32 = xp.astype(x.obj, acc_t)
+            if problem.rows * problem.cols == 0:
+                return _store(xp.astype(x32, _dtype(xp, problem.out_dtype)), out)
+            shifted = x32 - xp.max(x32, axis=axis, keepdims=True)
+            e = xp.exp(shifted)
+            y = e / xp.sum(e, axis=axis, keepdims=True)
+            return _store(xp.astype(y, _dtype(xp, problem.out_dtype)), out)
+
+
+GEMM = _ReferenceGemm()
+SOFTMAX = _ReferenceSoftmax()
