@@ -116,12 +116,27 @@ class _Prepared:
 
 def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
     """A @ B with numpy.matmul semantics (1-D operands, broadcast batch dims). Result in a's framework."""
-    return _run(_prepare_gemm("matmul", a, b, None, 1.0, 0.0, out))
+    return gemm(a, b, None, out=out, _fn="matmul")
 
 
-def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0, out: Any = None) -> Any:
+def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0, out: Any = None,
+         _fn: str = "gemm") -> Any:
     """D = alpha * A @ B + beta * C. C broadcasts to D's shape; beta == 0 never reads C."""
-    return _run(_prepare_gemm("gemm", a, b, c, alpha, beta, out))
+    if out is None and _torch_op_needed(a, b, c):
+        from . import torch as xtorch
+        alpha, beta = _real(_fn, "alpha", alpha), _real(_fn, "beta", beta)
+        if not xtorch.compiling():          # validate eagerly, before autograd records anything
+            _prepare_gemm(_fn, a, b, c, alpha, beta, None, plan_only=True)
+        return xtorch.gemm_op(a, b, c if beta != 0.0 else None, alpha, beta)
+    return _run(_prepare_gemm(_fn, a, b, c, alpha, beta, out))
+
+
+def _torch_op_needed(*xs: Any) -> bool:
+    """Torch tensors that require grad (or a torch.compile trace) go through the torch.library op."""
+    if interop.framework_of(xs[0]) != "torch":
+        return False
+    from . import torch as xtorch
+    return xtorch.needs_op(*[x for x in xs if interop.framework_of(x) == "torch"])
 
 
 def _run(prep: "_Prepared | Any") -> Any:
@@ -312,6 +327,11 @@ def _jax_plan(fn, a, b, c, alpha, beta, dt) -> policy.Plan:
 
 def softmax(x: Any, axis: int = -1, *, out: Any = None) -> Any:
     """Numerically stable softmax along `axis` (fp32 math for fp16/bf16). Result in x's framework."""
+    if out is None and _torch_op_needed(x):
+        from . import torch as xtorch
+        if not xtorch.compiling():
+            axis = _prepare_softmax("softmax", x, axis, None, plan_only=True).problem.axis
+        return xtorch.softmax_op(x, int(axis) % x.dim())
     return _run(_prepare_softmax("softmax", x, axis, out))
 
 

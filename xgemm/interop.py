@@ -68,6 +68,9 @@ class ArrayView:
 
 def framework_of(x: Any) -> Optional[str]:
     """numpy | torch | jax | cupy | other (any __dlpack__ object) | None (not an array)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):   # first, and plain: torch.compile traces this
+        return "torch"
     from array_api_compat import is_cupy_array, is_jax_array, is_numpy_array, is_torch_array
     if is_numpy_array(x):
         return "numpy" if hasattr(x, "__dlpack__") else None   # numpy scalars (np.generic) are not arrays here

@@ -85,7 +85,7 @@ def load(target: str) -> Optional[Any]:
         module_name, _, attr = target.partition(":")
         try:
             _loaded[target] = getattr(importlib.import_module(module_name), attr)
-        except ImportError as exc:   # a kernel file not in this install, or its compiler missing
+        except (ImportError, AttributeError) as exc:   # not in this install, or its compiler missing
             _loaded[target] = exc
     value = _loaded[target]
     return None if isinstance(value, Exception) else value

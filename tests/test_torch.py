@@ -1,0 +1,45 @@
+"""torch.library ops: autograd through xgemm, and torch.compile tracing the op (CPU here, CUDA on the H200)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import xgemm  # noqa: E402
+
+
+def _pair(*shapes):
+    xs = [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in shapes]
+    return xs, [x.detach().clone().requires_grad_() for x in xs]
+
+
+@pytest.mark.parametrize("shapes", [((3, 4), (4, 5), (5,)), ((2, 3, 4), (4, 5), (3, 5)), ((4,), (2, 4, 5), (1, 5))])
+def test_gemm_grad_matches_torch(shapes):
+    (a, b, c), (a2, b2, c2) = _pair(*shapes)
+    w = torch.randn(torch.matmul(a, b).shape, dtype=torch.float64)
+    (xgemm.gemm(a, b, c, alpha=2.0, beta=-0.5) * w).sum().backward()
+    ((2.0 * torch.matmul(a2, b2) - 0.5 * c2) * w).sum().backward()
+    for x, y in [(a, a2), (b, b2), (c, c2)]:
+        torch.testing.assert_close(x.grad, y.grad)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_softmax_grad_matches_torch(axis):
+    (x,), (x2,) = _pair((5, 7, 3))
+    w = torch.randn(5, 7, 3, dtype=torch.float64)
+    (xgemm.softmax(x, axis=axis) * w).sum().backward()
+    (torch.softmax(x2, axis) * w).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_no_grad_inputs_skip_the_op_and_errors_still_raise():
+    a = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(xgemm.errors.ShapeError, match="must equal"):
+        xgemm.matmul(a, torch.randn(5, 6))
+
+
+def test_torch_compile_traces_the_op():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    f = torch.compile(lambda a, b: torch.ops.xgemm.gemm(a, b, None, 1.0, 0.0).relu(), fullgraph=True)
+    torch.testing.assert_close(f(a, b), (a @ b).relu())
+    g = torch.compile(lambda x: xgemm.softmax(x) * 2)
+    torch.testing.assert_close(g(a), torch.softmax(a, -1) * 2)
