@@ -7,8 +7,8 @@
 
 Importing xgemm imports no framework and no compiler; they load when an array of theirs arrives.
 """
-from . import errors, policy
+from . import array_api, errors, policy
 from .api import explain, gemm, matmul, softmax
 
 __version__ = "0.1.0"
-__all__ = ["matmul", "gemm", "softmax", "explain", "errors", "policy", "__version__"]
+__all__ = ["matmul", "gemm", "softmax", "explain", "errors", "policy", "array_api", "__version__"]

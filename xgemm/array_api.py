@@ -1,0 +1,48 @@
+"""Array-API generic code on xgemm: a namespace whose matmul (and softmax) are xgemm's.
+
+    xp = xgemm.array_api.namespace(a, b)      # like array_api_compat.array_namespace(a, b)
+    y = xp.matmul(a, b)                        # xgemm.matmul
+    z = xp.softmax(y, axis=-1)                 # not in the standard; provided for convenience
+    s = xp.sum(z, axis=0)                      # everything else is the array's own namespace
+
+Code written against the array API standard gets xgemm's kernels without knowing about them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import api
+
+_cache: dict = {}
+
+
+class _XgemmNamespace:
+    """Attribute lookups fall through to the wrapped namespace, except the ones xgemm serves."""
+
+    def __init__(self, base: Any):
+        self._base = base
+        self.__name__ = f"xgemm[{getattr(base, '__name__', type(base).__name__)}]"
+
+    def matmul(self, x1: Any, x2: Any, /) -> Any:
+        return api.matmul(x1, x2)
+
+    def softmax(self, x: Any, /, *, axis: int = -1) -> Any:
+        return api.softmax(x, axis=axis)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+    def __repr__(self) -> str:
+        return f"<array namespace {self.__name__}>"
+
+
+def namespace(*arrays: Any) -> Any:
+    """The array-API namespace of `arrays` (array_api_compat.array_namespace) with xgemm's matmul."""
+    from array_api_compat import array_namespace
+    base = array_namespace(*arrays)
+    if id(base) not in _cache:
+        _cache[id(base)] = (base, _XgemmNamespace(base))   # keep base alive so its id stays unique
+    return _cache[id(base)][1]
+
+
+__all__ = ["namespace"]
