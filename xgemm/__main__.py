@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 
 
@@ -90,7 +91,7 @@ def _build_cache(args) -> None:
         print(f"gluon kernels skipped: {exc}", file=sys.stderr)
     try:
         from . import compile as cute_compile
-        built += cute_compile.prebuild(arch=args.arch)
+        built += cute_compile.prebuild(arch=args.arch, jobs=args.jobs, progress=print)
     except ImportError as exc:
         print(f"CuTe kernels skipped: {exc}", file=sys.stderr)
     print(f"{len(built)} kernel entries in the cache")
@@ -105,6 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("shape", nargs=3, type=int, metavar=("M", "N", "K"), default=[256, 256, 256])
     p = sub.add_parser("build-cache", help="compile the kernel set ahead of time (no GPU needed)")
     p.add_argument("--arch", default="sm_90a")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
     args = parser.parse_args(argv)
     if args.cmd == "info":
         print(json.dumps(info(), indent=2))

@@ -204,10 +204,16 @@ def _prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: A
     copies: List[str] = []
     on_gpu = va.device.kind == "cuda"
     if on_gpu:
-        a2v, bv2 = _kernel_operand(a2, "a", batch, copies), _kernel_operand(b2, "b", batch, copies)
-        cv2 = _kernel_operand(_broadcast_to(c_used, final, owner), "c", batch, copies, full) if vc is not None else None
+        a2v = _kernel_operand(a2, va if not a_vec else None, "a", batch, copies)
+        bv2 = _kernel_operand(b2, vb if not b_vec else None, "b", batch, copies)
+        cv2 = None
+        if vc is not None:
+            c_full = _broadcast_to(c_used, final, owner)
+            cv2 = _kernel_operand(_promote_c(c_full, a_vec, b_vec), vc if c_full is c_used and not (a_vec or b_vec) else None,
+                                  "c", batch, copies)
     else:
-        a2v, bv2 = interop.view(a2, "a", fn), interop.view(b2, "b", fn)
+        a2v = va if not a_vec else interop.view(a2, "a", fn)
+        bv2 = vb if not b_vec else interop.view(b2, "b", fn)
         cv2 = vc
     epilogue = Epilogue(alpha=alpha, beta=beta, has_c=cv2 is not None, out_dtype=out_dtype)
     problem = GemmProblem(m=m, n=n, k=k, batch=batch, a=_operand(a2v), b=_operand(bv2),
@@ -220,9 +226,10 @@ def _prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: A
 
     is_reference = plan.kernel.name == "reference"
     if is_reference:
-        out2 = None if out is None else interop.view(_promote_out(out, a_vec, b_vec), "out", fn)
-        operands = (interop.view(a2, "a", fn), interop.view(b2, "b", fn),
-                    interop.view(_promote_c(c_used, a_vec, b_vec), "c", fn) if c_used is not None else None)
+        out2 = None if out is None else (vout if not (a_vec or b_vec) else interop.view(_promote_out(out, a_vec, b_vec), "out", fn))
+        operands = (a2v if not on_gpu else interop.view(a2, "a", fn), bv2 if not on_gpu else interop.view(b2, "b", fn),
+                    (vc if not (a_vec or b_vec) else interop.view(_promote_c(c_used, a_vec, b_vec), "c", fn))
+                    if c_used is not None else None)
         def finish(r):
             return out if out is not None else _squeeze(r, a_vec, b_vec)
         return _Prepared(plan, operands, out2, finish)
@@ -231,12 +238,13 @@ def _prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: A
     target = None
     if out is not None:
         cand = _batched(_promote_out(out, a_vec, b_vec), batch)
-        if cand is not None and interop.majorness(interop.view(cand, "out", fn).shape, interop.view(cand, "out", fn).strides) != STRIDED:
+        cand_v = interop.view(cand, "out", fn) if cand is not None else None
+        if cand_v is not None and interop.majorness(cand_v.shape, cand_v.strides) != STRIDED:
             target = cand
     result = interop.empty(owner, full, out_dtype, va.device, a) if target is None else None
     if target is None and out is not None:
         plan.copies.append(f"out: strided {vout.strides} -> result written to a temporary, then copied into out")
-    kernel_out = interop.view(target if target is not None else _batched(result, batch), "out", fn)
+    kernel_out = cand_v if target is not None else interop.view(_batched(result, batch), "out", fn)
 
     def finish(r):
         if out is None:
@@ -282,9 +290,12 @@ def _batched(x: Any, batch: Tuple[int, ...]) -> Optional[Any]:
     return x.reshape((math.prod(batch),) + shape[-2:])
 
 
-def _kernel_operand(x: Any, name: str, batch: Tuple[int, ...], copies: List[str],
-                    full: Optional[Tuple[int, ...]] = None) -> interop.ArrayView:
-    """Broadcast to the batch, fold batch dims into one, and compact once if a kernel could not read it."""
+def _kernel_operand(x: Any, v: Optional[interop.ArrayView], name: str, batch: Tuple[int, ...],
+                    copies: List[str]) -> interop.ArrayView:
+    """Broadcast to the batch, fold batch dims into one, and compact once if a kernel could not read it.
+    `v` is x's view when the caller already has one (the common 2-D case costs no further work)."""
+    if not batch and v is not None and interop.majorness(v.shape, v.strides) != STRIDED:
+        return v
     fw = interop.framework_of(x)
     if batch:
         x = _broadcast_to(x, batch + tuple(x.shape[-2:]), fw)

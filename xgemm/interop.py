@@ -146,9 +146,31 @@ def _cuda_arch(index: int) -> Optional[Tuple[int, int]]:
     return _arch_cache[index]
 
 
+_torch_devices: dict = {}
+_torch_dtypes: dict = {}
+
+
+def _view_torch(x: Any) -> ArrayView:
+    """The hot path (eager torch calls): no DLPack round trip, cached device and dtype objects."""
+    dev = x.device
+    key = (dev.type, dev.index)
+    device = _torch_devices.get(key)
+    if device is None:
+        device = (Device("cuda", dev.index or 0, _cuda_arch(dev.index or 0)) if dev.type == "cuda"
+                  else _device_of("torch", x))
+        _torch_devices[key] = device
+    dtype = _torch_dtypes.get(x.dtype)
+    if dtype is None:
+        dtype = _torch_dtypes[x.dtype] = str(x.dtype).rsplit(".", 1)[-1]
+    return ArrayView(x, "torch", device, x.data_ptr(), tuple(x.shape), tuple(x.stride()), dtype,
+                     x.element_size(), False)
+
+
 def view(x: Any, name: str, fn: str) -> ArrayView:
     """Describe x without copying. Raises NotAnArrayError for non-arrays."""
     fw = require_array(fn, name, x)
+    if fw == "torch" and x.device.type in ("cpu", "cuda"):
+        return _view_torch(x)
     device = _device_of(fw, x, name, fn)
     dtype = dtype_name(x)
     if fw == "numpy":

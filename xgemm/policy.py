@@ -77,6 +77,7 @@ def register(op: str, name: str, target: str, *, before: Optional[str] = None) -
     index = next((i for i, (n, _) in enumerate(table) if n == anchor), len(table))
     table.insert(index, (name, target))
     _loaded.pop(target, None)
+    _plans.clear()
 
 
 def load(target: str) -> Optional[Any]:
@@ -110,7 +111,24 @@ def forced_kernel() -> Optional[str]:
     return _forced.get() or os.environ.get("XGEMM_KERNEL") or None
 
 
+_plans: Dict[tuple, tuple] = {}
+_PLAN_CACHE_SIZE = 4096
+
+
 def choose(op: str, problem: Any) -> Plan:
+    """The cached choice for this exact problem, or a fresh walk of the table."""
+    key = (op, problem, forced_kernel(), len(_TABLE[op]))
+    hit = _plans.get(key)
+    if hit is None:
+        plan = _choose(op, problem)
+        if len(_plans) >= _PLAN_CACHE_SIZE:
+            _plans.clear()
+        _plans[key] = hit = (plan.kernel, plan.policy, tuple(plan.declined))
+    kernel, policy, declined = hit
+    return Plan(op=op, problem=problem, kernel=kernel, policy=policy, declined=list(declined))
+
+
+def _choose(op: str, problem: Any) -> Plan:
     """Walk op's table; the first kernel whose supports() returns None wins."""
     forced = forced_kernel()
     table = _TABLE[op]

@@ -1,0 +1,313 @@
+"""gluon_softmax, compile-only on the CPU: PTX/metadata of representative variants, the on-disk
+cache (round trip, miss errors), the picker's invariants, and a fresh process that reads the cache
+and prepares a launch without importing triton."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from xgemm.kernels import gluon_softmax as gs
+from xgemm.problem import ROW, STRIDED, Device, Operand, SoftmaxProblem
+
+triton = pytest.importorskip("triton")
+from xgemm import gluon_cache  # noqa: E402
+
+if not gluon_cache.can_compile():
+    pytest.skip(f"needs triton >= 3.8 (found {triton.__version__})", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE65 = gs.pick_config(65536, "float32", "float32", aligned=True)        # the picker's cluster config
+SHORT = gs.pick_config(256, "float32", "float32", aligned=True)            # several rows per CTA
+ODD = gs.pick_config(1000, "bfloat16", "float16", aligned=False)           # unaligned, mixed dtypes
+MULTI = TABLE65 if not TABLE65.online else gs.sibling(TABLE65)             # two cross-CTA reductions
+ONLINE = gs.sibling(MULTI)                                                   # one packed exchange
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("xgemm_cache")
+    old = os.environ.get("XGEMM_CACHE_DIR")
+    os.environ["XGEMM_CACHE_DIR"] = str(root)
+    gluon_cache._entries.clear()
+    yield root
+    gluon_cache._entries.clear()
+    if old is None:
+        os.environ.pop("XGEMM_CACHE_DIR", None)
+    else:
+        os.environ["XGEMM_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def compiled(cache_dir):
+    """Three representative variants, compiled once: {cfg: (CompiledKernel, Entry)}."""
+    out = {}
+    for cfg in (MULTI, SHORT, ODD, ONLINE):
+        ck = gluon_cache.compile_kernel(cfg.key)[0]
+        entry = gluon_cache.lookup(cfg.key)          # compiles on first use into cache_dir
+        out[cfg] = (ck, entry)
+    return out
+
+
+def _ops(ptx: str):
+    return set(re.findall(r"\b(barrier\.cluster[\w.]*|mapa\.[\w:.]+|ld\.shared::cluster[\w.]*|ld\.global[\w.]*|"
+                          r"st\.global[\w.]*|ex2\.approx[\w.]*)", ptx))
+
+
+def test_multi_cta_ptx_has_cluster_reduction(compiled):
+    ptx = compiled[MULTI][0].asm["ptx"]
+    assert MULTI.ctas > 1 and not MULTI.online
+    assert re.search(rf"\.reqnctapercluster\s+{MULTI.ctas}\b", ptx), "cluster size not declared"
+    ops = _ops(ptx)
+    assert {"barrier.cluster.arrive.aligned", "barrier.cluster.wait.aligned"} <= ops
+    assert any(o.startswith("mapa.shared::cluster") for o in ops)
+    assert any(o.startswith("ld.shared::cluster") for o in ops)
+    # aligned fp32: 16-byte global accesses only
+    assert {o for o in ops if o.startswith(("ld.global", "st.global"))} == {"ld.global.v4.b32", "st.global.v4.b32"}
+
+
+def test_online_variant_exchanges_once(compiled):
+    ptx = compiled[ONLINE][0].asm["ptx"]
+    two = compiled[MULTI][0].asm["ptx"]
+    assert ONLINE.online and ONLINE.ctas == MULTI.ctas > 1
+    assert re.search(rf"\.reqnctapercluster\s+{ONLINE.ctas}\b", ptx)
+    ops = _ops(ptx)
+    assert {o for o in ops if o.startswith(("ld.global", "st.global"))} == {"ld.global.v4.b32", "st.global.v4.b32"}
+    # (max, sum) travel packed in one 64-bit word: one remote read and half the cluster barriers
+    assert "ld.shared::cluster.b64" in ops and not any(o.startswith("ld.shared::cluster.b32") for o in ops)
+    assert ptx.count("barrier.cluster.wait") * 2 == two.count("barrier.cluster.wait") == 4
+
+
+def test_single_cta_variants_have_no_cluster_code(compiled):
+    for cfg in (SHORT, ODD):
+        ptx = compiled[cfg][0].asm["ptx"]
+        assert cfg.ctas == 1
+        assert "barrier.cluster" not in ptx and "mapa" not in ptx and ".reqnctapercluster" not in ptx
+    short_ops = _ops(compiled[SHORT][0].asm["ptx"])
+    assert "ld.global.v4.b32" in short_ops
+    # unaligned variant: no vector loads (bases/strides carry no divisibility promise)
+    odd_ops = _ops(compiled[ODD][0].asm["ptx"])
+    assert not any(".v" in o for o in odd_ops if o.startswith(("ld.global", "st.global"))), odd_ops
+
+
+def test_metadata(compiled, cache_dir):
+    for cfg, (ck, entry) in compiled.items():
+        meta = entry.meta
+        assert meta["key"] == cfg.key and meta["kernel"] == "gluon_softmax" and meta["arch"] == "sm_90a"
+        assert meta["num_warps"] == cfg.warps and meta["num_ctas"] == cfg.ctas
+        assert meta["shared"] == ck.metadata.shared
+        assert meta["global_scratch_size"] == 0 and meta["profile_scratch_size"] == 0
+        assert [p["name"] for p in meta["params"]] == [n for n, _ in gs.PARAMS] + ["global_scratch",
+                                                                                    "profile_scratch"]
+        assert [p["ptx"] for p in meta["params"]] == ["u64", "u64", "u32", "u32", "u64", "u64", "u64", "u64"]
+        assert re.search(rf"\.entry\s+{meta['name']}\s*\(", ck.asm["ptx"])
+        assert meta["constexprs"]["BLOCK_N"] == cfg.block_n and meta["constexprs"]["BLOCK_M"] == cfg.block_m
+        assert len(meta["constexprs"]["CGA"]) == cfg.ctas.bit_length() - 1
+        assert meta["triton_version"] == triton.__version__
+        assert Path(entry.cubin_path).read_bytes() == ck.asm["cubin"]
+        # on disk: <root>/gluon/<kernel>-<source hash>-triton<ver>/sm_90a/<entry>.{cubin,json}
+        rel = Path(entry.cubin_path).relative_to(cache_dir)
+        assert rel.parts[0] == "gluon"
+        assert rel.parts[1] == f"gluon_softmax-{gluon_cache.source_hash('gluon_softmax')}-triton{triton.__version__}"
+        assert json.loads(Path(entry.cubin_path[:-6] + ".json").read_text()) == meta
+
+
+def test_cache_round_trip_and_misses(compiled, cache_dir, monkeypatch):
+    gluon_cache._entries.clear()
+    again = gluon_cache.lookup(MULTI.key, compile=False)     # from disk, no compile
+    assert again is not None and again.meta == compiled[MULTI][1].meta and again.cubin == compiled[MULTI][1].cubin
+    missing = gs.pick_config(131072, "float16", "float32", aligned=True).key
+    assert gluon_cache.lookup(missing, compile=False) is None
+    assert gluon_cache.lookup("not_a_kernel/x", compile=False) is None
+    # no compiler: a miss is a clear error naming the fix; supports() declines with the same advice
+    monkeypatch.setattr(gluon_cache, "can_compile", lambda: False)
+    with pytest.raises(gluon_cache.CacheMissError, match="build-cache"):
+        gluon_cache.lookup(missing)
+    assert "build-cache" in gluon_cache.unavailable_reason(missing)
+    assert gluon_cache.unavailable_reason(MULTI.key) is None
+    # another cache root sees nothing
+    monkeypatch.setenv("XGEMM_CACHE_DIR", str(cache_dir / "elsewhere"))
+    gluon_cache._entries.clear()
+    assert gluon_cache.lookup(MULTI.key, compile=False) is None
+    gluon_cache._entries.clear()
+
+
+def test_build_reuses_cached_entries(compiled, cache_dir):
+    before = {cfg: os.stat(e.cubin_path).st_mtime_ns for cfg, (_, e) in compiled.items()}
+    entries = gluon_cache.build(kernels=[c.key for c in compiled], jobs=1)
+    assert [e.key for e in entries] == [c.key for c in compiled]
+    assert {cfg: os.stat(e.cubin_path).st_mtime_ns for cfg, e in zip(compiled, entries)} == before
+
+
+def test_fresh_process_reads_cache_without_triton(compiled, cache_dir):
+    """A new interpreter (triton import blocked) finds the prebuilt entries, checks availability and
+    builds the launch parameters, and never imports triton."""
+    code = textwrap.dedent(f"""
+        import sys, importlib.abc
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "triton" or name.startswith("triton."):
+                    raise ImportError("triton blocked by the test")
+        sys.meta_path.insert(0, Block())
+        from xgemm import gluon_cache, launch
+        from xgemm.kernels import gluon_softmax as gs
+        from xgemm.problem import Device, Operand, SoftmaxProblem, ROW
+        assert not gluon_cache.can_compile()
+        e = gluon_cache.lookup({TABLE65.key!r})
+        assert e.meta["num_ctas"] == {TABLE65.ctas} and len(e.cubin) > 1000
+        fmt = launch.param_format(e.meta["params"])
+        op = Operand((8, 65536), (65536, 1), "float32", ROW, 16)
+        p = SoftmaxProblem(8, 65536, (8, 65536), 1, op, "float32", "torch", Device("cuda", 0, (9, 0)))
+        assert gs.KERNEL.supports(p) is None, gs.KERNEL.supports(p)
+        op = Operand((8, 65536), (65536, 1), "float16", ROW, 16)
+        p = SoftmaxProblem(8, 65536, (8, 65536), 1, op, "float16", "torch", Device("cuda", 0, (9, 0)))
+        assert "build-cache" in gs.KERNEL.supports(p), gs.KERNEL.supports(p)
+        try:
+            gluon_cache.lookup(gs.pick_config(65536, "float16", "float16", True).key)
+            raise SystemExit("expected CacheMissError")
+        except gluon_cache.CacheMissError:
+            pass
+        assert not any(m == "triton" or m.startswith("triton.") for m in sys.modules), "triton imported"
+        print("OK", fmt)
+    """)
+    env = dict(os.environ, XGEMM_CACHE_DIR=str(cache_dir), PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("OK <QQixxxxixxxxqqQQ"), r.stdout
+
+
+def test_param_block_layout():
+    from xgemm import launch
+    params = [{"name": n, "type": t, "ptx": p} for n, t, p in
+              [("x", "*fp32", "u64"), ("y", "*fp16", "u64"), ("r", "i32", "u32"), ("c", "i32", "u32"),
+               ("xs", "i64", "u64"), ("ys", "i64", "u64"), ("global_scratch", "*i8", "u64"),
+               ("profile_scratch", "*i8", "u64")]]
+    fmt = launch.param_format(params)
+    buf = bytearray(struct.calcsize(fmt))
+    struct.pack_into(fmt, buf, 0, 0x1000, 0x2000, 7, 9, -3, 5, 0, 0)
+    assert len(buf) == 64
+    assert struct.unpack_from("<Q", buf, 0)[0] == 0x1000 and struct.unpack_from("<Q", buf, 8)[0] == 0x2000
+    assert struct.unpack_from("<i", buf, 16)[0] == 7 and struct.unpack_from("<i", buf, 24)[0] == 9
+    assert struct.unpack_from("<q", buf, 32)[0] == -3 and struct.unpack_from("<q", buf, 40)[0] == 5
+    with pytest.raises(launch.LaunchError):
+        launch.param_format([{"name": "t", "type": "tensordesc", "ptx": "v4"}])
+
+
+# ---------------------------------------------------------------------------------------------
+# Picker and protocol (no compile)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", gs.DTYPES)
+def test_picker_covers_every_row_length(dtype):
+    cols = 1
+    while cols <= gs.MAX_COLS:
+        for n in (cols, cols + 1 if cols * 2 <= gs.MAX_COLS else cols, max(1, cols - 1)):
+            cfg = gs.pick_config(n, dtype, "float32", aligned=True)
+            cfg.check()
+            assert cfg.block_n >= n and cfg.block_n < 2 * max(n, gs.MIN_BLOCK_N)
+            assert cfg.elems_per_thread <= 128, cfg        # stays in registers
+            assert cfg.vec * {"float32": 4, "float16": 2, "bfloat16": 2}[dtype] == 16
+            assert Config_round_trip(cfg)
+        cols *= 2
+    with pytest.raises(ValueError):
+        gs.pick_config(gs.MAX_COLS + 1, dtype, dtype, True)
+
+
+def Config_round_trip(cfg):
+    return gs.Config.from_key(cfg.key) == cfg
+
+
+def test_default_entries_are_distinct_and_valid():
+    keys = gs.gluon_entries(siblings=False)
+    assert len(keys) == len(set(keys)) == 9 * 2 * (gs.MAX_COLS.bit_length() - gs.MIN_BLOCK_N.bit_length() + 1)
+    both = gs.gluon_entries()
+    assert set(keys) < set(both) and len(both) == len(set(both)) == 2 * len(keys)
+    for k in both:
+        cfg = gs.Config.from_key(k)
+        cfg.check()
+        assert cfg.elems_per_thread <= 128, k
+
+
+def _problem(rows, cols, dtype="float32", strides=None, device=Device("cuda", 0, (9, 0)), major=ROW, out=None):
+    strides = strides or (cols, 1)
+    op = Operand((rows, cols), strides, dtype, major, 16)
+    return SoftmaxProblem(rows, cols, (rows, cols), 1, op, out or dtype, "torch", device)
+
+
+def test_supports_reasons():
+    k = gs.KERNEL
+    assert "CUDA" in k.supports(_problem(4, 8, device=Device("cpu")))
+    assert "sm_90" in k.supports(_problem(4, 8, device=Device("cuda", 0, (8, 0))))
+    assert "float64" in k.supports(_problem(4, 8, dtype="float64"))
+    assert "contiguous" in k.supports(_problem(4, 8, strides=(1, 4), major=STRIDED))
+    assert "exceed" in k.supports(_problem(1, gs.MAX_COLS + 1))
+    pol = k.policy(_problem(1024, 65536))
+    assert pol.tile == (MULTI.block_m, MULTI.block_n) and pol.ctas_per_row == MULTI.ctas == pol.cluster[0]
+
+
+def test_import_is_light():
+    code = ("import sys; import xgemm.kernels.gluon_softmax, xgemm.gluon_cache, xgemm.launch; "
+            "heavy = [m for m in ('triton', 'torch', 'jax', 'cuda.bindings.driver') if m in sys.modules]; "
+            "print(heavy)")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_run_launch_arguments(monkeypatch):
+    """run() turns views into (grid, stream, x, y, rows, cols, x stride, y stride) and picks the
+    aligned/unaligned variant by the actual pointers and strides (no GPU: the launcher is recorded)."""
+    from xgemm.interop import ArrayView
+    calls = []
+
+    class Rec:
+        def __init__(self, aligned):
+            self.aligned = aligned
+
+        def __call__(self, *args):
+            calls.append((args, self.aligned))
+
+    k = gs.GluonSoftmax()
+    monkeypatch.setattr(k, "_prepare", lambda lkey, pol, i, o, aligned, dev: k._launchers.setdefault(
+        lkey, (Rec(aligned), gs.config_from_policy(pol, i, o, aligned).block_m)))
+    dev = Device("cuda", 0, (9, 0))
+
+    def go(shape, xstrides, ystrides, xptr=4096, yptr=8192, dtype="float32"):
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+        p = SoftmaxProblem(rows, shape[-1], shape, len(shape) - 1,
+                           Operand(shape, xstrides, dtype, ROW, 16), dtype, "torch", dev)
+        item = 4 if dtype == "float32" else 2
+        xv = ArrayView(None, "torch", dev, xptr, shape, xstrides, dtype, item, False)
+        yv = ArrayView(None, "torch", dev, yptr, shape, ystrides, dtype, item, False)
+        calls.clear()
+        k.run(p, k.policy(p), (xv,), yv, 77)
+        return calls[-1]
+
+    bm = gs.pick_config(1000, "float32", "float32", True).block_m
+    (grid, stream, xp, yp, r, c, xs, ys), al = go((37, 1000), (1000, 1), (1000, 1))
+    assert (grid, stream, xp, yp, r, c, xs, ys, al) == (-(-37 // bm), 77, 4096, 8192, 37, 1000, 1000, 1000, True)
+    args, al = go((37, 1000), (1024, 1), (1000, 1))                  # padded input rows
+    assert args[6:] == (1024, 1000)
+    args, al = go((37, 1000), (1002, 1), (1000, 1))                  # stride not a multiple of 4
+    assert args[6:] == (1002, 1000) and al is False
+    args, al = go((37, 1000), (1000, 1), (1000, 1), xptr=4100)       # 4-byte offset base
+    assert al is False
+    args, al = go((37, 1000), (0, 1), (1000, 1))                     # broadcast rows
+    assert args[6:] == (0, 1000)
+    args, al = go((1, 999), (999, 1), (999, 1))                      # one row: strides unused
+    assert args[4:] == (1, 999, 0, 0)
+    args, al = go((3, 5, 64), (320, 64, 1), (320, 64, 1))            # batch dims collapse
+    assert args[4:] == (15, 64, 64, 64)
+    args, al = go((6, 1), (7, 3), (1, 1))                            # cols == 1: last stride free
+    assert args[4:] == (6, 1, 7, 1)
+    with pytest.raises(Exception, match="compact"):
+        go((3, 5, 64), (640, 64, 1), (320, 64, 1))                   # (3, 5) rows do not collapse

@@ -1,0 +1,93 @@
+"""Sharded jit on 8 fake CPU devices: the xgemm call partitions (custom_partitioning) instead of gathering.
+
+Runs in a subprocess: --xla_force_host_platform_device_count must be set before jax starts, and
+other test modules share this process's jax. Two lowerings are checked: the embedded default
+(XLA's dot, per shard) and the cuda rule through the native handler with the fake driver, a
+custom call XLA could not partition by itself, so shard-shaped custom calls prove our rule ran.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+
+SCRIPT = r'''
+import re
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import xgemm.jax as xj
+from xgemm import jax_testing
+
+assert len(jax.devices()) == 8
+mesh = jax.make_mesh((4, 2), ("x", "y"))
+rng = np.random.default_rng(0)
+A = rng.integers(-5, 6, (64, 32)).astype(np.float32)
+B = rng.integers(-5, 6, (32, 48)).astype(np.float32)
+C = rng.integers(-5, 6, (64, 48)).astype(np.float32)
+put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
+
+def check(tag, sa, sb, sc=None, *, gather, reduce, local=None):
+    args = [put(A, sa), put(B, sb)] + ([put(C, sc)] if sc is not None else [])
+    if sc is None:
+        f, ref = jax.jit(lambda a, b: xj.gemm(a, b)), A @ B
+    else:
+        f, ref = jax.jit(lambda a, b, c: xj.gemm(a, b, c, alpha=2.0, beta=-1.0)), 2 * A @ B - C
+    hlo = f.lower(*args).compile().as_text()
+    out = f(*args)
+    np.testing.assert_array_equal(np.asarray(out), ref)
+    assert ("all-gather" in hlo) == gather, (tag, "all-gather", hlo)
+    assert ("all-reduce" in hlo) == reduce, (tag, "all-reduce", hlo)
+    if local is not None:       # the custom call runs on shard-shaped operands
+        calls = [l for l in hlo.splitlines() if "custom-call(" in l and "xgemm_cubin_launch" in l]
+        assert calls and all(local in l for l in calls), (tag, calls)
+    print("ok", tag, out.sharding.spec)
+
+def suite(tag, fake):
+    loc = (lambda s: s) if fake else (lambda s: None)
+    check(tag + " rows x cols", P("x", None), P(None, "y"), gather=False, reduce=False, local=loc("f32[16,32]"))
+    check(tag + " K-sharded", P(None, "y"), P("y", None), gather=False, reduce=True, local=loc("f32[64,16]"))
+    check(tag + " rows+K, C", P("x", "y"), P("y", None), P("x", None), gather=False, reduce=True, local=loc("f32[16,16]"))
+    check(tag + " rows x cols, C", P("x", None), P(None, "y"), P("x", "y"), gather=False, reduce=False)
+    # batch-sharded A against a shared B, with grad and vmap in the same jit
+    Ab = rng.integers(-5, 6, (8, 16, 32)).astype(np.float32)
+    a, b = put(Ab, P("x", None, None)), put(B, P(None, "y"))
+    g = jax.jit(jax.grad(lambda a, b: jnp.sum(xj.gemm(a, b) ** 2), (0, 1)))
+    hlo = g.lower(a, b).compile().as_text()
+    G = 2 * (Ab @ B)
+    ga, gb = g(a, b)
+    np.testing.assert_array_equal(np.asarray(ga), G @ B.T)
+    np.testing.assert_array_equal(np.asarray(gb), np.einsum("lmk,lmn->kn", Ab, G))
+    v = jax.jit(jax.vmap(lambda a: xj.gemm(a, b)))(a)
+    np.testing.assert_array_equal(np.asarray(v), Ab @ B)
+    print("ok", tag, "grad/vmap")
+    # softmax keeps every dim's sharding but the reduced one's
+    X = rng.standard_normal((16, 8, 32)).astype(np.float32)
+    x = put(X, P("x", "y", None))
+    f = jax.jit(lambda x: xj.softmax(x, -1))
+    hlo = f.lower(x).compile().as_text()
+    e = np.exp(X - X.max(-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(f(x)), e / e.sum(-1, keepdims=True), rtol=1e-6)
+    assert "all-gather" not in hlo and "all-to-all" not in hlo
+    if fake:
+        calls = [l for l in hlo.splitlines() if "custom-call(" in l and "xgemm_cubin_launch" in l]
+        assert calls and all("f32[4,4,32]" in l for l in calls), calls
+    print("ok", tag, "softmax")
+
+suite("xla", False)
+with jax_testing.fake_gpu():
+    suite("ffi", True)
+print("ALL OK")
+'''
+
+
+def test_sharded_jit_partitions_the_call():
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]

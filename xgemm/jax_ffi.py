@@ -1,0 +1,509 @@
+"""The native XLA FFI of ffi/: build it with g++, load it, register it, and encode the calls.
+
+ffi/xgemm_ffi.cc has two handlers:
+  xgemm_cubin_launch_v1  (CUDA; initialize + execute, CUDA-graph compatible) launches any
+      prebuilt cubin (Gluon/Triton) on XLA's stream. What to launch travels as custom-call
+      attributes (cubin bytes, kernel name, grid/block/cluster, shared memory, parameters), so an
+      exported module is self-contained. Describe it with `Launch` + `Param`; emit with `call()`.
+  xgemm_tvm_ffi_call_v1  (CUDA; execute) calls a TVM-FFI function - a CuTe-DSL kernel compiled
+      with --enable-tvm-ffi, the same function the eager path calls - with the XLA buffers as
+      DLTensor* (views allowed) and XLA's stream. Describe it with `TvmFfiCall` + `Arg`; emit with
+      `call_tvm_ffi()`. The function handle is process-local: such modules run in the process
+      that lowered them (a token check turns a stale handle into an error, never a crash).
+      xgemm_tvm_ffi_call_graph_v1 is the same handler declared CUDA-graph compatible, used when
+      $XGEMM_JAX_TVM_GRAPH=1 says the CuTe functions are already warm in the process.
+
+Building needs only g++ and the XLA FFI headers jaxlib ships (`jax.ffi.include_dir()`); the .so
+goes to a cache dir keyed on the sources, the headers and the compiler, so CI builds it on CPU
+in a few seconds and a GPU machine rebuilds it once against its own jaxlib.
+Cache dir: $XGEMM_CACHE_DIR/ffi, else ~/.cache/xgemm/ffi (beside the gluon/ and CuTe caches).
+With no C++ compiler, a library already in the cache dir (e.g. built on another machine with an
+older jaxlib: the XLA FFI C API is versioned and stays backward compatible) is used instead.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import struct
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+TARGET = "xgemm_cubin_launch_v1"                    # CUDA
+HOST_TEST_TARGET = "xgemm_cubin_launch_host_test_v1"  # CPU, through a substitute driver (tests only)
+TVM_TARGET = "xgemm_tvm_ffi_call_v1"                  # CUDA
+TVM_GRAPH_TARGET = "xgemm_tvm_ffi_call_graph_v1"      # CUDA, CUDA-graph compatible (warm functions only)
+TVM_HOST_TEST_TARGET = "xgemm_tvm_ffi_call_host_test_v1"  # CPU (tests only)
+TARGETS = (TARGET, TVM_TARGET)
+ABI_VERSION = 1
+_CXXFLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-w")
+
+# Parameter kinds, as in ffi/xgemm_ffi.cc
+_PTR, _I32, _I64, _F32, _F64, _NULL, _DIM_I32, _DIM_I64, _STRIDE_I64 = range(9)
+# XLA_FFI_DataType of the buffers we pass
+_XLA_DTYPES = {"float16": 10, "float32": 11, "float64": 12, "bfloat16": 16, "uint8": 6, "int8": 2,
+               "int32": 4, "int64": 5, "uint32": 8, "bool": 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# Describing a launch
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter. Buffers are named by role: input i, output i, scratch i."""
+    kind: int
+    ref: Tuple[str, int] = ("", 0)     # ("in" | "out" | "scratch", index) for buffer kinds
+    value: int = 0                     # literal (bits for floats) or the dim for DIM/STRIDE kinds
+
+    @staticmethod
+    def input(i: int) -> "Param":
+        return Param(_PTR, ("in", i))
+
+    @staticmethod
+    def output(i: int = 0) -> "Param":
+        return Param(_PTR, ("out", i))
+
+    @staticmethod
+    def scratch(i: int = 0) -> "Param":
+        return Param(_PTR, ("scratch", i))
+
+    @staticmethod
+    def i32(v: int) -> "Param":
+        return Param(_I32, value=int(v))
+
+    @staticmethod
+    def i64(v: int) -> "Param":
+        return Param(_I64, value=int(v))
+
+    @staticmethod
+    def f32(v: float) -> "Param":
+        return Param(_F32, value=struct.unpack("<I", struct.pack("<f", float(v)))[0])
+
+    @staticmethod
+    def f64(v: float) -> "Param":
+        return Param(_F64, value=struct.unpack("<q", struct.pack("<d", float(v)))[0])
+
+    @staticmethod
+    def null() -> "Param":
+        return Param(_NULL)
+
+    @staticmethod
+    def dim(role: str, i: int, d: int, *, bits: int = 32) -> "Param":
+        """Dim d of a buffer's (DLPack) shape, read at run time by the handler."""
+        return Param(_DIM_I32 if bits == 32 else _DIM_I64, (role, i), d)
+
+    @staticmethod
+    def stride(role: str, i: int, d: int) -> "Param":
+        """Stride (elements, int64) of dim d of a buffer, from the layout the lowering requested."""
+        return Param(_STRIDE_I64, (role, i), d)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A prebuilt kernel and how to launch it: what a kernel's `jax_launch(problem, policy)` returns."""
+    cubin: bytes
+    kernel: str
+    grid: Tuple[int, int, int]
+    block: Tuple[int, int, int]
+    params: Tuple[Param, ...]
+    cluster: Tuple[int, int, int] = (1, 1, 1)
+    shared_mem: int = 0
+    scratch_bytes: Tuple[int, ...] = ()   # extra uint8 results, e.g. Triton's global scratch
+    alignment: int = 16                   # pointer alignment (bytes) the kernel assumes for its operands
+    scratch_align: Tuple[int, ...] = ()   # alignment each scratch buffer needs (default 16)
+    notes: Tuple[str, ...] = field(default=())
+
+    @property
+    def module_key(self) -> int:
+        digest = hashlib.sha256(self.cubin + b"\0" + self.kernel.encode()).digest()
+        return int.from_bytes(digest[:8], "little", signed=True)
+
+
+_META_KINDS = {"i32": (_I32, _DIM_I32), "i64": (_I64, _DIM_I64, _STRIDE_I64), "fp32": (_F32,), "fp64": (_F64,)}
+
+
+def triton_launch(cubin: bytes, meta: dict, clusters: int, args: Sequence[Param], *, alignment: int = 16) -> Launch:
+    """A Launch of a Triton/Gluon cubin described by gluon_cache's JSON metadata.
+
+    `clusters` programs of num_ctas CTAs each (grid x = clusters * num_ctas, the cluster
+    attribute (num_ctas, 1, 1)), 32 * num_warps threads, meta["shared"] dynamic shared memory, and
+    `args` for the kernel's own parameters; the two trailing scratch pointers Triton appends are
+    added here: a scratch result of clusters * num_ctas * size bytes, or null when the size is 0.
+    """
+    params = meta["params"]
+    if [p["name"] for p in params[-2:]] != ["global_scratch", "profile_scratch"] or len(args) != len(params) - 2:
+        raise ValueError(f"{meta.get('name')}: takes {[p['name'] for p in params[:-2]]} plus two scratch "
+                         f"pointers; got {len(args)} args")
+    for p, a in zip(params, args):
+        t = p.get("type", "")
+        ok = a.kind in (_PTR, _NULL) if t.startswith("*") else a.kind in _META_KINDS.get(t, ())
+        if not ok:
+            raise ValueError(f"{meta.get('name')}: parameter {p['name']} ({t}) cannot take {a}")
+    ctas = int(meta.get("num_ctas", 1))
+    scratch, aligns, tail = [], [], []
+    for what in ("global", "profile"):
+        size = int(meta.get(f"{what}_scratch_size", 0))
+        if size:
+            tail.append(Param.scratch(len(scratch)))
+            scratch.append(clusters * ctas * size)
+            aligns.append(int(meta.get(f"{what}_scratch_align", 1)))
+        else:
+            tail.append(Param.null())
+    return Launch(cubin=cubin, kernel=meta["name"], grid=(clusters * ctas, 1, 1),
+                  block=(32 * int(meta["num_warps"]), 1, 1), params=tuple(args) + tuple(tail),
+                  cluster=(ctas, 1, 1), shared_mem=int(meta.get("shared", 0)), scratch_bytes=tuple(scratch),
+                  scratch_align=tuple(aligns), alignment=alignment)
+
+
+def _layout_minor_to_major(major_to_minor: Optional[Sequence[int]], rank: int) -> Tuple[int, ...]:
+    return tuple(reversed(range(rank))) if major_to_minor is None else tuple(reversed(tuple(major_to_minor)))
+
+
+def attributes(launch: Launch, in_avals: Sequence[Any], out_avals: Sequence[Any],
+               in_layouts: Sequence[Optional[Sequence[int]]],
+               out_layouts: Sequence[Optional[Sequence[int]]]) -> Dict[str, Any]:
+    """The custom-call attributes of one launch (see ffi/xgemm_ffi.cc for their meaning)."""
+    import numpy as np
+
+    n_in, n_out = len(in_avals), len(out_avals)
+    scratch_avals = [_U8(n) for n in launch.scratch_bytes]
+    avals = list(in_avals) + list(out_avals) + scratch_avals
+    layouts = list(in_layouts) + list(out_layouts) + [None] * len(scratch_avals)
+    base = {"in": 0, "out": n_in, "scratch": n_in + n_out}
+    count = {"in": n_in, "out": n_out, "scratch": len(scratch_avals)}
+    params = []
+    for p in launch.params:
+        a, b = p.value, 0
+        if p.kind in (_PTR, _DIM_I32, _DIM_I64, _STRIDE_I64):
+            role, i = p.ref
+            if role not in base or not 0 <= i < count[role]:
+                raise ValueError(f"{launch.kernel}: parameter {p} names {role} buffer {i}, but the call has "
+                                 f"{count.get(role, 0)} {role} buffers")
+            a, b = base[role] + i, p.value
+        params.extend((p.kind, a, b))
+    buffers, flat_layouts = [], []
+    align = max(1, min(int(launch.alignment), 256))
+    aligns = [align] * (n_in + n_out) + [
+        max(1, min(int(launch.scratch_align[i]) if i < len(launch.scratch_align) else 16, 256))
+        for i in range(len(scratch_avals))]
+    for aval, layout, align in zip(avals, layouts, aligns):
+        dt = np.dtype(aval.dtype).name
+        if dt not in _XLA_DTYPES:
+            raise ValueError(f"{launch.kernel}: no XLA FFI dtype for {dt}")
+        rank = len(aval.shape)
+        buffers.extend((_XLA_DTYPES[dt], rank, align))
+        flat_layouts.extend(_layout_minor_to_major(layout, rank))
+    i64 = lambda xs: np.asarray(list(xs), dtype=np.int64)
+    return dict(cubin=bytes(launch.cubin), kernel=launch.kernel, module_key=np.int64(launch.module_key),
+                grid=i64(launch.grid), block=i64(launch.block), cluster=i64(launch.cluster),
+                smem=np.int64(launch.shared_mem), params=i64(params), buffers=i64(buffers),
+                layouts=i64(flat_layouts))
+
+
+@dataclass(frozen=True)
+class _U8:
+    n: int
+
+    @property
+    def shape(self):
+        return (self.n,)
+
+    @property
+    def dtype(self):
+        import numpy as np
+        return np.dtype(np.uint8)
+
+
+def call(launch: Launch, operands: Sequence[Any], out_avals: Sequence[Any], *,
+         in_layouts: Optional[Sequence[Optional[Sequence[int]]]] = None,
+         out_layouts: Optional[Sequence[Optional[Sequence[int]]]] = None,
+         target: str = TARGET) -> Tuple[Any, ...]:
+    """Emit the custom call for `launch` (inside a lowering or jit); returns the outputs (no scratch).
+
+    Layouts are major-to-minor dimension orders (None = row-major), as jax.ffi.ffi_call takes them.
+    """
+    import jax
+    import numpy as np
+
+    in_layouts = list(in_layouts) if in_layouts is not None else [None] * len(operands)
+    out_layouts = list(out_layouts) if out_layouts is not None else [None] * len(out_avals)
+    attrs = attributes(launch, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands], out_avals,
+                       in_layouts, out_layouts)
+    results = [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in out_avals]
+    results += [jax.ShapeDtypeStruct((n,), np.uint8) for n in launch.scratch_bytes]
+    outs = jax.ffi.ffi_call(target, results, input_layouts=in_layouts,
+                            output_layouts=out_layouts + [None] * len(launch.scratch_bytes))(*operands, **attrs)
+    return tuple(outs[:len(out_avals)])
+
+
+# ---------------------------------------------------------------------------------------------
+# TVM-FFI calls (CuTe kernels)
+
+_A_TENSOR, _A_INT, _A_F64, _A_NONE, _A_STREAM, _A_BOOL = range(6)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a TVM-FFI call: a buffer as DLTensor* (optionally a strided view of it), a
+    scalar, None, or XLA's stream."""
+    kind: int
+    ref: Tuple[str, int] = ("", 0)
+    value: int = 0
+    view: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None   # (shape, strides in elements)
+
+    @staticmethod
+    def tensor(role: str, i: int = 0, shape: Optional[Sequence[int]] = None,
+               strides: Optional[Sequence[int]] = None) -> "Arg":
+        """Buffer `i` of `role` ("in" | "out" | "scratch"); with shape/strides, that view of its data."""
+        view = None if shape is None else (tuple(int(d) for d in shape), tuple(int(s) for s in strides))
+        return Arg(_A_TENSOR, (role, i), view=view)
+
+    @staticmethod
+    def i64(v: int) -> "Arg":
+        return Arg(_A_INT, value=int(v))
+
+    @staticmethod
+    def boolean(v: bool) -> "Arg":
+        return Arg(_A_BOOL, value=int(bool(v)))
+
+    @staticmethod
+    def f64(v: float) -> "Arg":
+        return Arg(_A_F64, value=struct.unpack("<q", struct.pack("<d", float(v)))[0])
+
+    @staticmethod
+    def none() -> "Arg":
+        return Arg(_A_NONE)
+
+    @staticmethod
+    def stream() -> "Arg":
+        return Arg(_A_STREAM)
+
+
+@dataclass(frozen=True)
+class TvmFfiCall:
+    """A TVM-FFI function (tvm_ffi.Function) and its arguments: what `jax_tvm_ffi(problem, policy)` returns."""
+    function: Any
+    args: Tuple[Arg, ...]
+    alignment: int = 16
+    scratch_bytes: Tuple[int, ...] = ()
+
+
+_keepalive: Dict[int, Any] = {}            # handle -> function: lowered modules hold raw handles
+_TOKEN = int.from_bytes(os.urandom(8), "little", signed=True) or 1
+
+
+def _handle(function: Any) -> int:
+    handle = int(function.__chandle__())
+    _keepalive[handle] = function
+    return handle
+
+
+def tvm_attributes(tc: TvmFfiCall, in_avals, out_avals, in_layouts, out_layouts) -> Dict[str, Any]:
+    import numpy as np
+    fake = Launch(cubin=b"", kernel="tvm", grid=(1, 1, 1), block=(1, 1, 1), params=(),
+                  scratch_bytes=tc.scratch_bytes, alignment=tc.alignment)
+    base = attributes(fake, in_avals, out_avals, in_layouts, out_layouts)
+    n_in, n_out = len(in_avals), len(out_avals)
+    offsets = {"in": 0, "out": n_in, "scratch": n_in + n_out}
+    counts = {"in": n_in, "out": n_out, "scratch": len(tc.scratch_bytes)}
+    args, views = [], []
+    for a in tc.args:
+        x, y = a.value, 0
+        if a.kind == _A_TENSOR:
+            role, i = a.ref
+            if role not in offsets or not 0 <= i < counts[role]:
+                raise ValueError(f"TVM-FFI call: argument {a} names {role} buffer {i} of {counts.get(role, 0)}")
+            x, y = offsets[role] + i, -1
+            if a.view is not None:
+                y = len(views)
+                views.extend((len(a.view[0]),) + a.view[0] + a.view[1])
+        args.extend((a.kind, x, y))
+    i64 = lambda xs: np.asarray(list(xs), dtype=np.int64)
+    return dict(function=np.int64(_handle(tc.function)), token=np.int64(_TOKEN), args=i64(args),
+                views=i64(views or [0]), buffers=base["buffers"], layouts=base["layouts"])
+
+
+def default_tvm_target() -> str:
+    """TVM_GRAPH_TARGET when $XGEMM_JAX_TVM_GRAPH=1 (the functions are warm: e.g. one eager call of
+    the kernel ran in this process first, so XLA may capture the call in a CUDA graph), else TVM_TARGET."""
+    return TVM_GRAPH_TARGET if os.environ.get("XGEMM_JAX_TVM_GRAPH", "") == "1" else TVM_TARGET
+
+
+def call_tvm_ffi(tc: TvmFfiCall, operands: Sequence[Any], out_avals: Sequence[Any], *,
+                 in_layouts=None, out_layouts=None, target: Optional[str] = None) -> Tuple[Any, ...]:
+    """Emit the TVM-FFI custom call (inside a lowering or jit); returns the outputs (no scratch)."""
+    target = target or default_tvm_target()
+    import jax
+    import numpy as np
+    load()      # the process token must be set before such a module can run
+    in_layouts = list(in_layouts) if in_layouts is not None else [None] * len(operands)
+    out_layouts = list(out_layouts) if out_layouts is not None else [None] * len(out_avals)
+    attrs = tvm_attributes(tc, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands], out_avals,
+                           in_layouts, out_layouts)
+    results = [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in out_avals]
+    results += [jax.ShapeDtypeStruct((n,), np.uint8) for n in tc.scratch_bytes]
+    outs = jax.ffi.ffi_call(target, results, input_layouts=in_layouts,
+                            output_layouts=out_layouts + [None] * len(tc.scratch_bytes))(*operands, **attrs)
+    return tuple(outs[:len(out_avals)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Building and loading
+
+def source_dir() -> Path:
+    """ffi/ next to the xgemm package (a source checkout), or XGEMM_FFI_SOURCE_DIR."""
+    env = os.environ.get("XGEMM_FFI_SOURCE_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "ffi"
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("XGEMM_CACHE_DIR")
+    path = (Path(env) if env else Path.home() / ".cache" / "xgemm") / "ffi"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX", "g++")
+
+
+def _build(sources: Sequence[Path], name: str, include_dirs: Sequence[str], libs: Sequence[str]) -> Path:
+    """Compile `sources` into cache_dir()/<name>-<key>.so unless that file exists already."""
+    h = hashlib.sha256()
+    cxx = _compiler()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        prebuilt = sorted(cache_dir().glob(f"{name}-*.so"), key=lambda p: p.stat().st_mtime)
+        if prebuilt:
+            return prebuilt[-1]
+        raise RuntimeError(f"xgemm FFI: no C++ compiler ({cxx}) and no prebuilt {name} in {cache_dir()}; "
+                           f"install g++ or set CXX") from exc
+    h.update(version.encode())
+    h.update(" ".join(_CXXFLAGS + tuple(libs)).encode())
+    for src in sources:
+        h.update(src.name.encode() + b"\0" + src.read_bytes())
+    for inc in include_dirs:          # the FFI headers pin the jaxlib the handler is built for
+        for hdr in sorted(Path(inc).rglob("*.h")):
+            h.update(hdr.read_bytes())
+    out = cache_dir() / f"{name}-{h.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    import fcntl
+    with open(cache_dir() / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)      # concurrent builds (pytest -n) wait for one another
+        if out.exists():
+            return out
+        tmp = out.with_suffix(f".tmp{os.getpid()}")
+        cmd = [cxx, *_CXXFLAGS, *(f"-I{d}" for d in include_dirs), "-o", str(tmp),
+               *(str(s) for s in sources if s.suffix == ".cc"), *libs]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"xgemm FFI: building {name} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+        os.replace(tmp, out)
+    return out
+
+
+def build() -> Path:
+    """Build (or find) the handler library; returns its path."""
+    import jax.ffi
+    src = source_dir()
+    return _build([src / "xgemm_ffi.cc", src / "cuda_min.h"], "xgemm_ffi", [jax.ffi.include_dir()], ["-ldl"])
+
+
+def build_fake_driver() -> Path:
+    """The host stand-in for libcuda.so.1 used by the CPU tests of the handler."""
+    src = source_dir() / "testing" / "fake_libcuda.cc"
+    return _build([src], "fake_libcuda", [], [])
+
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_registered: set = set()
+
+
+def load() -> ctypes.CDLL:
+    global _lib
+    with _lock:
+        if _lib is None:
+            lib = ctypes.CDLL(str(build()))
+            lib.XgemmFfiAbiVersion.restype = ctypes.c_int64
+            lib.XgemmFfiModulesLoaded.restype = ctypes.c_int64
+            lib.XgemmFfiSetDriverPath.argtypes = [ctypes.c_char_p]
+            lib.XgemmFfiSetProcessToken.argtypes = [ctypes.c_int64]
+            for sym in ("XgemmCubinLaunchExecute", "XgemmCubinLaunchInitialize", "XgemmCubinLaunchHost",
+                        "XgemmTvmFfiCallExecute", "XgemmTvmFfiCallGraphExecute", "XgemmTvmFfiCallHost"):
+                getattr(lib, sym).restype = ctypes.c_void_p
+            if lib.XgemmFfiAbiVersion() != ABI_VERSION:
+                raise RuntimeError(f"xgemm FFI: library ABI {lib.XgemmFfiAbiVersion()} != {ABI_VERSION}; "
+                                   f"delete {cache_dir()} and retry")
+            lib.XgemmFfiSetProcessToken(_TOKEN)
+            _lib = lib
+        return _lib
+
+
+def _traits_cmd_buffer() -> Dict[str, Any]:
+    try:
+        from jaxlib.xla_client import CustomCallTargetTraits
+        return {"traits": CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE}
+    except (ImportError, AttributeError):    # traits also travel in the handler's own metadata
+        return {}
+
+
+def register() -> None:
+    """Register the CUDA targets with XLA (idempotent). Call it before running a deserialized export."""
+    import jax.ffi
+    with _lock:
+        if TARGET in _registered:
+            return
+    lib = load()
+    handlers = {"initialize": jax.ffi.pycapsule(lib.XgemmCubinLaunchInitialize),
+                "execute": jax.ffi.pycapsule(lib.XgemmCubinLaunchExecute)}
+    jax.ffi.register_ffi_target(TARGET, handlers, platform="CUDA", api_version=1, **_traits_cmd_buffer())
+    # Not declared graph-compatible: a CuTe function loads its module on first call, which must not
+    # happen inside a CUDA-graph capture.
+    jax.ffi.register_ffi_target(TVM_TARGET, jax.ffi.pycapsule(lib.XgemmTvmFfiCallExecute), platform="CUDA",
+                                api_version=1)
+    jax.ffi.register_ffi_target(TVM_GRAPH_TARGET, jax.ffi.pycapsule(lib.XgemmTvmFfiCallGraphExecute),
+                                platform="CUDA", api_version=1, **_traits_cmd_buffer())
+    with _lock:
+        _registered.update((TARGET, TVM_TARGET, TVM_GRAPH_TARGET))
+
+
+def register_host_test() -> ctypes.CDLL:
+    """Tests only: route the handler to the fake driver and register its host variant for XLA:CPU.
+
+    Returns the fake driver library (its fake_cuda_stats() reports loads/launches/last config).
+    Must run before anything in the process launches through the real driver.
+    """
+    import jax.ffi
+    fake_path = build_fake_driver()
+    lib = load()
+    if HOST_TEST_TARGET not in _registered:
+        if lib.XgemmFfiSetDriverPath(str(fake_path).encode()) != 0:
+            raise RuntimeError("xgemm FFI: the CUDA driver is already open in this process; "
+                               "run the host test in a fresh process")
+        jax.ffi.register_ffi_target(HOST_TEST_TARGET, jax.ffi.pycapsule(lib.XgemmCubinLaunchHost),
+                                    platform="cpu", api_version=1)
+        jax.ffi.register_ffi_target(TVM_HOST_TEST_TARGET, jax.ffi.pycapsule(lib.XgemmTvmFfiCallHost),
+                                    platform="cpu", api_version=1)
+        _registered.update((HOST_TEST_TARGET, TVM_HOST_TEST_TARGET))
+    fake = ctypes.CDLL(str(fake_path))
+    fake.fake_cuda_stats.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    return fake
+
+
+def fake_stats(fake: ctypes.CDLL) -> Dict[str, Any]:
+    out = (ctypes.c_int64 * 15)()
+    fake.fake_cuda_stats(out)
+    v = list(out)
+    return {"loads": v[0], "set_attribute": v[1], "launches": v[2], "max_smem_attr": v[3],
+            "non_portable_cluster": v[4], "grid": tuple(v[5:8]), "block": tuple(v[8:11]),
+            "cluster": tuple(v[11:14]), "smem": v[14]}
+
+
+if __name__ == "__main__":     # python -m xgemm.jax_ffi : build and print the library path
+    print(build())

@@ -1,0 +1,132 @@
+"""JAX primitives for xgemm: abstract evaluation, eager impl, and lowering per platform.
+
+One primitive per op, with static params (jax-triton's shape: one primitive, one lowering):
+  xgemm_gemm     a (..., M, K), b (..., K, N) [, c broadcastable to the result]; batch dims
+                 broadcast like numpy.matmul. params: alpha, beta (Python floats), out_dtype
+                 (dtype name), has_c, a_major / b_major ("row" | "col": the XLA layout to ask
+                 for; "col" when the operand is a transpose, so XLA makes that transpose a
+                 bitcast instead of a copy). D = alpha*(a @ b) + beta*c, accumulated in float32
+                 (float64 for float64) and cast last.
+  xgemm_softmax  x; param axis (non-negative). Math in float32 (float64 for float64).
+Lowering: `cuda` -> the kernel the dispatch table picks (jax_cuda.py: the native FFI in ffi/ or
+a CuTe cutlass_call); every other platform -> the embedded default, a jnp implementation (XLA's
+own dot / reductions). Batching (custom_vmap), gradients (custom_vjp) and partitioning
+(custom_partitioning) wrap these primitives in jax_transforms.py / jax_sharding.py.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+gemm_p = Primitive("xgemm_gemm")
+softmax_p = Primitive("xgemm_softmax")
+
+
+def acc_dtype(dtype: Any) -> np.dtype:
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Abstract evaluation
+
+def broadcast_batch(a_shape: Tuple[int, ...], b_shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    return tuple(jnp.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])))
+
+
+def _gemm_abstract(a, b, *c, alpha, beta, out_dtype, has_c, a_major="row", b_major="row"):
+    del alpha, beta, a_major, b_major
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"xgemm_gemm: a {a.shape} and b {b.shape} do not multiply")
+    if len(c) != int(has_c):
+        raise ValueError("xgemm_gemm: has_c does not match the operands")
+    out_shape = broadcast_batch(a.shape, b.shape) + (a.shape[-2], b.shape[-1])
+    if c and tuple(jnp.broadcast_shapes(c[0].shape, out_shape)) != out_shape:
+        raise ValueError(f"xgemm_gemm: c {c[0].shape} does not broadcast to {out_shape}")
+    return jax.core.ShapedArray(out_shape, np.dtype(out_dtype))
+
+
+def _softmax_abstract(x, *, axis):
+    if not 0 <= axis < x.ndim:
+        raise ValueError(f"xgemm_softmax: axis {axis} out of range for {x.shape}")
+    return jax.core.ShapedArray(x.shape, x.dtype)
+
+
+gemm_p.def_abstract_eval(_gemm_abstract)
+softmax_p.def_abstract_eval(_softmax_abstract)
+
+
+# ---------------------------------------------------------------------------------------------
+# Eager: a bind outside any trace runs a cached jit of that one bind (the same lowering as in jit)
+
+@functools.lru_cache(maxsize=None)
+def _jitted(prim: Primitive, params: Tuple[Tuple[str, Any], ...]):
+    kw = dict(params)
+    return jax.jit(lambda *args: prim.bind(*args, **kw))
+
+
+def _impl(prim: Primitive):
+    def impl(*args, **params):
+        return _jitted(prim, tuple(sorted(params.items())))(*args)
+    return impl
+
+
+for _p in (gemm_p, softmax_p):
+    _p.def_impl(_impl(_p))
+
+
+# ---------------------------------------------------------------------------------------------
+# The embedded default (every platform but cuda, and cuda problems no kernel takes)
+
+def reference_gemm(a, b, c=None, *, alpha: float, beta: float, out_dtype: Any):
+    acc = acc_dtype(a.dtype)
+    d = jnp.matmul(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=acc)
+    if alpha != 1.0:
+        d = d * jnp.asarray(alpha, acc)
+    if c is not None:
+        d = d + jnp.asarray(beta, acc) * c.astype(acc)
+    return d.astype(out_dtype)
+
+
+def reference_softmax(x, *, axis: int):
+    if x.size == 0:
+        return x
+    acc = acc_dtype(x.dtype)
+    x32 = x.astype(acc)
+    e = jnp.exp(x32 - jnp.max(x32, axis=axis, keepdims=True))
+    return (e / jnp.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
+
+
+def _gemm_reference_rule(ctx, a, b, *c, alpha, beta, out_dtype, has_c, a_major="row", b_major="row"):
+    fn = lambda a, b, *c: reference_gemm(a, b, c[0] if c else None, alpha=alpha, beta=beta, out_dtype=out_dtype)
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, *c)
+
+
+def _softmax_reference_rule(ctx, x, *, axis):
+    return mlir.lower_fun(functools.partial(reference_softmax, axis=axis), multiple_results=False)(ctx, x)
+
+
+mlir.register_lowering(gemm_p, _gemm_reference_rule)
+mlir.register_lowering(softmax_p, _softmax_reference_rule)
+
+
+def _gemm_cuda_rule(ctx, *args, **params):
+    from . import jax_cuda
+    return jax_cuda.gemm_rule(ctx, *args, **params)
+
+
+def _softmax_cuda_rule(ctx, *args, **params):
+    from . import jax_cuda
+    return jax_cuda.softmax_rule(ctx, *args, **params)
+
+
+# The kernel is chosen when a module is lowered (the cache of lowerings is per module), so a
+# policy.force() or table change applies to the next jit trace, not to executables already compiled.
+mlir.register_lowering(gemm_p, _gemm_cuda_rule, platform="cuda")
+mlir.register_lowering(softmax_p, _softmax_cuda_rule, platform="cuda")

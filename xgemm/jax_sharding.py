@@ -1,0 +1,225 @@
+"""How an xgemm call partitions under jax.jit with sharded operands (custom_partitioning).
+
+GEMM D[b..., m, n] = sum_k A[b..., m, k] B[b..., k, n]:
+  batch dims keep the operands' sharding, A's rows (m) stay row-sharded, B's columns (n) stay
+  column-sharded, and a sharded K runs the local product on each K shard then psums the partial
+  results (in the accumulator type, before beta*C and the final cast). A mesh axis can shard one
+  dim only: a later claim on an axis already used (batch, then m, then n, then k) is dropped and
+  that operand dim is gathered instead. Size-1 (broadcast) dims are never sharded.
+Softmax: every dim but the reduced one keeps its sharding; the reduced dim is gathered.
+Under Shardy (the default) the same facts are stated as einsum-like sharding rules.
+With one device, custom_partitioning inlines the local computation: no custom call is added.
+custom_partitioning has no batching or JVP rule; jax_transforms.py puts custom_vmap and custom_vjp
+around these functions, so vmap and grad never reach it.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from .jax_primitives import acc_dtype, gemm_p, softmax_p
+
+Axes = Tuple[str, ...]
+
+
+def _axes(entry: Any) -> Axes:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def _spec(sharding: Any, rank: int) -> List[Axes]:
+    spec = getattr(sharding, "spec", None)       # not a NamedSharding: treat as replicated
+    entries = list(spec) if spec is not None else []
+    entries += [None] * (rank - len(entries))
+    return [_axes(e) for e in entries[:rank]]
+
+
+def _entry(axes: Axes) -> Any:
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def plan_gemm(a_shape, b_shape, c_shape, out_shape, a_spec, b_spec, c_spec):
+    """Per-dim mesh axes for a, b, c, out and the K axes to psum over. Shapes are tuples."""
+    nb = len(out_shape) - 2
+    used: set = set()
+
+    def claim(axes: Axes) -> Axes:
+        if not axes or any(x in used for x in axes):
+            return ()
+        used.update(axes)
+        return axes
+
+    def operand_dim(shape, j):            # operand dim aligned with out batch dim j, or None
+        i = j - (nb - (len(shape) - 2))
+        return i if 0 <= i < len(shape) - 2 else None
+
+    out_batch: List[Axes] = []
+    for j in range(nb):
+        choice: Axes = ()
+        for shape, spec in ((a_shape, a_spec), (b_shape, b_spec)):
+            i = operand_dim(shape, j)
+            if i is not None and shape[i] == out_shape[j] and out_shape[j] > 1 and not choice:
+                choice = claim(spec[i])
+        out_batch.append(choice)
+    m = claim(a_spec[-2]) if a_shape[-2] > 1 else ()
+    n = claim(b_spec[-1]) if b_shape[-1] > 1 else ()
+    k = claim(a_spec[-1]) or claim(b_spec[-2]) if a_shape[-1] > 1 else ()
+
+    def batch_of(shape):
+        dims = []
+        for i in range(len(shape) - 2):
+            j = i + (nb - (len(shape) - 2))
+            dims.append(out_batch[j] if shape[i] == out_shape[j] else ())
+        return dims
+
+    a_new = batch_of(a_shape) + [m, k]
+    b_new = batch_of(b_shape) + [k, n]
+    out_new = out_batch + [m, n]
+    c_new = None
+    if c_shape is not None:
+        off = len(out_shape) - len(c_shape)
+        c_new = [out_new[i + off] if c_shape[i] == out_shape[i + off] else () for i in range(len(c_shape))]
+    return a_new, b_new, c_new, out_new, k
+
+
+def _named(mesh, dims: Sequence[Axes]) -> NamedSharding:
+    return NamedSharding(mesh, P(*(_entry(d) for d in dims)))
+
+
+def _gemm_partition(alpha, beta, out_dtype, a_major, b_major, mesh, arg_shapes, result_shape):
+    a, b = arg_shapes[0], arg_shapes[1]
+    c = arg_shapes[2] if len(arg_shapes) > 2 else None
+    a_new, b_new, c_new, out_new, k = plan_gemm(
+        a.shape, b.shape, c.shape if c is not None else None, result_shape.shape,
+        _spec(a.sharding, len(a.shape)), _spec(b.sharding, len(b.shape)),
+        _spec(c.sharding, len(c.shape)) if c is not None else None)
+    has_c = c is not None
+
+    def lower_fn(a, b, *c):
+        if not k:
+            return gemm_p.bind(a, b, *c, alpha=alpha, beta=beta, out_dtype=out_dtype, has_c=has_c,
+                               a_major=a_major, b_major=b_major)
+        acc = acc_dtype(a.dtype)
+        part = gemm_p.bind(a, b, alpha=alpha, beta=0.0, out_dtype=acc.name, has_c=False,
+                           a_major=a_major, b_major=b_major)
+        part = jax.lax.psum(part, k)
+        if c:
+            part = part + jnp.asarray(beta, acc) * c[0].astype(acc)
+        return part.astype(out_dtype)
+
+    arg_shardings = [_named(mesh, a_new), _named(mesh, b_new)] + ([_named(mesh, c_new)] if has_c else [])
+    return mesh, lower_fn, _named(mesh, out_new), tuple(arg_shardings)
+
+
+def _gemm_infer(alpha, beta, out_dtype, a_major, b_major, mesh, arg_shapes, result_shape):
+    a, b = arg_shapes[0], arg_shapes[1]
+    c = arg_shapes[2] if len(arg_shapes) > 2 else None
+    *_, out_new, _ = plan_gemm(a.shape, b.shape, c.shape if c is not None else None, result_shape.shape,
+                               _spec(a.sharding, len(a.shape)), _spec(b.sharding, len(b.shape)),
+                               _spec(c.sharding, len(c.shape)) if c is not None else None)
+    return _named(mesh, out_new)
+
+
+def _shape(t) -> Tuple[int, ...]:
+    return tuple(jax.interpreters.mlir.ir.RankedTensorType(t).shape)
+
+
+def _gemm_rule(alpha, beta, out_dtype, a_major, b_major, mesh, value_types, result_types):
+    """Shardy rule, e.g. 'b0 m k, b0 k n, b0 m n -> b0 m n' with k a reduction factor."""
+    shapes = [_shape(t) for t in value_types]
+    out = _shape(result_types[0])
+    nb = len(out) - 2
+    fresh = iter(f"u{i}" for i in range(64))       # own factors for broadcast (size-1) dims
+
+    def dims(shape, tail):
+        names = []
+        lead = len(shape) - len(tail)
+        for i in range(lead):
+            j = i + (len(out) - len(shape))
+            names.append(f"b{j}" if j < nb and shape[i] == out[j] else next(fresh))
+        return names + list(tail)
+
+    a, b = shapes[0], shapes[1]
+    parts = [dims(a, ["m", "k"]), dims(b, ["k", "n"])]
+    if len(shapes) > 2:
+        c = shapes[2]
+        names = []
+        for i in range(len(c)):
+            j = i + len(out) - len(c)
+            same = c[i] == out[j]
+            names.append(("m" if j == nb else "n" if j == nb + 1 else f"b{j}") if same else next(fresh))
+        parts.append(names)
+    out_names = [f"b{j}" for j in range(nb)] + ["m", "n"]
+    rule = ", ".join(" ".join(p) for p in parts) + " -> " + " ".join(out_names)
+    return rule, {"reduction_factors": ("k",)}
+
+
+def _gemm_local_nc(a, b, alpha, beta, out_dtype, a_major, b_major):
+    return gemm_p.bind(a, b, alpha=alpha, beta=beta, out_dtype=out_dtype, has_c=False,
+                       a_major=a_major, b_major=b_major)
+
+
+def _gemm_local_c(a, b, c, alpha, beta, out_dtype, a_major, b_major):
+    return gemm_p.bind(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype, has_c=True,
+                       a_major=a_major, b_major=b_major)
+
+
+_gemm_nc = custom_partitioning(_gemm_local_nc, static_argnums=(2, 3, 4, 5, 6))
+_gemm_nc.def_partition(partition=_gemm_partition, infer_sharding_from_operands=_gemm_infer,
+                       sharding_rule=_gemm_rule)
+_gemm_c = custom_partitioning(_gemm_local_c, static_argnums=(3, 4, 5, 6, 7))
+_gemm_c.def_partition(partition=_gemm_partition, infer_sharding_from_operands=_gemm_infer,
+                      sharding_rule=_gemm_rule)
+
+
+def gemm(a, b, c, *, alpha: float, beta: float, out_dtype: str, a_major: str = "row", b_major: str = "row"):
+    """gemm_p.bind(...) that partitions under a sharded jit (c may be None)."""
+    if c is None:
+        return _gemm_nc(a, b, alpha, beta, out_dtype, a_major, b_major)
+    return _gemm_c(a, b, c, alpha, beta, out_dtype, a_major, b_major)
+
+
+# ---------------------------------------------------------------------------------------------
+# Softmax
+
+def _softmax_dims(axis: int, sharding: Any, rank: int) -> List[Axes]:
+    dims = _spec(sharding, rank)
+    dims[axis] = ()
+    return dims
+
+
+def _softmax_partition(axis, mesh, arg_shapes, result_shape):
+    (x,) = arg_shapes
+    dims = _softmax_dims(axis, x.sharding, len(x.shape))
+    lower_fn = lambda x: softmax_p.bind(x, axis=axis)
+    return mesh, lower_fn, _named(mesh, dims), (_named(mesh, dims),)
+
+
+def _softmax_infer(axis, mesh, arg_shapes, result_shape):
+    (x,) = arg_shapes
+    return _named(mesh, _softmax_dims(axis, x.sharding, len(x.shape)))
+
+
+def _softmax_rule(axis, mesh, value_types, result_types):
+    names = [f"d{i}" for i in range(len(_shape(value_types[0])))]
+    spec = " ".join(names)
+    return f"{spec} -> {spec}", {"need_replication_factors": (names[axis],)}
+
+
+def _softmax_local(x, axis):
+    return softmax_p.bind(x, axis=axis)
+
+
+_softmax_cp = custom_partitioning(_softmax_local, static_argnums=(1,))
+_softmax_cp.def_partition(partition=_softmax_partition, infer_sharding_from_operands=_softmax_infer,
+                          sharding_rule=_softmax_rule)
+
+
+def softmax(x, *, axis: int):
+    """softmax_p.bind(x, axis=axis) that partitions under a sharded jit."""
+    return _softmax_cp(x, axis)

@@ -1,0 +1,873 @@
+"""Hopper tensor-core GEMM (CuTe-DSL): D[l] = alpha * A[l] @ B[l] + beta * C[l].
+
+Contract
+  dtypes      A, B: float16 or bfloat16 (the same); accumulate float32; D: float16 | bfloat16 |
+              float32; C (read only when beta != 0): float16 | bfloat16 | float32.
+  majorness   every combination: A row (K-major) or col (M-major), B row (N-major) or col
+              (K-major), C and D row (N-major) or col (M-major). No operand is copied.
+  alignment   TMA: every base address and every non-unit stride (the leading one and the batch
+              one) a multiple of 16 bytes; ragged M, N, K need nothing else (TMA zero-fills loads
+              out of bounds and clips stores).
+  arch        sm_90a (wgmma + TMA + clusters); declines every other device.
+  limits      M, N, K >= 1; batch dims collapse into one stride (L). An operand that is the
+              same for every batch (batch stride 0, e.g. weights) crosses as one 2-D matrix and
+              gets a stride-0 batch mode in the kernel, so TMA never sees a zero stride.
+Design
+  Warp-specialized persistent kernel: warpgroup 0..W-1 run wgmma + the epilogue, the last
+  warpgroup is the TMA producer (one warp issues loads). A/B arrive through a multistage
+  mbarrier pipeline (PipelineTmaAsync); in a 2x1 / 1x2 cluster the operand shared by the cluster
+  is multicast by TMA. Two schedules:
+    cooperative  both consumer warpgroups split one tile along M (tile 128xN or 256xN);
+    pingpong     each consumer warpgroup owns its own 128xN tile and the two alternate, so one's
+                 epilogue overlaps the other's mainloop (ordered by named barriers).
+  Tiles are handed out statically (StaticPersistentTileScheduler) with a swizzled raster for L2.
+  Launched with programmatic dependent launch (griddepcontrol), so a GEMM's prologue overlaps
+  the previous kernel's tail in the stream.
+  The epilogue walks the tile in epi subtiles: acc -> alpha*acc (+ beta*C, C fetched by TMA into
+  shared memory ahead of use) -> out dtype -> stmatrix to shared memory -> TMA store.
+  Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
+  see class_key); shapes and strides are symbolic (cute.sym_int / sym_int64 with 16-byte
+  divisibility), so one compiled object serves every shape of its class.
+Adapted from CUTLASS's CuTe-DSL Hopper examples (dense_gemm_persistent.py) and quack's GemmSm90
+(pingpong schedule, epilogue C pipeline).
+"""
+# (no `from __future__ import annotations`: the DSL evaluates the device code's annotations)
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from ..problem import COL, ROW, Policy
+
+NAME = "cute_gemm_sm90"
+_AB_DTYPES = ("float16", "bfloat16")
+_OUT_DTYPES = ("float16", "bfloat16", "float32")
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+SMEM_BYTES = 232448          # sm_90 opt-in shared memory per block (227 KB)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs and the policy table
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    """One compiled kernel shape: what a Policy means for this kernel."""
+    tile_m: int = 128
+    tile_n: int = 192
+    cluster_m: int = 2
+    cluster_n: int = 1
+    pingpong: bool = True
+    raster_m: bool = True        # walk clusters along M first (within a swizzle band of N)
+    swizzle: int = 8             # band width, in clusters, for L2 reuse
+    stages: int = 0              # A/B pipeline depth; 0 = as many as fit in shared memory
+
+    def policy(self, why: str = "") -> Policy:
+        notes = ("pingpong" if self.pingpong else "cooperative", f"swizzle {self.swizzle}")
+        if why:
+            notes += (why,)
+        return Policy(tile=(self.tile_m, self.tile_n, 64), stages=self.stages,
+                      cluster=(self.cluster_m, self.cluster_n), warps=12,
+                      raster="m" if self.raster_m else "n", notes=notes)
+
+    @staticmethod
+    def from_policy(policy: Policy) -> "Config":
+        notes = policy.notes
+        swizzle = next((int(s.split()[1]) for s in notes if s.startswith("swizzle ")), 1)
+        return Config(tile_m=policy.tile[0], tile_n=policy.tile[1], cluster_m=policy.cluster[0],
+                      cluster_n=policy.cluster[1], pingpong="pingpong" in notes,
+                      raster_m=policy.raster != "n", swizzle=swizzle, stages=policy.stages)
+
+    def check(self) -> None:
+        """Raise ValueError for a config this kernel cannot build (before any compile)."""
+        if self.pingpong:
+            if self.tile_m != 128 or self.tile_n % 32 or not 32 <= self.tile_n <= 192:
+                raise ValueError(f"pingpong needs tile 128 x N with N % 32 == 0, N <= 192: {self}")
+        else:
+            if self.tile_m not in (128, 256) or self.tile_n % 32 or not 32 <= self.tile_n <= 256:
+                raise ValueError(f"cooperative needs tile (128|256) x N, N % 32 == 0, N <= 256: {self}")
+            if self.tile_m * self.tile_n // 256 > 240 - 40:   # fp32 accumulators per thread
+                raise ValueError(f"tile {self.tile_m}x{self.tile_n} needs too many registers")
+        if (self.cluster_m, self.cluster_n) not in ((1, 1), (2, 1), (1, 2)):
+            raise ValueError(f"cluster must be 1x1, 2x1 or 1x2: {self}")
+
+
+# The policy table (H200, 132 SMs). Rows are tried in order; the first whose predicate holds
+# wins. Tuned with `benchmarks/gemm_tc.py --sweep` (bf16, A k-major, B n-major; all candidates
+# timed in one process with cuBLAS and quack; records in benchmarks/results/
+# gemm_tc_sweep-h200.json). TFLOP/s below are from two runs (run 1 | run 2); the chip runs
+# power-limited, so the same kernel moves by ~2% between runs:
+#   skinny M  M <= 3072, N and K large: pingpong 128x128, cluster 2x1. 2048x8192x8192:
+#             711 | 692 vs 585 | 623 for pingpong 128x192 (its 688 tiles fill 5.2 waves of 132
+#             SMs; 128x128's 1024 tiles fill 7.8) and 666 | 660 for cooperative 128x256.
+#   skinny N  the mirror image (cluster along M still, raster along N); by symmetry, not timed.
+#   mid       max(M, N) <= 6144: cooperative 128x256, cluster 1x2 (A multicast). 4096^3:
+#             748 | 682, against pingpong 128x128 713 | 702 and pingpong 128x192 657 | 612.
+#   large     M, N >= 4096: pingpong 128x192, cluster 2x1, raster along N, swizzle 8.
+#             8192^3: 699 | 680 (raster along M: 596); 8192^2 x 1024: 758 | 691 (cooperative
+#             tiles 605-647 | 560-576: with K short the epilogue is a large share of each tile,
+#             and pingpong hides it under the other warpgroup's mainloop).
+#   medium    at least one wave of 128x128 tiles: pingpong 128x128, cluster 2x1.
+#   small     fewer tiles than SMs: pingpong 128x64, no cluster, so more SMs get work.
+# Raster along N with swizzle 8 = bands of 8 clusters (2048 rows of A) that sweep across N, so
+# the band of A stays in the 60 MB L2 while B streams past (quack's default order, too).
+POLICY_TABLE = (
+    ("skinny M", lambda m, n, k, l: m <= 3072 and n >= 4096 and k >= 1024
+     and _tiles(m, n, l, 128, 128) >= 264, Config(128, 128, 2, 1, True, True, 8)),
+    ("skinny N", lambda m, n, k, l: n <= 3072 and m >= 4096 and k >= 1024
+     and _tiles(m, n, l, 128, 128) >= 264, Config(128, 128, 2, 1, True, False, 8)),
+    ("mid", lambda m, n, k, l: max(m, n) <= 6144 and _tiles(m, n, l, 128, 256) >= 132,
+     Config(128, 256, 1, 2, False, True, 8)),
+    ("large", lambda m, n, k, l: m >= 4096 and n >= 4096,
+     Config(128, 192, 2, 1, True, False, 8)),
+    ("medium", lambda m, n, k, l: _tiles(m, n, l, 128, 128) >= 132,
+     Config(128, 128, 2, 1, True, True, 8)),
+    ("small", lambda m, n, k, l: True,
+     Config(128, 64, 1, 1, True, True, 1)),
+)
+
+
+def _tiles(m: int, n: int, l: int, tm: int, tn: int) -> int:
+    return -(-m // tm) * -(-n // tn) * l
+
+
+def choose_config(m: int, n: int, k: int, l: int) -> Tuple[str, Config]:
+    for name, pred, cfg in POLICY_TABLE:
+        if pred(m, n, k, l):
+            return name, cfg
+    raise AssertionError("the last policy row accepts every problem")
+
+
+# ----------------------------------------------------------------------------------------------
+# Device code (imported only when a CUDA problem reaches this kernel, or a compile-only test)
+# ----------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _device():
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    import cutlass.utils as utils
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float16, Float32, Int32, const_expr
+    from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+    from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+    from cutlass.memory import SmemAllocator
+    from cutlass.tensor_utils import LayoutEnum
+
+    # Named barrier ids; 0 is __syncthreads.
+    BAR_EPI, BAR_MMA0, BAR_EPI0 = 1, 2, 4      # BAR_MMA0 + wg, BAR_EPI0 + wg for wg in (0, 1)
+
+    class Sm90Gemm:
+        def __init__(self, cfg: Config, max_active_clusters: int, has_c: bool):
+            cfg.check()
+            self.cfg = cfg
+            self.has_c = has_c
+            self.max_active_clusters = max_active_clusters
+            self.pingpong = cfg.pingpong
+            self.cluster_shape_mnk = (cfg.cluster_m, cfg.cluster_n, 1)
+            self.tile_shape_mnk = (cfg.tile_m, cfg.tile_n, 64)
+            # cooperative: 2 warpgroups split M; pingpong: 1 warpgroup per tile, 2 tiles in flight
+            self.atom_layout_mnk = (1, 1, 1) if cfg.pingpong else (2, 1, 1)
+            self.mma_warp_groups = 2
+            self.threads_per_cta = (self.mma_warp_groups + 1) * 128
+            self.load_warp_id = self.mma_warp_groups * 4
+            self.num_epi_threads = 128 if cfg.pingpong else 256
+            self.mma_threads_per_tile = 128 if cfg.pingpong else 256
+            acc_regs = cfg.tile_m * cfg.tile_n // (128 * math.prod(self.atom_layout_mnk))
+            # setmaxnreg budgets: 2 x 128 x mma + 128 x load <= 64K registers
+            self.regs_load, self.regs_mma = (24, 240) if acc_regs >= 208 else (40, 232)
+            self.num_mcast_a = cfg.cluster_n      # A tile is shared by the CTAs along N
+            self.num_mcast_b = cfg.cluster_m      # B tile is shared by the CTAs along M
+            # epilogue subtile: 64 rows per warpgroup, 32 columns
+            self.epi_tile = (64 if cfg.pingpong else 128, 32)
+
+        # -------------------------------------------------------------------- host-side setup
+        def _stages(self, d_dtype, c_dtype):
+            tm, tn, tk = self.tile_shape_mnk
+            epi_elems = self.epi_tile[0] * self.epi_tile[1]
+            epi_tiles = tm * tn // epi_elems
+            epi_stage = min(epi_tiles, 2)
+            c_stage = min(epi_tiles, 4) if c_dtype is not None else 0
+            d_bytes = epi_elems * d_dtype.width // 8
+            c_bytes = epi_elems * c_dtype.width // 8 if c_dtype is not None else 0
+            ab_bytes = (tm + tn) * tk * 2
+            reserve = 1024 + 1024          # mbarriers + alignment padding
+            room = SMEM_BYTES - reserve - epi_stage * d_bytes - c_stage * c_bytes
+            ab_stage = room // ab_bytes
+            if self.cfg.stages:
+                ab_stage = min(ab_stage, self.cfg.stages)
+            ab_stage = min(ab_stage, 8)
+            left = room - ab_stage * ab_bytes
+            epi_stage = min(epi_stage + left // d_bytes, max(epi_tiles, 2), 4)
+            assert ab_stage >= 2, f"shared memory holds only {ab_stage} A/B stages"
+            return ab_stage, epi_stage, c_stage
+
+        @cute.jit
+        def launch(self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor,
+                   mC: Optional[cute.Tensor], alpha: Float32, beta: Float32,
+                   stream: cuda.CUstream):
+            """mA (M, K, L), mB (N, K, L), mD / mC (M, N, L), in CuTe's GEMM order."""
+            self.a_dtype = mA.element_type
+            self.d_dtype = mD.element_type
+            self.c_dtype = mC.element_type if const_expr(self.has_c) else None
+            self.a_layout = LayoutEnum.from_tensor(mA)
+            self.b_layout = LayoutEnum.from_tensor(mB)
+            self.d_layout = LayoutEnum.from_tensor(mD)
+            self.c_layout = LayoutEnum.from_tensor(mC) if const_expr(self.has_c) else None
+
+            self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+                self.a_dtype, self.a_dtype,
+                self.a_layout.sm90_mma_major_mode(), self.b_layout.sm90_mma_major_mode(),
+                Float32, self.atom_layout_mnk, tiler_mn=(64, self.tile_shape_mnk[1]))
+            self.ab_stage, self.epi_stage, self.c_stage = self._stages(self.d_dtype, self.c_dtype)
+            self.cluster_layout_mnk = cute.make_layout(self.cluster_shape_mnk)
+
+            a_smem_staged = sm90_utils.make_smem_layout_a(
+                self.a_layout, self.tile_shape_mnk, self.a_dtype, self.ab_stage)
+            b_smem_staged = sm90_utils.make_smem_layout_b(
+                self.b_layout, self.tile_shape_mnk, self.a_dtype, self.ab_stage)
+            d_smem_staged = sm90_utils.make_smem_layout_epi(
+                self.d_dtype, self.d_layout, self.epi_tile, self.epi_stage)
+            c_smem_staged = None
+            if const_expr(self.has_c):
+                c_smem_staged = sm90_utils.make_smem_layout_epi(
+                    self.c_dtype, self.c_layout, self.epi_tile, self.c_stage)
+
+            a_smem = cute.slice_(a_smem_staged, (None, None, 0))
+            b_smem = cute.slice_(b_smem_staged, (None, None, 0))
+            tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp() if const_expr(self.num_mcast_a == 1)
+                else cpasync.CopyBulkTensorTileG2SMulticastOp(),
+                mA, a_smem, (self.tile_shape_mnk[0], self.tile_shape_mnk[2]),
+                num_multicast=self.num_mcast_a)
+            tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp() if const_expr(self.num_mcast_b == 1)
+                else cpasync.CopyBulkTensorTileG2SMulticastOp(),
+                mB, b_smem, (self.tile_shape_mnk[1], self.tile_shape_mnk[2]),
+                num_multicast=self.num_mcast_b)
+            self.tma_bytes = cute.size_in_bytes(self.a_dtype, a_smem) + cute.size_in_bytes(
+                self.a_dtype, b_smem)
+            tma_atom_d, tma_d = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mD,
+                cute.slice_(d_smem_staged, (None, None, 0)), self.epi_tile)
+            tma_atom_c, tma_c = None, None
+            self.c_bytes = 0
+            if const_expr(self.has_c):
+                c_smem = cute.slice_(c_smem_staged, (None, None, 0))
+                tma_atom_c, tma_c = cpasync.make_tiled_tma_atom(
+                    cpasync.CopyBulkTensorTileG2SOp(), mC, c_smem, self.epi_tile)
+                self.c_bytes = cute.size_in_bytes(self.c_dtype, c_smem)
+
+            # persistent grid: one cluster per (max active) cluster slot, tiles strided over it
+            num_ctas_mnl = cute.ceil_div(mD.shape, (self.tile_shape_mnk[0], self.tile_shape_mnk[1], 1))
+            sched_params = utils.PersistentTileSchedulerParams(
+                num_ctas_mnl, self.cluster_shape_mnk, self.cfg.swizzle, self.cfg.raster_m)
+            grid = utils.StaticPersistentTileScheduler.get_grid_shape(
+                sched_params, self.max_active_clusters)
+
+            c_elems = cute.cosize(c_smem_staged) if const_expr(self.has_c) else 0
+            c_type = self.c_dtype if const_expr(self.has_c) else Float32
+
+            @cute.struct
+            class SharedStorage:
+                ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
+                c_mbar: cute.struct.MemRange[cutlass.Int64, max(self.c_stage, 1) * 2]
+                sD: cute.struct.Align[
+                    cute.struct.MemRange[self.d_dtype, cute.cosize(d_smem_staged)], 1024]
+                sC: cute.struct.Align[cute.struct.MemRange[c_type, c_elems], 1024]
+                sA: cute.struct.Align[
+                    cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem_staged)], 1024]
+                sB: cute.struct.Align[
+                    cute.struct.MemRange[self.a_dtype, cute.cosize(b_smem_staged)], 1024]
+
+            self.shared_storage = SharedStorage
+            self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
+                        tma_atom_c, tma_c, alpha, beta, self.cluster_layout_mnk, a_smem_staged,
+                        b_smem_staged, d_smem_staged, c_smem_staged, sched_params).launch(
+                grid=grid, block=[self.threads_per_cta, 1, 1], cluster=self.cluster_shape_mnk,
+                min_blocks_per_mp=1, stream=stream, use_pdl=True)
+
+        # ----------------------------------------------------------------------- the kernel
+        @cute.kernel
+        def kernel(self, tiled_mma: cute.TiledMma, tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor,
+                   tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor, tma_atom_d: cute.CopyAtom,
+                   mD_mnl: cute.Tensor, tma_atom_c: Optional[cute.CopyAtom],
+                   mC_mnl: Optional[cute.Tensor], alpha: Float32, beta: Float32,
+                   cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
+                   b_smem_staged: cute.ComposedLayout, d_smem_staged: cute.ComposedLayout,
+                   c_smem_staged: Optional[cute.ComposedLayout],
+                   sched_params: utils.PersistentTileSchedulerParams):
+            tidx, _, _ = cute.arch.thread_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp_idx == self.load_warp_id:
+                cpasync.prefetch_descriptor(tma_atom_a)
+                cpasync.prefetch_descriptor(tma_atom_b)
+                cpasync.prefetch_descriptor(tma_atom_d)
+                if const_expr(self.has_c):
+                    cpasync.prefetch_descriptor(tma_atom_c)
+
+            cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            cluster_coord = cluster_layout_mnk.get_flat_coord(cta_rank)
+            a_mcast_mask = cute.make_layout_image_mask(cluster_layout_mnk, cluster_coord, mode=1)
+            b_mcast_mask = cute.make_layout_image_mask(cluster_layout_mnk, cluster_coord, mode=0)
+            a_mcast_mask = a_mcast_mask if const_expr(self.num_mcast_a > 1) else 0
+            b_mcast_mask = b_mcast_mask if const_expr(self.num_mcast_b > 1) else 0
+
+            smem = SmemAllocator()
+            storage = smem.allocate(self.shared_storage)
+
+            # A/B pipeline: full = TMA bytes landed; empty = one arrive per consumer warp from
+            # every CTA whose multicast writes into this CTA's buffers.
+            mcast_size = self.num_mcast_a + self.num_mcast_b - 1
+            ab_pipeline = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.ab_mbar.data_ptr(), num_stages=self.ab_stage,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                consumer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, mcast_size * self.mma_threads_per_tile // 32),
+                tx_count=self.tma_bytes,
+                cta_layout_vmnk=cute.make_layout((1, *cluster_layout_mnk.shape)),
+                defer_sync=True)
+            c_pipeline = None
+            if const_expr(self.has_c):
+                # C subtiles: the epilogue's first warp issues TMA loads ahead of use; every
+                # epilogue warp releases a stage after reading it.
+                c_pipeline = pipeline.PipelineTmaAsync.create(
+                    barrier_storage=storage.c_mbar.data_ptr(), num_stages=self.c_stage,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                    consumer_group=pipeline.CooperativeGroup(
+                        pipeline.Agent.Thread, self.num_epi_threads // 32),
+                    tx_count=self.c_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+                    defer_sync=True)
+            pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mnk[:2], is_relaxed=True)
+
+            sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
+            sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
+            sD = storage.sD.get_tensor(d_smem_staged.outer, swizzle=d_smem_staged.inner)
+            sC = None
+            if const_expr(self.has_c):
+                sC = storage.sC.get_tensor(c_smem_staged.outer, swizzle=c_smem_staged.inner)
+
+            # (bM, bK, RestM, RestK, L), (bN, bK, RestN, RestK, L), (bM, bN, RestM, RestN, L)
+            gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.tile_shape_mnk, (None, 0, None)),
+                                     (None, None, None))
+            gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.tile_shape_mnk, (0, None, None)),
+                                     (None, None, None))
+            gD_mnl = cute.local_tile(mD_mnl, cute.slice_(self.tile_shape_mnk, (None, None, 0)),
+                                     (None, None, None))
+            gC_mnl = None
+            if const_expr(self.has_c):
+                gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.tile_shape_mnk, (None, None, 0)),
+                                         (None, None, None))
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_atom_a, cluster_coord[1],
+                cute.make_layout(cute.slice_(cluster_layout_mnk, (0, None, 0)).shape),
+                cute.group_modes(sA, 0, 2), cute.group_modes(gA_mkl, 0, 2))
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_atom_b, cluster_coord[0],
+                cute.make_layout(cute.slice_(cluster_layout_mnk, (None, 0, 0)).shape),
+                cute.group_modes(sB, 0, 2), cute.group_modes(gB_nkl, 0, 2))
+            k_tile_cnt = cute.size(gA_mkl, mode=[3])
+
+            pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mnk[:2])
+            # Programmatic dependent launch: everything above (barrier init, descriptor
+            # prefetch) may overlap the previous kernel's tail; no global memory is touched
+            # before the previous grid has finished and flushed.
+            cute.arch.griddepcontrol_wait()
+
+            # ------------------------------------------------------------ producer warpgroup
+            if warp_idx >= self.load_warp_id:
+                cute.arch.setmaxregister_decrease(self.regs_load)
+                if warp_idx == self.load_warp_id:
+                    sched = utils.StaticPersistentTileScheduler.create(
+                        sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+                    work = sched.initial_work_tile_info()
+                    prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                        self.ab_stage)
+                    while work.is_valid_tile:
+                        tc = work.tile_idx
+                        tAgA_k = tAgA[(None, tc[0], None, tc[2])]
+                        tBgB_k = tBgB[(None, tc[1], None, tc[2])]
+                        for k_tile in cutlass.range(k_tile_cnt, unroll=1):
+                            ab_pipeline.producer_acquire(prod)
+                            bar = ab_pipeline.producer_get_barrier(prod)
+                            cute.copy(tma_atom_a, tAgA_k[(None, k_tile)], tAsA[(None, prod.index)],
+                                      tma_bar_ptr=bar, mcast_mask=a_mcast_mask)
+                            cute.copy(tma_atom_b, tBgB_k[(None, k_tile)], tBsB[(None, prod.index)],
+                                      tma_bar_ptr=bar, mcast_mask=b_mcast_mask)
+                            ab_pipeline.producer_commit(prod)
+                            prod.advance()
+                        sched.advance_to_next_work()
+                        work = sched.get_current_work()
+                    ab_pipeline.producer_tail(prod)
+
+            # ------------------------------------------------------------ consumer warpgroups
+            if warp_idx < self.load_warp_id:
+                cute.arch.setmaxregister_increase(self.regs_mma)
+                wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+                mma_slice = 0 if const_expr(self.pingpong) else wg_idx * 128
+                epi_tidx = tidx % 128 if const_expr(self.pingpong) else tidx
+                is_tma_warp = warp_idx % 4 == 0 if const_expr(self.pingpong) else warp_idx == 0
+                thr_mma = tiled_mma.get_slice(mma_slice)
+                tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+                tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+                acc = cute.make_rmem_tensor(
+                    thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
+                num_k_blocks = cute.size(tCrA, mode=[2])
+
+                # epilogue partitions: registers -> smem (stmatrix / st.shared), smem -> registers
+                copy_atom_c = cute.make_copy_atom(
+                    warp.StMatrix8x8x16bOp(self.d_layout.is_m_major_c(), 4), Float16)
+                tiled_copy_c_atom = cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma)
+                tiled_copy_r2s = cute.make_tiled_copy_S(
+                    sm90_utils.get_smem_store_op(self.d_layout, self.d_dtype, Float32),
+                    tiled_copy_c_atom)
+                thr_copy_r2s = tiled_copy_r2s.get_slice(epi_tidx)
+                tRS_sD = thr_copy_r2s.partition_D(sD)
+                tRS_rAcc = tiled_copy_r2s.retile(acc)
+                rD_shape = cute.shape(thr_copy_r2s.partition_S(sD))
+                tRS_rD = cute.make_rmem_tensor(rD_shape[:3], Float32)
+                tRS_rD_out = cute.make_rmem_tensor(rD_shape[:3], self.d_dtype)
+                size_rD = cute.size(tRS_rD)
+                tiled_copy_s2r = None
+                tSR_sC = None
+                tRS_rC = None
+                tSR_rC = None
+                if const_expr(self.has_c):
+                    if const_expr(self.c_dtype.width == 16):
+                        s2r_atom = cute.make_copy_atom(
+                            warp.LdMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), self.c_dtype)
+                    else:
+                        s2r_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.c_dtype)
+                    tiled_copy_s2r = cute.make_tiled_copy_S(s2r_atom, tiled_copy_c_atom)
+                    thr_copy_s2r = tiled_copy_s2r.get_slice(epi_tidx)
+                    tSR_sC = thr_copy_s2r.partition_S(sC)
+                    tRS_rC = cute.make_rmem_tensor(tRS_rD.layout, self.c_dtype)
+                    tSR_rC = thr_copy_s2r.retile(tRS_rC)
+
+                epi_barrier = pipeline.NamedBarrier(barrier_id=BAR_EPI,
+                                                    num_threads=self.num_epi_threads)
+                store_pipeline = pipeline.PipelineTmaStore.create(
+                    num_stages=self.epi_stage,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                             self.num_epi_threads))
+                epi_tiles_mn = (self.tile_shape_mnk[0] // self.epi_tile[0],
+                                self.tile_shape_mnk[1] // self.epi_tile[1])
+                epi_tile_num = epi_tiles_mn[0] * epi_tiles_mn[1]
+                epi_tile_layout = cute.make_layout(epi_tiles_mn, stride=(epi_tiles_mn[1], 1))
+
+                sched = utils.StaticPersistentTileScheduler.create(
+                    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+                work = sched.initial_work_tile_info()
+                ab_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                       self.ab_stage)
+                c_read = None
+                c_write = None
+                if const_expr(self.has_c):
+                    c_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                          self.c_stage)
+                    c_write = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                           self.c_stage)
+                if const_expr(self.pingpong):
+                    if wg_idx == 0:
+                        # warpgroup 0 starts first in both the mainloop and the epilogue order
+                        cute.arch.barrier_arrive(barrier_id=BAR_MMA0, number_of_threads=256)
+                        cute.arch.barrier_arrive(barrier_id=BAR_EPI0, number_of_threads=256)
+                    else:
+                        # warpgroup 1 takes every other tile: skip warpgroup 0's first one
+                        ab_read.advance(k_tile_cnt)
+                        if const_expr(self.has_c):
+                            c_read.advance(epi_tile_num)
+                            c_write.advance(epi_tile_num)
+                        sched.advance_to_next_work()
+                        work = sched.get_current_work()
+
+                while work.is_valid_tile:
+                    tc = work.tile_idx
+                    if const_expr(self.pingpong):
+                        cute.arch.barrier(barrier_id=BAR_MMA0 + wg_idx, number_of_threads=256)
+                    # ---------------------------------------------------------- mainloop
+                    ab_release = ab_read.clone()
+                    acc.fill(0.0)
+                    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                    warpgroup.fence()
+                    # first k-tile: issue, keep one wgmma batch in flight from here on
+                    ab_pipeline.consumer_wait(ab_read)
+                    for kb in cutlass.range_constexpr(num_k_blocks):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, ab_read.index)],
+                                  tCrB[(None, None, kb, ab_read.index)], acc)
+                    warpgroup.commit_group()
+                    ab_read.advance()
+                    for k_tile in cutlass.range(1, k_tile_cnt, unroll=1):
+                        ab_pipeline.consumer_wait(ab_read)
+                        for kb in cutlass.range_constexpr(num_k_blocks):
+                            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, ab_read.index)],
+                                      tCrB[(None, None, kb, ab_read.index)], acc)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)       # the previous k-tile's wgmmas are done
+                        ab_pipeline.consumer_release(ab_release)
+                        ab_release.advance()
+                        ab_read.advance()
+                    if const_expr(self.pingpong):
+                        # the other warpgroup may start issuing its mainloop now
+                        cute.arch.barrier_arrive(barrier_id=BAR_MMA0 + 1 - wg_idx,
+                                                 number_of_threads=256)
+                    warpgroup.wait_group(0)
+                    ab_pipeline.consumer_release(ab_release)
+                    ab_release.advance()
+
+                    # ---------------------------------------------------------- epilogue
+                    if const_expr(self.pingpong):
+                        cute.arch.barrier(barrier_id=BAR_EPI0 + wg_idx, number_of_threads=256)
+                    gD = gD_mnl[(None, None, *tc)]
+                    bSG_sD, bSG_gD = cpasync.tma_partition(
+                        tma_atom_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2),
+                        cute.zipped_divide(gD, self.epi_tile))
+                    bGS_sC = None
+                    bGS_gC = None
+                    if const_expr(self.has_c):
+                        gC = gC_mnl[(None, None, *tc)]
+                        bGS_sC, bGS_gC = cpasync.tma_partition(
+                            tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2),
+                            cute.zipped_divide(gC, self.epi_tile))
+                        for i in cutlass.range_constexpr(min(self.c_stage, epi_tile_num)):
+                            if is_tma_warp:
+                                c_pipeline.producer_acquire(c_write)
+                                cute.copy(tma_atom_c,
+                                          bGS_gC[(None, epi_tile_layout.get_hier_coord(i))],
+                                          bGS_sC[(None, c_write.index)],
+                                          tma_bar_ptr=c_pipeline.producer_get_barrier(c_write))
+                                c_pipeline.producer_commit(c_write)
+                            c_write.advance()
+                    num_prev = sched.num_tiles_executed * epi_tile_num
+                    for epi_idx in cutlass.range_constexpr(epi_tile_num):
+                        for v in cutlass.range_constexpr(size_rD):
+                            tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
+                        if const_expr(self.has_c):
+                            c_pipeline.consumer_wait(c_read)
+                            cute.copy(tiled_copy_s2r, tSR_sC[(None, None, None, c_read.index)],
+                                      tSR_rC)
+                            # generic-proxy reads must be ordered before the TMA refill
+                            cute.arch.fence_view_async_shared()
+                            cute.arch.sync_warp()
+                            c_pipeline.consumer_release(c_read)
+                            c_read.advance()
+                            if const_expr(epi_idx + self.c_stage < epi_tile_num):
+                                if is_tma_warp:
+                                    c_pipeline.producer_acquire(c_write)
+                                    cute.copy(tma_atom_c,
+                                              bGS_gC[(None, epi_tile_layout.get_hier_coord(
+                                                  epi_idx + self.c_stage))],
+                                              bGS_sC[(None, c_write.index)],
+                                              tma_bar_ptr=c_pipeline.producer_get_barrier(c_write))
+                                    c_pipeline.producer_commit(c_write)
+                                c_write.advance()
+                            tRS_rD.store(tRS_rD.load() * alpha
+                                         + tRS_rC.load().to(Float32) * beta)
+                        else:
+                            tRS_rD.store(tRS_rD.load() * alpha)
+                        tRS_rD_out.store(tRS_rD.load().to(self.d_dtype))
+                        epi_buffer = (num_prev + epi_idx) % self.epi_stage
+                        cute.copy(tiled_copy_r2s, tRS_rD_out,
+                                  tRS_sD[(None, None, None, epi_buffer)])
+                        # st.shared / stmatrix writes must be visible to the TMA (async proxy)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        epi_barrier.arrive_and_wait()
+                        if is_tma_warp:
+                            cute.copy(tma_atom_d, bSG_sD[(None, epi_buffer)],
+                                      bSG_gD[(None, epi_tile_layout.get_hier_coord(epi_idx))])
+                            store_pipeline.producer_commit()
+                            store_pipeline.producer_acquire()
+                        epi_barrier.arrive_and_wait()
+
+                    if const_expr(self.pingpong):
+                        # both warpgroups share sD/sC: drain the stores before handing over
+                        if is_tma_warp:
+                            store_pipeline.producer_tail()
+                        cute.arch.barrier_arrive(barrier_id=BAR_EPI0 + 1 - wg_idx,
+                                                 number_of_threads=256)
+                        # skip the other warpgroup's tile in the shared pipelines
+                        ab_read.advance(k_tile_cnt)
+                        if const_expr(self.has_c):
+                            c_read.advance(epi_tile_num)
+                            c_write.advance(epi_tile_num)
+                        sched.advance_to_next_work(advance_count=2)
+                    else:
+                        sched.advance_to_next_work()
+                    work = sched.get_current_work()
+
+                # the next kernel in the stream may start its prologue (it waits for our end)
+                cute.arch.griddepcontrol_launch_dependents()
+                if const_expr(not self.pingpong):
+                    if is_tma_warp:
+                        store_pipeline.producer_tail()
+
+    # ---------------------------------------------------------------- entry points (compiled)
+    # Tensors cross the FFI boundary in the caller's order: A (L, M, K) | (M, K), B (L, K, N) |
+    # (K, N), D / C (L, M, N) | (M, N). They are relabelled into CuTe's (M, K, L) / (N, K, L) /
+    # (M, N, L) at trace time, so the host passes framework arrays untouched. An operand that is
+    # the same for every batch (the API hands it over with batch stride 0) crosses as a 2-D
+    # matrix and gets a stride-0 L mode here: TMA never sees a zero stride.
+    def _mk(t, order):
+        return cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
+
+    def _batch_len(d):
+        return d.shape[0] if const_expr(cute.rank(d) == 3) else 1
+
+    def _to_mkl(t, d):   # (L, X, Y) -> (X, Y, L); (X, Y) -> (X, Y, L) with stride 0 (broadcast)
+        if const_expr(cute.rank(t) == 3):
+            return _mk(t, [1, 2, 0])
+        return cute.make_tensor(t.iterator, cute.make_layout(
+            (*t.shape, _batch_len(d)), stride=(*t.layout.stride, 0)))
+
+    def _b_to_nkl(t, d):  # (L, K, N) -> (N, K, L); (K, N) -> (N, K, L) with stride 0
+        if const_expr(cute.rank(t) == 3):
+            return _mk(t, [2, 1, 0])
+        return cute.make_tensor(t.iterator, cute.make_layout(
+            (t.shape[1], t.shape[0], _batch_len(d)),
+            stride=(t.layout.stride[1], t.layout.stride[0], 0)))
+
+    @cute.jit
+    def gemm_noc(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
+                 alpha: Float32, stream: cuda.CUstream):
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, alpha, Float32(0.0), stream)
+
+    @cute.jit
+    def gemm_c(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
+               c: cute.Tensor, alpha: Float32, beta: Float32, stream: cuda.CUstream):
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), alpha, beta,
+                  stream)
+
+    return cutlass, cute, Sm90Gemm, gemm_noc, gemm_c
+
+
+_CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32"}
+
+
+def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
+          c: Optional[Tuple[str, str]], batched: Tuple[bool, bool, bool, bool], max_clusters: int,
+          arch: str = "sm_90a", extra_options: str = ""):
+    """cute.compile one kernel class against fake tensors with symbolic shapes and strides.
+
+    Majorness words are the API's: ROW = last dim contiguous. `batched` says, for A, B, D and C,
+    whether that operand crosses as (L, rows, cols) (else (rows, cols); D decides whether the
+    problem is batched at all). Returns the TVM-FFI function f(a, b, d[, c], alpha[, beta], stream).
+    """
+    cutlass, cute, Sm90Gemm, gemm_noc, gemm_c = _device()
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    def dt(name):
+        return getattr(cutlass, _CUTE_DTYPE[name])
+
+    def fake(dtype: str, rows, cols, major: str, batch):
+        """A (L, rows, cols) or (rows, cols) fake tensor; unit stride on the major side."""
+        align = 16 // _ITEMSIZE[dtype]
+        ld = cute.sym_int64(divisibility=align)
+        inner = (ld, 1) if major == ROW else (1, ld)
+        if batch is None:
+            return make_fake_tensor(dt(dtype), (rows, cols), inner, assumed_align=16)
+        return make_fake_tensor(dt(dtype), (batch, rows, cols),
+                                (cute.sym_int64(divisibility=align), *inner), assumed_align=16)
+
+    a_b, b_b, d_b, c_b = batched
+    m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    l = cute.sym_int() if d_b else None
+    fa = fake(ab, m, k, a_major, l if a_b else None)
+    fb = fake(ab, k, n, b_major, l if b_b else None)
+    fd = fake(out, m, n, d_major, l)
+    op = Sm90Gemm(cfg, max_clusters, c is not None)
+    stream = make_fake_stream()
+    opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
+    if c is None:
+        return cute.compile(gemm_noc, op, fa, fb, fd, 1.0, stream, options=opts)
+    fc = fake(c[0], m, n, c[1], l if c_b else None)
+    return cute.compile(gemm_c, op, fa, fb, fd, fc, 1.0, 0.0, stream, options=opts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side: the kernel protocol
+# ----------------------------------------------------------------------------------------------
+def _major(shape, strides) -> Optional[str]:
+    """ROW when the last dim has unit stride, COL when the second-to-last has, else None."""
+    if strides[-1] == 1:
+        return ROW
+    if strides[-2] == 1:
+        return COL
+    return None
+
+
+def _own_batch(shape, strides) -> bool:
+    """Does this (..., rows, cols) operand differ across the batch (a nonzero batch stride)?"""
+    return any(d > 1 and s != 0 for d, s in zip(shape[:-2], strides[:-2]))
+
+
+def _tma_why(shape, strides, itemsize, ptr=0) -> Optional[str]:
+    """None if TMA can describe the view as the kernel will see it, else why not."""
+    if ptr % 16:
+        return "base address is not 16-byte aligned"
+    major = _major(shape, strides)
+    if major is None:
+        return "neither of the last two dims is contiguous"
+    lead = strides[-2] if major == ROW else strides[-1]
+    if (lead * itemsize) % 16:
+        return f"leading stride {lead} is not a multiple of 16 bytes"
+    if _own_batch(shape, strides):
+        dims = [(d, st) for d, st in zip(shape[:-2], strides[:-2]) if d > 1]
+        if len(dims) > 1 and any(s0 != s1 * d1 for (_, s0), (d1, s1) in zip(dims, dims[1:])):
+            return "batch dims do not collapse into one stride"
+        if any(st == 0 for _, st in dims) or (dims[-1][1] * itemsize) % 16:
+            return f"batch stride {dims[-1][1]} is not a nonzero multiple of 16 bytes"
+    return None
+
+
+def _as_kernel_arg(v, L: int, rows: int, cols: int):
+    """The framework array as the kernel takes it: (L, rows, cols) when it has its own batch,
+    else (rows, cols) (one matrix for every batch). Views, never copies."""
+    x = v.obj
+    nd = len(v.shape)
+    if L > 1 and _own_batch(v.shape, v.strides):
+        return x if nd == 3 else x.reshape(L, rows, cols)
+    if nd == 2:
+        return x
+    return x[(0,) * (nd - 2)]
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    from cuda.bindings import driver
+    driver.cuInit(0)
+    err, dev = driver.cuDeviceGet(device_index)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{NAME}: cuDeviceGet({device_index}) failed: {err}")
+    err, count = driver.cuDeviceGetAttribute(
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{NAME}: cuDeviceGetAttribute failed: {err}")
+    return int(count)
+
+
+def max_clusters(sm_count: int, cfg: Config) -> int:
+    # Hopper SMs come in TPC pairs inside a GPC, so every SM can host a 2-CTA cluster.
+    return sm_count // (cfg.cluster_m * cfg.cluster_n)
+
+
+def compile_cached(key: Tuple, build_fn):
+    """The one call site of the compile cache (memory -> disk -> build)."""
+    from .. import compile as xcompile
+    return xcompile.cute(key, build_fn)
+
+
+def class_key(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
+              c: Optional[Tuple[str, str]], batched: Tuple[bool, bool, bool, bool],
+              max_clusters_: int, arch: str) -> Tuple:
+    """The compile class: everything build() specializes on, and nothing shape-dependent."""
+    return (NAME, arch, cfg, ab, out, a_major, b_major, d_major, c, batched, max_clusters_)
+
+
+def compiled(*spec):
+    """The compiled function for build(*spec) (same arguments as class_key)."""
+    return compile_cached(class_key(*spec), functools.partial(build, *spec))
+
+
+def build_for_key(key: Tuple):
+    """The build callable for a class_key (xgemm.compile.warm compiles keys in worker processes)."""
+    assert key[0] == NAME, key
+    return functools.partial(build, *key[2:], key[1])
+
+
+class _Sm90Kernel:
+    name = NAME
+
+    def supports(self, problem) -> Optional[str]:
+        dev = problem.device
+        if dev.kind != "cuda":
+            return "needs a CUDA device"
+        if dev.arch is None or tuple(dev.arch) != (9, 0):
+            return "needs sm_90 (Hopper: wgmma + TMA)" + (
+                f"; device is sm_{dev.arch[0]}{dev.arch[1]}" if dev.arch else "")
+        if problem.a.dtype not in _AB_DTYPES or problem.b.dtype != problem.a.dtype:
+            return f"A/B must both be float16 or bfloat16 (got {problem.a.dtype}, {problem.b.dtype})"
+        ep = problem.epilogue
+        if ep.out_dtype not in _OUT_DTYPES:
+            return f"output dtype {ep.out_dtype} is not float16/bfloat16/float32"
+        if min(problem.m, problem.n, problem.k) < 1:
+            return "empty problem (M, N or K is 0)"
+        if problem.n * _ITEMSIZE[ep.out_dtype] % 16:
+            # the API allocates D row-major; TMA needs its row stride in 16-byte units
+            return f"N={problem.n}: D's row stride is not a multiple of 16 bytes (TMA)"
+        ops = [("A", problem.a), ("B", problem.b)]
+        if ep.reads_c and problem.c is not None:
+            if problem.c.dtype not in _OUT_DTYPES:
+                return f"C dtype {problem.c.dtype} is not float16/bfloat16/float32"
+            ops.append(("C", problem.c))
+        for label, op in ops:
+            if op.alignment < 16:
+                return f"{label} is not 16-byte aligned (TMA needs 16-byte base and strides)"
+            why = _tma_why(op.shape, op.strides, _ITEMSIZE[op.dtype])
+            if why:
+                return f"{label}: {why}"
+        return None
+
+    def policy(self, problem) -> Policy:
+        name, cfg = choose_config(problem.m, problem.n, problem.k, problem.batch_count)
+        return cfg.policy(name)
+
+    def spec(self, problem, policy: Policy, operands, out, arch: str, sm_count: int) -> Tuple:
+        """The compile class (build()'s arguments) a run of these operands needs."""
+        a, b, c = operands
+        use_c = problem.epilogue.reads_c and c is not None
+        L = problem.batch_count
+        own = [L > 1 and _own_batch(v.shape, v.strides) for v in (a, b)]
+        batched = (own[0], own[1], L > 1, use_c and L > 1 and _own_batch(c.shape, c.strides))
+        cfg = Config.from_policy(policy)
+        return (cfg, a.dtype, out.dtype, _major(a.shape, a.strides), _major(b.shape, b.strides),
+                _major(out.shape, out.strides),
+                (c.dtype, _major(c.shape, c.strides)) if use_c else None, batched,
+                max_clusters(sm_count, cfg), arch)
+
+    def run(self, problem, policy: Policy, operands, out, stream) -> None:
+        from .. import compile as xcompile
+        a, b, c = operands
+        ep = problem.epilogue
+        use_c = ep.reads_c and c is not None
+        L, m, n, k = problem.batch_count, problem.m, problem.n, problem.k
+        views = [(a, m, k), (b, k, n), (out, m, n)] + ([(c, m, n)] if use_c else [])
+        for v, _, _ in views:
+            why = _tma_why(v.shape, v.strides, v.itemsize, v.ptr)
+            if why:
+                raise ValueError(f"{NAME}: operand {v.shape} strides {v.strides}: {why}")
+        fn = compiled(*self.spec(problem, policy, operands, out, xcompile.arch_for(problem.device),
+                                 _sm_count(problem.device.index)))
+        args = [_as_kernel_arg(v, L, r, cc) for v, r, cc in views]
+        if use_c:
+            fn(*args, float(ep.alpha), float(ep.beta), stream)
+        else:
+            fn(*args, float(ep.alpha), stream)
+
+
+KERNEL = _Sm90Kernel()
+
+
+# ----------------------------------------------------------------------------------------------
+# Ahead-of-time classes (`python -m xgemm build-cache`, see xgemm/compile.py)
+# ----------------------------------------------------------------------------------------------
+H200_SMS = 132
+
+
+def prebuild_classes(arch: str):
+    """(key, build) for the common classes on an H200: every policy-table config for A, B, D
+    row-major without C (torch's default layouts), unbatched and batched, in bf16 and fp16."""
+    if not arch.startswith("sm_90"):
+        return []
+    items = []
+    seen = set()
+    for _, _, cfg in POLICY_TABLE:
+        for ab in _AB_DTYPES:
+            for batched in ((False, False, False, False), (True, True, True, False)):
+                spec = (cfg, ab, ab, ROW, ROW, ROW, None, batched,
+                        max_clusters(H200_SMS, cfg), arch)
+                if spec in seen:
+                    continue
+                seen.add(spec)
+                items.append((class_key(*spec), functools.partial(build, *spec)))
+    return items

@@ -1,0 +1,469 @@
+"""gluon_softmax: row softmax as a Gluon multi-CTA (cluster) kernel, prebuilt to cubins.
+
+Contract
+  op        y = softmax(x) over the last (reduced) dim, seen as rows x cols; fp32 math throughout
+            (exp2 with a max shift, fp32 sums), output rounded once to the output dtype.
+  dtypes    x in float32 | float16 | bfloat16; y in any of the three (all 9 pairs).
+  layout    the operands' last dim is the reduced one (the API moves `axis` last before calling),
+            contiguous (stride 1, majorness ROW); the leading dims must collapse
+            to one row stride, which may be anything (0, padded, larger than cols); y has its own
+            row stride. Anything else declines (the API compacts or uses the reference).
+  alignment none required. When both base pointers are 16-byte aligned and cols and both row
+            strides are multiples of 16 bytes / itemsize, the "aligned" variant issues 16-byte
+            loads/stores; otherwise the same kernel without the divisibility hints (scalar ones).
+  arch      sm_90 / sm_90a (Hopper), cubins built by triton >= 3.8 (xgemm/gluon_cache.py) and
+            launched by xgemm/launch.py through cuda-python; triton is not needed at run time.
+  limits    1 <= cols <= MAX_COLS (2**19): a row lives in registers, split across a cluster of
+            up to 16 CTAs; rows <= 2**31 - 1.
+  specials  as torch.softmax: a row holding NaN or +inf, or only -inf (fully masked), is NaN;
+            -inf entries of a row with a finite max give exactly 0.
+
+Design (from triton's python/tutorials/gluon/14-multicta.py multi-CTA softmax)
+  One cluster of CTAS CTAs owns BLOCK_M rows; each row is held whole in registers, its columns
+  split into CTAS contiguous slices by the layout's cga_layout (built on the host, a constexpr).
+  x is read once and y written once: 2 * rows * cols * itemsize bytes, the device-copy floor.
+  BLOCK_N is cols rounded up to a power of two (the tail is masked with -inf, which exp maps to 0);
+  short rows stack BLOCK_M rows per CTA so every CTA moves 32-64 KB. Rows, cols and strides are
+  runtime arguments: one cubin serves a whole config class (dtypes x BLOCK_N x alignment x config).
+  Two kernels:
+  - xgemm_softmax (online=0): [BLOCK_M, BLOCK_N] tile, gl.max then gl.sum along the row; each
+    reduces in-warp (shuffles), across warps (shared memory) and, when CTAS > 1, across the
+    cluster (distributed shared memory: mapa + ld.shared::cluster + barrier.cluster): 4 cluster
+    barriers per row block.
+  - xgemm_softmax_online (online=1): [BLOCK_M, CTAS, SLICE] tile; each CTA reduces its slice to
+    (max, sum of exp(x - max)), packs the pair into one int64 and a single cross-CTA gl.reduce
+    with the online-softmax combine finishes the row: 2 cluster barriers. Chosen for clusters.
+  Tried and dropped (H200, 2026-11-29): a persistent grid-stride variant that issued the next
+  row block's loads before reducing the current one was 5-80% slower at every size -- the
+  barriers (bar.sync / barrier.cluster.arrive, release semantics) wait for those loads.
+
+Config picker (pick_config) by BLOCK_N = next_pow2(max(cols, 16)); elements/thread =
+BLOCK_M * BLOCK_N / (CTAS * 32 * warps), the fp32 values a thread holds (~1.3 registers each).
+Measured on the H200 with 1 GiB fp32 inputs (benchmarks/softmax.py --tune; copy = 4210-4230 GB/s;
+benchmarks/results/softmax-h200.md has every candidate):
+    BLOCK_N        CTAS  warps  BLOCK_M           online  elems/thread  GB/s (N = BLOCK_N)
+    16 ... 512     1     8      16384 / BLOCK_N   0       64            4173 (256)
+    1024, 2048     1     8      8192 / BLOCK_N    0       32            4172 (1024)
+    4096           1     16     8                 0       64            4175
+    8192           1     16     2                 0       32            (not swept)
+    16384          1     16     1                 0       32            4144
+    32768          2     4      1                 1       128           (not swept)
+    65536          4     4      1                 1       128           3866 (quack 4115)
+    131072         8     4      1                 1       128           (not swept)
+    262144         16    4      1                 1       128           3604 (quack 3817); 16 CTAs
+    524288         16    8      1                 1       128           (not swept)    = non-portable
+Why: single-CTA rows run at copy speed with either kernel; in a cluster every row pays cluster
+barriers, so fewer warps (more CTAs resident per SM to overlap them) and the one-exchange kernel
+win. Rows >= 64K still trail the copy (0.92x / 0.86x) and quack's mbarrier-based exchange.
+VEC is 16 bytes / input itemsize (4 for fp32, 8 for 16-bit): one 128-bit access per chunk.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import Dict, List, Optional, Tuple
+
+from ..problem import ROW, Policy
+
+NAME = "gluon_softmax"
+MAX_COLS = 1 << 19
+MIN_BLOCK_N = 16
+MAX_CLUSTER = 16
+DTYPES = ("float32", "float16", "bfloat16")
+_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+_LONG = {v: k for k, v in _SHORT.items()}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+# BLOCK_N -> (ctas, warps, block_m, online). Entries for BLOCK_N <= 2048 are computed (rows per CTA).
+_TABLE: Dict[int, Tuple[int, int, int, int]] = {
+    4096: (1, 16, 8, 0),
+    8192: (1, 16, 2, 0),
+    16384: (1, 16, 1, 0),
+    32768: (2, 4, 1, 1),
+    65536: (4, 4, 1, 1),
+    131072: (8, 4, 1, 1),
+    262144: (16, 4, 1, 1),
+    524288: (16, 8, 1, 1),
+}
+_SHORT_ROW_WARPS = 8
+_SHORT_ROW_ONLINE = 0
+
+
+def _short_row_elems(block_n: int) -> int:
+    """Elements per CTA for BLOCK_N <= 2048 (several rows per CTA): 64 KB of fp32 up to 512
+    columns, 32 KB above."""
+    return 16384 if block_n <= 512 else 8192
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+# A namedtuple, not a dataclass: module import stays ~0.2 ms (it is on the first-call path).
+class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas vec align online",
+                        defaults=(0,))):
+    """One compiled variant: everything that is a constexpr of the kernel.
+
+    in_dtype, out_dtype  "float32" | "float16" | "bfloat16"
+    block_n  power of two >= cols           block_m  rows per cluster
+    warps    per CTA                        ctas     CTAs per cluster sharing each row (pow2 <= 16)
+    vec      contiguous elements per thread per access (16 bytes of input)
+    align    divisibility (elements) promised for cols and row strides; 1 = none
+    online   1: each CTA reduces its slice to (max, sum of exp) and one exchange of the packed pair
+             finishes the row (2 cluster barriers a row instead of 4); 0: two cross-CTA reductions
+    """
+    __slots__ = ()
+
+    # Thread/warp split of one CTA's [block_m, block_n / ctas] slice: lanes along the row first
+    # (VEC-wide 16-byte chunks), then warps along rows while there are rows (so a short row is
+    # reduced by shuffles inside one warp), the remaining warps along the row.
+    @property
+    def cols_per_cta(self) -> int:
+        return self.block_n // self.ctas
+
+    @property
+    def tpw_n(self) -> int:
+        return max(1, min(32, self.cols_per_cta // self.vec))
+
+    @property
+    def tpw_m(self) -> int:
+        return 32 // self.tpw_n
+
+    @property
+    def wpc_m(self) -> int:
+        return max(1, min(self.warps, self.block_m // self.tpw_m))
+
+    @property
+    def wpc_n(self) -> int:
+        return self.warps // self.wpc_m
+
+    @property
+    def cga(self) -> Tuple[Tuple[int, int], ...]:
+        # log2(ctas) bases, each doubling the CTA's column slice: CTA r owns columns
+        # [r * cols_per_cta, (r + 1) * cols_per_cta). Built on the host, passed as a constexpr.
+        # The online kernel views a row as [ctas, cols_per_cta]: the CTA bits go on that dim.
+        if self.online:
+            return tuple((0, 1 << i, 0) for i in range(self.ctas.bit_length() - 1))
+        return tuple((0, 1 << i) for i in range(self.ctas.bit_length() - 1))
+
+    @property
+    def elems_per_thread(self) -> int:
+        """fp32 values a thread holds (registers for the data, ~1.25 per value in practice)."""
+        return self.block_m * self.block_n // (self.ctas * self.warps * 32)
+
+    @property
+    def key(self) -> str:
+        """Entry key in the gluon cache, e.g. gluon_softmax/fp32-fp32/n4096-m8-w16-c1-v4-a4-o0."""
+        return (f"{NAME}/{_SHORT[self.in_dtype]}-{_SHORT[self.out_dtype]}/"
+                f"n{self.block_n}-m{self.block_m}-w{self.warps}-c{self.ctas}-v{self.vec}-a{self.align}"
+                f"-o{self.online}")
+
+    @classmethod
+    def from_key(cls, key: str) -> "Config":
+        name, dts, rest = key.split("/")
+        if name != NAME:
+            raise ValueError(f"{key!r} is not a {NAME} entry key")
+        i, o = dts.split("-")
+        f = {p[0]: int(p[1:]) for p in rest.split("-")}
+        return cls(_LONG[i], _LONG[o], f["n"], f["m"], f["w"], f["c"], f["v"], f["a"], f.get("o", 0))
+
+    def check(self) -> None:
+        pow2 = lambda v: v > 0 and v & (v - 1) == 0
+        assert self.in_dtype in DTYPES and self.out_dtype in DTYPES, self
+        assert all(pow2(v) for v in (self.block_n, self.block_m, self.warps, self.ctas, self.vec)), self
+        assert self.ctas <= MAX_CLUSTER and self.warps <= 16 and self.cols_per_cta >= self.vec, self
+        assert self.align in (1, self.vec) and self.online in (0, 1), self
+        assert self.block_m >= self.tpw_m * self.wpc_m, f"{self}: layout would replicate rows"
+        assert self.cols_per_cta >= self.vec * self.tpw_n * self.wpc_n, f"{self}: layout would replicate columns"
+
+
+def pick_config(cols: int, in_dtype: str, out_dtype: str, aligned: bool) -> Config:
+    """The tuned config for a row length (see the module docstring's table)."""
+    block_n = max(MIN_BLOCK_N, _next_pow2(cols))
+    vec = 16 // _ITEMSIZE[in_dtype]
+    if block_n in _TABLE:
+        ctas, warps, block_m, online = _TABLE[block_n]
+    elif block_n < min(_TABLE):
+        ctas, warps, block_m, online = 1, _SHORT_ROW_WARPS, max(1, _short_row_elems(block_n) // block_n), \
+            _SHORT_ROW_ONLINE
+    else:
+        raise ValueError(f"{NAME}: cols={cols} exceeds MAX_COLS={MAX_COLS}")
+    return _fit(Config(in_dtype, out_dtype, block_n, block_m, warps, ctas, vec, vec if aligned else 1,
+                       online))
+
+
+def _fit(cfg: Config) -> Config:
+    """Raise block_m to the layout's smallest row footprint, so no thread holds a duplicate."""
+    max_wpc_n = max(1, cfg.cols_per_cta // (cfg.vec * cfg.tpw_n))
+    need = cfg.tpw_m * max(1, cfg.warps // max_wpc_n)
+    if cfg.block_m < need:
+        cfg = Config(cfg.in_dtype, cfg.out_dtype, cfg.block_n, need, cfg.warps, cfg.ctas, cfg.vec, cfg.align,
+                     cfg.online)
+    cfg.check()
+    return cfg
+
+
+def sibling(cfg: Config) -> Config:
+    """The same config in the other kernel (online <-> two-reduction); both are in the cache."""
+    return cfg._replace(online=1 - cfg.online)
+
+
+def policy_of(cfg: Config) -> Policy:
+    notes = (f"vec {cfg.vec}", f"{cfg.elems_per_thread} elems/thread") + (("online",) if cfg.online else ())
+    return Policy(tile=(cfg.block_m, cfg.block_n), warps=cfg.warps, ctas_per_row=cfg.ctas, cluster=(cfg.ctas, 1),
+                  notes=notes)
+
+
+def config_from_policy(policy: Policy, in_dtype: str, out_dtype: str, aligned: bool) -> Config:
+    block_m, block_n = policy.tile
+    vec = 16 // _ITEMSIZE[in_dtype]
+    return _fit(Config(in_dtype, out_dtype, block_n, block_m, policy.warps, policy.ctas_per_row, vec,
+                       vec if aligned else 1, 1 if "online" in policy.notes else 0))
+
+
+# ----------------------------------------------------------------------------------------------
+# The Gluon source. Defined inside a function so that importing this module never imports triton.
+# ----------------------------------------------------------------------------------------------
+
+def _define_kernels():
+    """(two-reduction kernel, online kernel): the Gluon sources, imported only to compile."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def xgemm_softmax(x_ptr, y_ptr, n_rows, n_cols, x_row_stride, y_row_stride,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, VEC: gl.constexpr,
+                      TPW_M: gl.constexpr, TPW_N: gl.constexpr, WPC_M: gl.constexpr, WPC_N: gl.constexpr,
+                      CTAS: gl.constexpr, CGA: gl.constexpr):
+        # Columns split over the cluster's CTAs by CGA; rows over threads/warps.
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [TPW_M, TPW_N], [WPC_M, WPC_N], [1, 0],
+                                                cga_layout=CGA)
+        # With num_ctas > 1 the program id is the cluster id (ctaid.x / num_ctas).
+        pid = gl.program_id(0)
+        rows = pid * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, layout))
+        cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, layout))
+        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+        rows64 = rows.to(gl.int64)          # rows * stride can pass 2**31 elements
+        x = gl.load(x_ptr + (rows64 * x_row_stride)[:, None] + cols[None, :], mask=mask,
+                    other=-float("inf")).to(gl.float32)
+        # maxnum ignores NaN here, but NaN - max = NaN poisons the row's sum: torch's NaN row.
+        row_max = gl.max(x, axis=1)
+        e = gl.exp2((x - row_max[:, None]) * 1.4426950408889634)
+        row_sum = gl.sum(e, axis=1)
+        y = e * (1.0 / row_sum)[:, None]
+        gl.store(y_ptr + (rows64 * y_row_stride)[:, None] + cols[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=mask)
+
+    @gluon.jit
+    def _pack(m, s):
+        # (max, sum) as one int64 (max in the high word): one cross-CTA exchange carries both
+        hi = m.to(gl.int32, bitcast=True).to(gl.int64) << 32
+        lo = s.to(gl.int32, bitcast=True).to(gl.uint32, bitcast=True).to(gl.int64)
+        return hi | lo
+
+    @gluon.jit
+    def _unpack(p):
+        m = (p >> 32).to(gl.int32).to(gl.float32, bitcast=True)
+        s = p.to(gl.int32).to(gl.float32, bitcast=True)
+        return m, s
+
+    @gluon.jit
+    def _online_combine(p1, p2):
+        # (max, sum of exp(x - max)) pairs. A side whose max is the result keeps its sum as is, so
+        # an all -inf side (sum 0) adds 0 instead of 0 * exp(-inf - -inf) = NaN; a row that is -inf
+        # everywhere keeps max -inf and gets scale exp(-inf - -inf) = NaN below (torch: NaN).
+        m1, s1 = _unpack(p1)
+        m2, s2 = _unpack(p2)
+        m = gl.maximum(m1, m2)
+        a = gl.where(m1 == m, s1, s1 * gl.exp2((m1 - m) * 1.4426950408889634))
+        b = gl.where(m2 == m, s2, s2 * gl.exp2((m2 - m) * 1.4426950408889634))
+        return _pack(m, a + b)
+
+    @gluon.jit
+    def xgemm_softmax_online(x_ptr, y_ptr, n_rows, n_cols, x_row_stride, y_row_stride,
+                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, VEC: gl.constexpr,
+                             TPW_M: gl.constexpr, TPW_N: gl.constexpr, WPC_M: gl.constexpr,
+                             WPC_N: gl.constexpr, CTAS: gl.constexpr, CGA: gl.constexpr):
+        # A row block is [BLOCK_M, CTAS, SLICE]; CGA puts CTA r on slice r (dim 1). Each CTA reduces
+        # its slice (dim 2, no cluster traffic), then one cross-CTA reduce of packed (max, sum).
+        SLICE: gl.constexpr = BLOCK_N // CTAS
+        layout: gl.constexpr = gl.BlockedLayout([1, 1, VEC], [TPW_M, 1, TPW_N], [WPC_M, 1, WPC_N], [2, 1, 0],
+                                                cga_layout=CGA)
+        l_mc: gl.constexpr = gl.SliceLayout(2, layout)
+        l_n: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, layout))
+        rows = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, l_mc))
+        cols = (gl.arange(0, CTAS, gl.SliceLayout(0, l_mc)) * SLICE)[None, :, None] + \
+            gl.arange(0, SLICE, l_n)[None, None, :]
+        mask = (rows < n_rows)[:, None, None] & (cols < n_cols)
+        rows64 = rows.to(gl.int64)
+        x = gl.load(x_ptr + (rows64 * x_row_stride)[:, None, None] + cols, mask=mask,
+                    other=-float("inf")).to(gl.float32)
+        m_loc = gl.max(x, axis=2)
+        shift = gl.where(m_loc == -float("inf"), 0.0, m_loc)    # all -inf slice: sum 0, not NaN
+        e = gl.exp2((x - shift[:, :, None]) * 1.4426950408889634)
+        s_loc = gl.sum(e, axis=2)
+        m_row, s_row = _unpack(gl.reduce(_pack(m_loc, s_loc), 1, _online_combine))
+        scale = gl.exp2((m_loc - m_row[:, None]) * 1.4426950408889634) / s_row[:, None]
+        gl.store(y_ptr + (rows64 * y_row_stride)[:, None, None] + cols,
+                 (e * scale[:, :, None]).to(y_ptr.dtype.element_ty), mask=mask)
+
+    return xgemm_softmax, xgemm_softmax_online
+
+
+# The non-constexpr parameters, in order (the cubin adds two scratch pointers after them).
+PARAMS = (("x_ptr", "ptr"), ("y_ptr", "ptr"), ("n_rows", "i32"), ("n_cols", "i32"),
+          ("x_row_stride", "i64"), ("y_row_stride", "i64"))
+
+
+def gluon_compile_args(key: str, arch: str):
+    """(jit function, signature, constexprs, attrs, options) for triton.compile; used by gluon_cache."""
+    cfg = Config.from_key(key)
+    cfg.check()
+    fn = _define_kernels()[cfg.online]
+    sig = {"x_ptr": f"*{_SHORT[cfg.in_dtype]}", "y_ptr": f"*{_SHORT[cfg.out_dtype]}", "n_rows": "i32",
+           "n_cols": "i32", "x_row_stride": "i64", "y_row_stride": "i64"}
+    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "VEC": cfg.vec, "TPW_M": cfg.tpw_m,
+                  "TPW_N": cfg.tpw_n, "WPC_M": cfg.wpc_m, "WPC_N": cfg.wpc_n, "CTAS": cfg.ctas, "CGA": cfg.cga}
+    sig.update({k: "constexpr" for k in constexprs})
+    attrs = {}
+    if cfg.align > 1:
+        # 16-byte aligned bases; cols and strides multiples of VEC: lets the compiler prove
+        # that each thread's VEC elements are contiguous, aligned and equally masked (v4 loads).
+        attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]],
+                 (3,): [["tt.divisibility", cfg.align]], (4,): [["tt.divisibility", cfg.align]],
+                 (5,): [["tt.divisibility", cfg.align]]}
+    options = {"num_warps": cfg.warps, "num_ctas": cfg.ctas, "enable_fp_fusion": False}
+    return fn, sig, constexprs, attrs, options
+
+
+def gluon_entries(arch: str = "sm_90a", siblings: bool = True) -> List[str]:
+    """The entry keys the AOT build makes: every dtype pair x every BLOCK_N x aligned/unaligned,
+    and (siblings=True) each config in both kernels, so a policy may pick either without a
+    compiler (the GPU tests run both): 576 cubins, ~27 MB (~2.7 MB as .tar.xz)."""
+    keys = []
+    for i in DTYPES:
+        for o in DTYPES:
+            block_n = MIN_BLOCK_N
+            while block_n <= MAX_COLS:
+                for aligned in (True, False):
+                    cfg = pick_config(block_n, i, o, aligned)
+                    keys.append(cfg.key)
+                    if siblings:
+                        keys.append(sibling(cfg).key)
+                block_n *= 2
+    return keys
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel protocol (policy.py)
+# ----------------------------------------------------------------------------------------------
+
+def _row_stride(shape, strides) -> Optional[int]:
+    """The one stride (elements) between consecutive rows of shape[:-1], or None if the leading
+    dims do not collapse. Size-1 dims are free; a single row gets stride 0 (never used)."""
+    lead = [(n, s) for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
+    if not lead:
+        return 0
+    for (n_outer, s_outer), (n_inner, s_inner) in zip(lead, lead[1:]):
+        if s_outer != s_inner * n_inner:
+            return None
+    return lead[-1][1]
+
+
+def _rows_view(shape, strides):
+    """(row stride, last-dim stride) of an operand whose last dim is the reduced one, or None."""
+    if not shape:
+        return 0, 1
+    rs = _row_stride(shape, strides)
+    if rs is None:
+        return None
+    return rs, (strides[-1] if shape[-1] != 1 else 1)
+
+
+class GluonSoftmax:
+    name = NAME
+
+    def __init__(self):
+        self._availability: Dict[str, Optional[str]] = {}
+        self._launchers: Dict[tuple, tuple] = {}
+
+    # -- supports ------------------------------------------------------------------------------
+    def supports(self, problem) -> Optional[str]:
+        dev = problem.device
+        if dev.kind != "cuda":
+            return "needs a CUDA device"
+        if dev.arch != (9, 0):
+            return f"needs a Hopper GPU (sm_90); this device is {dev.arch}"
+        x = problem.x
+        if x.dtype not in DTYPES:
+            return f"x dtype {x.dtype} is not one of {DTYPES}"
+        if problem.out_dtype not in DTYPES:
+            return f"output dtype {problem.out_dtype} is not one of {DTYPES}"
+        if problem.cols > MAX_COLS:
+            return f"rows of {problem.cols} exceed {MAX_COLS} (a row must fit in one cluster's registers)"
+        if problem.rows >= 2 ** 31:
+            return f"{problem.rows} rows exceed 2**31 - 1"
+        if problem.cols > 1 and x.majorness != ROW:
+            return "the reduced dim is not contiguous"
+        view = _rows_view(x.shape, x.strides)
+        if view is None or (problem.cols > 1 and view[1] != 1):
+            return "the leading dims do not collapse to one row stride"
+        if problem.rows == 0 or problem.cols == 0:
+            return None
+        aligned = x.alignment >= 16 and problem.cols % (16 // _ITEMSIZE[x.dtype]) == 0
+        return self._available(pick_config(problem.cols, x.dtype, problem.out_dtype, aligned).key)
+
+    def _available(self, key: str) -> Optional[str]:
+        if key not in self._availability:
+            from .. import gluon_cache
+            self._availability[key] = gluon_cache.unavailable_reason(key)
+        return self._availability[key]
+
+    # -- policy --------------------------------------------------------------------------------
+    def policy(self, problem) -> Policy:
+        cfg = pick_config(max(problem.cols, 1), problem.x.dtype if problem.x.dtype in DTYPES else "float32",
+                          problem.out_dtype if problem.out_dtype in DTYPES else "float32",
+                          problem.x.alignment >= 16)
+        return policy_of(cfg)
+
+    # -- run -----------------------------------------------------------------------------------
+    def run(self, problem, policy, operands, out, stream) -> None:
+        x = operands[0]
+        rows, cols = problem.rows, problem.cols
+        if rows == 0 or cols == 0:
+            return
+        xst, yst = x.strides, out.strides
+        if len(xst) == 2 and len(yst) == 2 and (xst[1] == 1 and yst[1] == 1 or cols == 1):
+            xs, ys = xst[0], yst[0]             # the API's (rows, cols) views: the common case
+        else:
+            xv = _rows_view(x.shape, xst)
+            yv = _rows_view(out.shape, yst)
+            if xv is None or yv is None or (cols > 1 and (xv[1] != 1 or yv[1] != 1)):
+                from ..errors import KernelUnavailableError
+                raise KernelUnavailableError(
+                    f"{NAME}: x (shape {x.shape}, strides {xst}) or out (shape {out.shape}, strides "
+                    f"{yst}) is not rows x cols with a contiguous reduced dim; compact it first")
+            xs, ys = xv[0], yv[0]
+        if rows == 1:
+            xs = ys = 0
+        # 16-byte vectors need aligned bases and cols/strides multiples of vec (a power of two)
+        aligned = not ((x.ptr | out.ptr) & 15) and not ((cols | xs | ys) & (16 // x.itemsize - 1))
+        lkey = (policy.tile, policy.warps, policy.ctas_per_row, policy.notes, x.dtype, out.dtype, aligned,
+                x.device.index)
+        prepared = self._launchers.get(lkey)
+        if prepared is None:
+            prepared = self._prepare(lkey, policy, x.dtype, out.dtype, aligned, x.device.index)
+        launcher, block_m = prepared
+        launcher((rows + block_m - 1) // block_m, stream, x.ptr, out.ptr, rows, cols, xs, ys)
+
+    def _prepare(self, lkey, policy, in_dtype, out_dtype, aligned, device_index):
+        from .. import gluon_cache, launch
+        cfg = config_from_policy(policy, in_dtype, out_dtype, aligned)
+        entry = gluon_cache.lookup(cfg.key)
+        if entry is None:
+            raise ValueError(f"{cfg.key} names no {NAME} variant")
+        prepared = (launch.get_launcher(entry.cubin, entry.meta, device_index), cfg.block_m)
+        self._launchers[lkey] = prepared
+        return prepared
+
+
+KERNEL = GluonSoftmax()
