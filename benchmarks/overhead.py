@@ -12,9 +12,13 @@ import json
 import os
 import time
 
+import sys
+from pathlib import Path
+
 import torch
 
-import xgemm
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import xgemm  # noqa: E402
 
 
 def per_call_us(fn, n=1000):

@@ -78,6 +78,8 @@ def register(op: str, name: str, target: str, *, before: Optional[str] = None) -
     table.insert(index, (name, target))
     _loaded.pop(target, None)
     _plans.clear()
+    from . import fastpath        # plans kept for repeat calls may name the old table's kernels
+    fastpath.clear()
 
 
 def load(target: str) -> Optional[Any]:

@@ -46,7 +46,7 @@ def test_matmul_routes_and_matches(dtype, la, lb, mnk):
     exact(d, ga @ gb, dtype)
     plan = xgemm.explain(a, b)
     assert (plan.kernel_name != "reference") or plan.declined, str(plan)
-    if la == "sliced":
+    if la == "sliced" and m > 1:      # a 1-row slice is a valid column-major matrix: no copy needed
         assert plan.copies, "a strided operand must be compacted and the copy reported"
 
 
