@@ -30,6 +30,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@functools.lru_cache(None)
+def have(module: str) -> bool:
+    """Whether `module` imports here (compile-only tests skip without their compiler; see
+    test_environment.py, which fails CI when a compiler the test extra promises is missing)."""
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
+
+
 def to_f64(x) -> np.ndarray:
     """Any framework's array -> float64 NumPy (bf16 included)."""
     mod = type(x).__module__

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import have
+
 from xgemm.kernels import cute_gemm_sm90 as K90
 from xgemm.kernels import cute_mma_sm80 as K80
 from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand, Policy
@@ -16,11 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _have_dsl() -> bool:
-    try:
-        import cutlass  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    return have("cutlass")
 
 
 needs_dsl = pytest.mark.skipif(not _have_dsl(), reason="needs nvidia-cutlass-dsl")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import have
+
 from xgemm.kernels import cute_sgemm as S
 from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand
 
@@ -19,11 +21,7 @@ OC = S.OperandClass
 
 
 def _have_dsl() -> bool:
-    try:
-        import cutlass  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    return have("cutlass")
 
 
 needs_dsl = pytest.mark.skipif(not _have_dsl(), reason="needs nvidia-cutlass-dsl")

@@ -28,7 +28,6 @@ from .problem import Policy
 _TABLE: Dict[str, List[Tuple[str, str]]] = {
     "gemm": [
         ("cute_gemm_sm90", "xgemm.kernels.cute_gemm_sm90:KERNEL"),
-        ("gluon_matmul_sm90", "xgemm.kernels.gluon_matmul_sm90:KERNEL"),
         ("cute_mma_sm80", "xgemm.kernels.cute_mma_sm80:KERNEL"),
         ("cute_sgemm", "xgemm.kernels.cute_sgemm:KERNEL"),
         ("reference", "xgemm.kernels.reference:GEMM"),
