@@ -202,7 +202,8 @@ def _target(arch: str):
 
 
 _PTX_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
-_PTX_PARAM = re.compile(r"\.param\s+\.(\w+)")
+# ".param .u64 x" -> "u64"; a by-value TMA map ".param .align 64 .b8 x[128]" -> "b8[128]"
+_PTX_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)[^,\[]*?(\[\d+\])?\s*(?:,|$)")
 
 
 def ptx_params(ptx: str) -> Tuple[str, List[str]]:
@@ -210,7 +211,25 @@ def ptx_params(ptx: str) -> Tuple[str, List[str]]:
     m = _PTX_ENTRY.search(ptx)
     if not m:
         raise ValueError("no .entry in PTX")
-    return m.group(1), _PTX_PARAM.findall(m.group(2))
+    return m.group(1), [t + arr for t, arr in _PTX_PARAM.findall(m.group(2))]
+
+
+def _expand_params(sig: dict) -> Tuple[List[str], List[str]]:
+    """Kernel parameter names and triton types, a tensor descriptor expanded as triton's launcher
+    does (backends/driver.py expand_signature): the 128-byte map, then shape (i32) and strides
+    (i64) per dim, outermost first."""
+    names, types = [], []
+    for k, v in sig.items():
+        if v == "constexpr":
+            continue
+        if v.startswith("tensordesc"):
+            rank = re.search(r"\[([\d,\s]*)\]", v).group(1).count(",") + 1
+            names += [k] + [f"{k}.shape{i}" for i in range(rank)] + [f"{k}.stride{i}" for i in range(rank)]
+            types += ["nvTmaDesc"] + ["i32"] * rank + ["i64"] * rank
+        else:
+            names.append(k)
+            types.append(v)
+    return names, types
 
 
 def _register_count(cubin_path: str) -> Optional[int]:
@@ -235,6 +254,12 @@ def _jsonable(v):
     return str(v)
 
 
+def _jsonable_meta(v):
+    if isinstance(v, dict):
+        return {k: _jsonable_meta(x) for k, x in v.items()}
+    return [_jsonable_meta(x) for x in v] if isinstance(v, (list, tuple)) else _jsonable(v)
+
+
 def compile_kernel(key: str, arch: str = DEFAULT_ARCH):
     """triton.compile one entry: (CompiledKernel with asm ptx/cubin/..., signature, constexprs, options)."""
     import triton
@@ -252,8 +277,9 @@ def compile_entry(key: str, arch: str = DEFAULT_ARCH) -> Entry:
     compiled, sig, constexprs, options = compile_kernel(key, arch)
     md = compiled.metadata
     name, ptx_types = ptx_params(compiled.asm["ptx"])
-    names = [k for k, v in sig.items() if v != "constexpr"] + ["global_scratch", "profile_scratch"]
-    types = [v for v in sig.values() if v != "constexpr"] + ["*i8", "*i8"]
+    names, types = _expand_params(sig)
+    names += ["global_scratch", "profile_scratch"]
+    types += ["*i8", "*i8"]
     if len(names) != len(ptx_types):
         raise RuntimeError(f"{key}: PTX entry has {len(ptx_types)} params, expected {names}")
     cubin = compiled.asm["cubin"]
@@ -269,6 +295,8 @@ def compile_entry(key: str, arch: str = DEFAULT_ARCH) -> Entry:
         "triton_version": triton.__version__, "source_hash": source_hash(kernel),
         "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
     }
+    if getattr(md, "tensordesc_meta", None):     # TMA maps: what the host must encode per descriptor
+        meta["tensordesc_meta"] = _jsonable_meta(md.tensordesc_meta)
     out_dir = _dir_for(kernel, version, arch)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / _file_stem(key)

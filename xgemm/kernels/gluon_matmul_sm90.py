@@ -1,0 +1,592 @@
+"""gluon_matmul_sm90: D = A @ B as a Hopper 2-CTA cluster Gluon matmul (wgmma + multicast TMA),
+prebuilt to cubins; plus its sm_100a counterpart (2-CTA tcgen05), compile-only.
+
+Contract
+  op        out = A @ B, A (M, K), B (K, N); fp32 accumulate, rounded once to the output dtype.
+            No alpha/beta/C epilogue (problem.epilogue must be the plain one), no batch.
+  dtypes    A, B both float16 or both bfloat16; out float16 | bfloat16 (same as the inputs) | float32.
+  layout    A ROW (K-major); B ROW (N-major) or COL (K-major); out ROW. Anything else declines.
+  alignment TMA: the three base pointers 16-byte aligned, every row stride a multiple of 16 bytes
+            (K and N multiples of 8; fp32 out: N multiple of 4), M, N, K >= 1. Tails of M, N, K are
+            handled by TMA's out-of-bounds zero fill (loads) and clipping (stores).
+  arch      sm_90a (Hopper): built by triton >= 3.8 (xgemm/gluon_cache.py), launched by this
+            module through cuda-python (no triton at run time).
+            sm_100a: the 2-CTA tcgen05 variant compiles (gluon_entries("sm_100a")); nothing runs it.
+  limits    M, N, K < 2**31; one output tile per cluster iteration, persistent grid of at most
+            (#SMs / 2) clusters.
+
+Design (from triton's python/tutorials/gluon: 05-wgmma, 07-persistence, 14-multicta)
+  A cluster of 2 CTAs owns a [BM, 2 * BN] output tile; CTA r computes columns [r*BN, (r+1)*BN).
+  The accumulator's cga_layout is ((0, 1),): split along N. So both CTAs need the same A tile:
+  A's shared layout has cga_layout ((0, 0),) (broadcast) and the A load is one TMA multicast
+  (.multicast::cluster) issued by the lead CTA into both CTAs' shared memory: A is read from L2
+  once per cluster. B's layout ((0, 1),) gives each CTA its own half.
+  Pipeline: STAGES shared-memory slots, per slot a `ready` mbarrier (per CTA: TMA bytes landed)
+  and an `empty` mbarrier shared by the pair (two_ctas=True: it lives in the lead CTA, both CTAs
+  arrive, count 2): the lead must not multicast into a slot its peer is still reading. One
+  partition, no warp specialization: each K step waits `ready`, issues an async wgmma, waits for
+  the previous wgmma (num_outstanding=1), releases that one's slot, then refills it STAGES-1
+  steps ahead. Phases are counted across tiles (the pipeline drains only at a tile's end).
+  Persistent: grid = min(#clusters of tiles, #SMs / 2); cluster c walks tiles c, c + grid, ...
+  in grouped ("super-row") order, GROUP_M tile rows at a time, so concurrently running clusters
+  share A rows and B columns in L2.
+  Epilogue: registers -> shared (NVMMA layout) -> TMA store (clips the tails).
+
+TMA descriptors without triton (what launch.py's cubins need)
+  triton lowers a Gluon tensor-descriptor argument to five kernel parameters: a 128-byte
+  CUtensorMap passed by value (`.param .align 64 .b8 p[128]`, a __grid_constant__), then the
+  global shape as i32 per dim and the strides as i64 per dim (both outermost first). The map is
+  what triton's driver.c fillTMADescriptorTiled builds: cuTensorMapEncodeTiled(dtype, rank 2,
+  base, dims innermost first, byte strides of the outer dims, box = tensordesc_meta block_size
+  reversed, element strides 1, no interleave, swizzle from the meta, L2 promotion 128B, no OOB
+  NaN fill). `tma_params` computes those arguments in pure Python from the compiled kernel's
+  tensordesc_meta (recorded in the cache JSON); `encode_tma` calls cuda-python's
+  cuTensorMapEncodeTiled (needs the driver) and returns the 128 bytes; `_Launcher` packs them in
+  64-byte-aligned slots and launches with cuLaunchKernelEx + the cluster attribute.
+  Unverified on a GPU: everything above (no H200 run yet), notably that the box size from
+  tensordesc_meta is the per-CTA box for split/broadcast cga layouts.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from collections import namedtuple
+from typing import Dict, List, Optional, Tuple
+
+from ..problem import ROW, COL, Policy
+
+NAME = "gluon_matmul_sm90"
+IN_DTYPES = ("float16", "bfloat16")
+_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+_LONG = {v: k for k, v in _SHORT.items()}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+# CUtensorMapDataType (host enum values, cuda.h)
+_TMA_DTYPE = {"float16": 6, "bfloat16": 9, "float32": 7}    # host CUtensorMapDataType, for tests
+_TMA_SWIZZLE_BYTES = {0: 0, 1: 32, 2: 64, 3: 128}     # tensordesc_meta "swizzle" -> bytes
+CLUSTER = 2
+
+
+class Config(namedtuple("Config", "arch in_dtype out_dtype bm bn bk stages warps group_m b_kmajor")):
+    """One compiled variant. bn is the per-CTA N extent (the cluster tile is bm x 2*bn on sm_90a;
+    on sm_100a the cluster tile is 2*bm x bn, split along M as tcgen05's 2-CTA mode requires)."""
+    __slots__ = ()
+
+    @property
+    def key(self) -> str:
+        return (f"{NAME}/{self.arch}-{_SHORT[self.in_dtype]}-{_SHORT[self.out_dtype]}/"
+                f"m{self.bm}-n{self.bn}-k{self.bk}-s{self.stages}-w{self.warps}-g{self.group_m}-b{int(self.b_kmajor)}")
+
+    @classmethod
+    def from_key(cls, key: str) -> "Config":
+        name, dts, rest = key.split("/")
+        if name != NAME:
+            raise ValueError(f"{key!r} is not a {NAME} entry key")
+        arch, i, o = dts.split("-")
+        f = {p[0]: int(p[1:]) for p in rest.split("-")}
+        return cls(arch, _LONG[i], _LONG[o], f["m"], f["n"], f["k"], f["s"], f["w"], f["g"], bool(f["b"]))
+
+    @property
+    def cluster_tile(self) -> Tuple[int, int]:
+        return (self.bm, CLUSTER * self.bn) if self.arch == "sm_90a" else (CLUSTER * self.bm, self.bn)
+
+    def smem_bytes(self) -> int:
+        it = _ITEMSIZE[self.in_dtype]
+        return self.stages * (self.bm + self.bn) * self.bk * it + self.bm * self.bn * _ITEMSIZE[self.out_dtype]
+
+
+# Tile configs. sm_90a: 128 x (2 x 128) per cluster, 4 stages of 64-deep K slabs: 32 KB a stage,
+# 128 KB + the epilogue tile (32/64 KB) of the 227 KB; one warpgroup with a 128x128 fp32
+# accumulator (128 registers a thread). Both configs are candidates until timed on the H200.
+_SM90_TILES = ((128, 128, 64, 4, 4, 8),      # bm, bn, bk, stages, warps, group_m
+               (128, 128, 64, 4, 8, 8))      # two warpgroups, 64 rows each: half the registers
+_SM100_TILES = ((128, 256, 64, 3, 4, 8),)    # 2-CTA tcgen05: cluster tile 256 x 256
+
+
+def pick_config(in_dtype: str, out_dtype: str, b_kmajor: bool, arch: str = "sm_90a") -> Config:
+    bm, bn, bk, stages, warps, group_m = (_SM90_TILES if arch == "sm_90a" else _SM100_TILES)[0]
+    return Config(arch, in_dtype, out_dtype, bm, bn, bk, stages, warps, group_m, bool(b_kmajor))
+
+
+# ----------------------------------------------------------------------------------------------
+# Gluon sources (imported only to compile)
+# ----------------------------------------------------------------------------------------------
+
+def _define_sm90():
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+
+    @gluon.jit
+    def _tile_coords(t, num_m, num_n, GROUP_M: gl.constexpr):
+        # grouped order: GROUP_M tile rows advance together along N (L2 reuse of A rows and B cols)
+        per_group = GROUP_M * num_n
+        first_m = (t // per_group) * GROUP_M
+        rows = gl.minimum(num_m - first_m, GROUP_M)
+        return first_m + (t % per_group) % rows, (t % per_group) // rows
+
+    @gluon.jit
+    def xgemm_matmul_sm90(a_desc, b_desc, c_desc, M, N, K,
+                          STAGES: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
+                          ACC_LAYOUT: gl.constexpr):
+        BM: gl.constexpr = c_desc.block_shape[0]
+        BN2: gl.constexpr = c_desc.block_shape[1]          # cluster tile N (both CTAs)
+        BK: gl.constexpr = a_desc.block_shape[1]
+        dtype: gl.constexpr = a_desc.dtype
+
+        a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_shape, b_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_shape, c_desc.layout)
+        ready = mbarrier.allocate_mbarrier(batch=STAGES)
+        # in the lead CTA, both CTAs arrive: the multicast of A may overwrite a slot only when
+        # both have finished their wgmma on it
+        empty = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+
+        num_m = gl.cdiv(M, BM)
+        num_n = gl.cdiv(N, BN2)
+        k_tiles = gl.cdiv(K, BK)
+        nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
+
+        prod = 0            # slots filled / consumed, counted across tiles (index and phase)
+        cons = 0
+        for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+            pid_m, pid_n = _tile_coords(t, num_m, num_n, GROUP_M)
+            off_m = pid_m * BM
+            off_n = pid_n * BN2
+            # prologue: STAGES - 1 slabs in flight
+            for kk in gl.static_range(STAGES - 1):
+                if kk < k_tiles:
+                    s = prod % STAGES
+                    # fresh barrier: parity 1 passes at once (its "previous phase" is complete)
+                    mbarrier.wait(empty.index(s), ((prod // STAGES) & 1) ^ 1)
+                    mbarrier.expect(ready.index(s), nbytes)
+                    tma.async_load(a_desc, [off_m, kk * BK], ready.index(s), a_bufs.index(s), multicast=True)
+                    if B_KMAJOR:
+                        tma.async_load(b_desc, [off_n, kk * BK], ready.index(s), b_bufs.index(s), multicast=True)
+                    else:
+                        tma.async_load(b_desc, [kk * BK, off_n], ready.index(s), b_bufs.index(s), multicast=True)
+                    prod += 1
+            acc = gl.zeros([BM, BN2], gl.float32, ACC_LAYOUT)
+            prev = 0
+            for k in range(k_tiles):
+                s = cons % STAGES
+                mbarrier.wait(ready.index(s), (cons // STAGES) & 1)
+                if B_KMAJOR:
+                    b_op = b_bufs.index(s).permute((1, 0))
+                else:
+                    b_op = b_bufs.index(s)
+                acc = warpgroup_mma(a_bufs.index(s), b_op, acc, is_async=True)
+                acc, _, _ = warpgroup_mma_wait(1, deps=[acc, a_bufs.index(s), b_bufs.index(s)])
+                if k > 0:       # the previous wgmma has finished: its slot is free for the pair
+                    mbarrier.arrive(empty.index(prev))
+                prev = s
+                cons += 1
+                kn = k + STAGES - 1
+                if kn < k_tiles:
+                    sp = prod % STAGES
+                    mbarrier.wait(empty.index(sp), ((prod // STAGES) & 1) ^ 1)
+                    mbarrier.expect(ready.index(sp), nbytes)
+                    tma.async_load(a_desc, [off_m, kn * BK], ready.index(sp), a_bufs.index(sp), multicast=True)
+                    if B_KMAJOR:
+                        tma.async_load(b_desc, [off_n, kn * BK], ready.index(sp), b_bufs.index(sp),
+                                       multicast=True)
+                    else:
+                        tma.async_load(b_desc, [kn * BK, off_n], ready.index(sp), b_bufs.index(sp),
+                                       multicast=True)
+                    prod += 1
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            if k_tiles > 0:
+                mbarrier.arrive(empty.index(prev))
+            tma.store_wait(0)               # the previous tile's store has read c_smem
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_store(c_desc, [off_m, off_n], c_smem)
+        tma.store_wait(0)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+
+    return xgemm_matmul_sm90
+
+
+def _define_sm100():
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.blackwell import (allocate_tensor_memory, tcgen05_commit,
+                                                                     tcgen05_mma, tcgen05_mma_barrier_count)
+
+    @gluon.jit
+    def xgemm_matmul_sm100_2cta(a_desc, b_desc, c_desc, M, N, K,
+                                STAGES: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
+                                TMEM_LAYOUT: gl.constexpr):
+        # 2-CTA tcgen05 (14-multicta.py): the pair computes a [2*BM, BN] tile, A split along M,
+        # B along N, one MMA issued by the lead CTA reading both CTAs' shared memory.
+        BM2: gl.constexpr = c_desc.block_shape[0]
+        BN: gl.constexpr = c_desc.block_shape[1]
+        BK: gl.constexpr = a_desc.block_shape[1]
+        dtype: gl.constexpr = a_desc.dtype
+        a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_shape, b_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_shape, c_desc.layout)
+        acc_tmem = allocate_tensor_memory(gl.float32, [BM2, BN], TMEM_LAYOUT)
+        ready = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
+        empty = mbarrier.allocate_mbarrier(batch=STAGES)
+        done = mbarrier.allocate_mbarrier()
+        count: gl.constexpr = tcgen05_mma_barrier_count([a_bufs.index(0), b_bufs.index(0)], multicast=True,
+                                                        two_ctas=True)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=count)
+        mbarrier.init(done, count=count)
+        nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
+
+        num_m = gl.cdiv(M, BM2)
+        num_n = gl.cdiv(N, BN)
+        k_tiles = gl.cdiv(K, BK)
+        prod = 0
+        cons = 0
+        tiles_done = 0
+        for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+            per_group = GROUP_M * num_n
+            first_m = (t // per_group) * GROUP_M
+            rows = gl.minimum(num_m - first_m, GROUP_M)
+            off_m = (first_m + (t % per_group) % rows) * BM2
+            off_n = ((t % per_group) // rows) * BN
+            for kk in gl.static_range(STAGES - 1):
+                if kk < k_tiles:
+                    s = prod % STAGES
+                    mbarrier.wait(empty.index(s), ((prod // STAGES) & 1) ^ 1)
+                    mbarrier.expect(ready.index(s), nbytes)
+                    tma.async_load(a_desc, [off_m, kk * BK], ready.index(s), a_bufs.index(s), multicast=True)
+                    if B_KMAJOR:
+                        tma.async_load(b_desc, [off_n, kk * BK], ready.index(s), b_bufs.index(s), multicast=True)
+                    else:
+                        tma.async_load(b_desc, [kk * BK, off_n], ready.index(s), b_bufs.index(s), multicast=True)
+                    prod += 1
+            use_acc = False
+            for k in range(k_tiles):
+                s = cons % STAGES
+                mbarrier.wait(ready.index(s), (cons // STAGES) & 1)
+                if B_KMAJOR:
+                    b_op = b_bufs.index(s).permute((1, 0))
+                else:
+                    b_op = b_bufs.index(s)
+                tcgen05_mma(a_bufs.index(s), b_op, acc_tmem, use_acc=use_acc, multicast=True,
+                            mbarriers=[empty.index(s)])
+                use_acc = True
+                cons += 1
+                kn = k + STAGES - 1
+                if kn < k_tiles:
+                    sp = prod % STAGES
+                    mbarrier.wait(empty.index(sp), ((prod // STAGES) & 1) ^ 1)
+                    mbarrier.expect(ready.index(sp), nbytes)
+                    tma.async_load(a_desc, [off_m, kn * BK], ready.index(sp), a_bufs.index(sp), multicast=True)
+                    if B_KMAJOR:
+                        tma.async_load(b_desc, [off_n, kn * BK], ready.index(sp), b_bufs.index(sp),
+                                       multicast=True)
+                    else:
+                        tma.async_load(b_desc, [kn * BK, off_n], ready.index(sp), b_bufs.index(sp),
+                                       multicast=True)
+                    prod += 1
+            tcgen05_commit(done, descs=[a_bufs.index(0), b_bufs.index(0)])
+            mbarrier.wait(done, tiles_done & 1)
+            tiles_done += 1
+            tma.store_wait(0)
+            c_smem.store(acc_tmem.load().to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_store(c_desc, [off_m, off_n], c_smem)
+        tma.store_wait(0)
+
+    return xgemm_matmul_sm100_2cta
+
+
+# ----------------------------------------------------------------------------------------------
+# Compile arguments (gluon_cache plug-in)
+# ----------------------------------------------------------------------------------------------
+
+def _layouts(cfg: Config):
+    """(a, b, c shared layouts with their block shapes, the constexpr accumulator layout)."""
+    from triton.experimental.gluon import language as gl
+    gdt = {"float16": gl.float16, "bfloat16": gl.bfloat16, "float32": gl.float32}
+    it, ot = gdt[cfg.in_dtype], gdt[cfg.out_dtype]
+    if cfg.arch == "sm_90a":
+        c_cga, a_cga, b_cga = [[0, 1]], [[0, 0]], ([[1, 0]] if cfg.b_kmajor else [[0, 1]])
+        c_block = [cfg.bm, CLUSTER * cfg.bn]
+        a_block = [cfg.bm, cfg.bk]
+        b_block = [CLUSTER * cfg.bn, cfg.bk] if cfg.b_kmajor else [cfg.bk, CLUSTER * cfg.bn]
+        wg = cfg.warps // 4
+        acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * wg, 1],
+                                        instr_shape=[16, cfg.bn, 16], cga_layout=c_cga)
+    else:
+        from triton.experimental.gluon.language.nvidia.blackwell import TensorMemoryLayout
+        c_cga, a_cga, b_cga = [[1, 0]], [[1, 0]], ([[1, 0]] if cfg.b_kmajor else [[0, 1]])
+        c_block = [CLUSTER * cfg.bm, cfg.bn]
+        a_block = [CLUSTER * cfg.bm, cfg.bk]
+        b_block = [cfg.bn, cfg.bk] if cfg.b_kmajor else [cfg.bk, cfg.bn]
+        acc = TensorMemoryLayout(block=(cfg.bm, cfg.bn), col_stride=1, cga_layout=c_cga, two_ctas=True)
+    a_l = gl.NVMMASharedLayout.get_default_for(a_block, it, cga_layout=a_cga)
+    b_l = gl.NVMMASharedLayout.get_default_for(b_block, it, cga_layout=b_cga)
+    c_l = gl.NVMMASharedLayout.get_default_for(c_block, ot, cga_layout=c_cga)
+    return (a_l, a_block), (b_l, b_block), (c_l, c_block), acc
+
+
+def _desc_type(dtype: str, block, layout) -> str:
+    # the signature string triton mangles a host TensorDescriptor to (gluon/nvidia/hopper.py)
+    return f"tensordesc<{_SHORT[dtype]}[{','.join(map(str, block))}],{layout!r}>"
+
+
+def gluon_compile_args(key: str, arch: str):
+    cfg = Config.from_key(key)
+    if cfg.arch != arch:
+        raise ValueError(f"{key} is built for {cfg.arch}, not {arch}")
+    (a_l, a_b), (b_l, b_b), (c_l, c_b), acc = _layouts(cfg)
+    sig = {"a_desc": _desc_type(cfg.in_dtype, a_b, a_l), "b_desc": _desc_type(cfg.in_dtype, b_b, b_l),
+           "c_desc": _desc_type(cfg.out_dtype, c_b, c_l), "M": "i32", "N": "i32", "K": "i32"}
+    if arch == "sm_90a":
+        fn = _define_sm90()
+        constexprs = {"STAGES": cfg.stages, "GROUP_M": cfg.group_m, "B_KMAJOR": cfg.b_kmajor, "ACC_LAYOUT": acc}
+    else:
+        fn = _define_sm100()
+        constexprs = {"STAGES": cfg.stages, "GROUP_M": cfg.group_m, "B_KMAJOR": cfg.b_kmajor, "TMEM_LAYOUT": acc}
+    sig.update({k: "constexpr" for k in constexprs})
+    options = {"num_warps": cfg.warps, "num_ctas": CLUSTER, "enable_fp_fusion": False}
+    return fn, sig, constexprs, {}, options
+
+
+def gluon_entries(arch: str = "sm_90a") -> List[str]:
+    """sm_90a: {fp16, bf16} in x {same, fp32} out x B {N-major, K-major} x 2 tile configs = 16;
+    sm_100a: {fp16, bf16} -> same, B N-major, one tile (compile-only reach) = 2."""
+    keys = []
+    if arch == "sm_90a":
+        for i in IN_DTYPES:
+            for o in (i, "float32"):
+                for bk in (False, True):
+                    for bm, bn, bkk, st, w, g in _SM90_TILES:
+                        keys.append(Config(arch, i, o, bm, bn, bkk, st, w, g, bk).key)
+    elif arch == "sm_100a":
+        for i in IN_DTYPES:
+            keys.append(pick_config(i, i, False, arch).key)
+    return keys
+
+
+# ----------------------------------------------------------------------------------------------
+# TMA descriptors and launching without triton
+# ----------------------------------------------------------------------------------------------
+
+TmaParams = namedtuple("TmaParams", "dtype rank dims strides box elem_strides swizzle")
+
+
+def tma_params(meta: dict, ptr: int, shape, strides) -> TmaParams:
+    """The cuTensorMapEncodeTiled arguments for a row-major 2-D view (shape, element strides,
+    strides[-1] == 1) from a compiled kernel's tensordesc_meta entry -- what triton's driver.c
+    fillTMADescriptorTiled computes. dims/box/strides are innermost first; strides are the
+    outer dims' byte strides (rank - 1 of them)."""
+    if strides[-1] != 1:
+        raise ValueError(f"TMA needs a contiguous innermost dim, got strides {strides}")
+    es = int(meta["elem_size"])
+    rank = len(shape)
+    if rank != len(meta["block_size"]):
+        raise ValueError(f"rank {rank} != descriptor rank {len(meta['block_size'])}")
+    dims = tuple(int(d) for d in reversed(shape))
+    byte_strides = tuple(int(s) * es for s in reversed(strides[:-1]))
+    if ptr % 16 or any(b % 16 for b in byte_strides):
+        raise ValueError(f"TMA needs a 16-byte aligned base and 16-byte multiple strides ({ptr:#x}, {byte_strides})")
+    box = tuple(int(b) for b in reversed(meta["block_size"]))
+    et = int(meta["elem_type"])
+    host_dtype = {8: 10, 9: 8, 10: 9}.get(et, et)   # device enum -> host enum (driver.py TMA_DTYPE_DEVICE_TO_HOST)
+    return TmaParams(host_dtype, rank, dims, byte_strides, box, (1,) * rank, int(meta["swizzle"]))
+
+
+def encode_tma(p: TmaParams, ptr: int) -> bytes:
+    """The 128-byte CUtensorMap (cuda-python cuTensorMapEncodeTiled; needs the CUDA driver)."""
+    from cuda.bindings import driver as d
+    from ..launch import _check
+    res = d.cuTensorMapEncodeTiled(
+        d.CUtensorMapDataType(p.dtype), p.rank, ptr, list(p.dims), list(p.strides), list(p.box),
+        list(p.elem_strides), d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        d.CUtensorMapSwizzle(p.swizzle), d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    tmap = _check(res, "cuTensorMapEncodeTiled", str(p))
+    raw = ctypes.string_at(int(tmap.getPtr()), 128)
+    return raw
+
+
+# Parameter block layout of one tensor descriptor: 128-byte map (64-byte aligned), 2 x i32 shape,
+# 2 x i64 strides. Each kernel param gets its own slot; the driver copies by the cubin's layout.
+def param_slots(params: List[dict]) -> List[Tuple[int, int]]:
+    """(offset, size) in a parameter buffer for each kernel param (maps 64-aligned, 128 bytes)."""
+    out, off = [], 0
+    for p in params:
+        size, align = (128, 64) if p["ptx"] == "b8[128]" else (8, 8)
+        off = (off + align - 1) // align * align
+        out.append((off, size))
+        off += size
+    return out
+
+
+class _Launcher:
+    """A loaded cubin whose params include TMA maps: cuLaunchKernelEx with the cluster attribute.
+    (launch.Launcher packs 8-byte slots only; this one adds 128-byte by-value maps.)"""
+
+    def __init__(self, cubin: bytes, meta: dict, device: int):
+        from cuda.bindings import driver as d
+        from ..launch import _check, _primary_context
+        self.meta, self.name, self.device = meta, meta["name"], device
+        self.num_ctas = int(meta["num_ctas"])
+        self.shared = int(meta["shared"])
+        if meta.get("global_scratch_size") or meta.get("profile_scratch_size"):
+            raise RuntimeError(f"{self.name}: scratch memory is not supported by this launcher")
+        self.slots = param_slots(meta["params"])
+        total = self.slots[-1][0] + self.slots[-1][1]
+        self._buf = ctypes.create_string_buffer(total + 64)
+        base = (ctypes.addressof(self._buf) + 63) // 64 * 64      # maps need 64-byte alignment
+        self._base = base
+        self._ptrs = (ctypes.c_void_p * len(self.slots))(*[base + o for o, _ in self.slots])
+        ctx = _primary_context(device)
+        _check(d.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+        try:
+            self._module = _check(d.cuModuleLoadData(cubin), "cuModuleLoadData", self.name)
+            self._func = _check(d.cuModuleGetFunction(self._module, self.name.encode()), "cuModuleGetFunction")
+            if self.shared > 48 * 1024:
+                _check(d.cuFuncSetAttribute(self._func,
+                                            d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            self.shared), "cuFuncSetAttribute", self.name)
+        finally:
+            _check(d.cuCtxPopCurrent(), "cuCtxPopCurrent")
+        cfg = d.CUlaunchConfig()
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = 32 * int(meta["num_warps"]), 1, 1
+        cfg.gridDimY = cfg.gridDimZ = 1
+        cfg.sharedMemBytes = self.shared
+        a = d.CUlaunchAttribute()
+        a.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = self.num_ctas, 1, 1
+        cfg.attrs = [a]
+        cfg.numAttrs = 1
+        self._config = cfg
+        self._lock = threading.Lock()
+
+    def __call__(self, clusters: int, stream: int, values: List) -> None:
+        """values: one per param (bytes of 128 for a map, int otherwise; scratch pointers included)."""
+        from cuda.bindings import driver as d
+        from ..launch import _check
+        with self._lock:
+            for (off, size), p, v in zip(self.slots, self.meta["params"], values):
+                if size == 128:
+                    ctypes.memmove(self._base + off, v, 128)
+                else:
+                    code = {"i32": "<i", "i64": "<q"}.get(p["type"], "<Q")
+                    struct.pack_into(code, (ctypes.c_char * 8).from_address(self._base + off), 0, v)
+            cfg = self._config
+            cfg.gridDimX = clusters * self.num_ctas
+            cfg.hStream = stream
+            _check(d.cuLaunchKernelEx(cfg, self._func, ctypes.addressof(self._ptrs), 0), "cuLaunchKernelEx",
+                   self.name)
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel protocol (policy.py)
+# ----------------------------------------------------------------------------------------------
+
+class GluonMatmulSm90:
+    name = NAME
+
+    def __init__(self):
+        self._availability: Dict[str, Optional[str]] = {}
+        self._launchers: Dict[tuple, tuple] = {}
+        self._sms: Dict[int, int] = {}
+
+    def supports(self, problem) -> Optional[str]:
+        dev = problem.device
+        if dev.kind != "cuda":
+            return "needs a CUDA device"
+        if dev.arch != (9, 0):
+            return f"needs a Hopper GPU (sm_90); this device is {dev.arch}"
+        if getattr(problem, "batch", ()) not in ((), None):
+            return "batched problems are not supported"
+        a, b = problem.a, problem.b
+        if a.dtype not in IN_DTYPES or b.dtype != a.dtype:
+            return f"A/B dtypes {a.dtype}/{b.dtype}: needs both float16 or both bfloat16"
+        if problem.epilogue.out_dtype not in (a.dtype, "float32"):
+            return f"output dtype {problem.epilogue.out_dtype} is not {a.dtype} or float32"
+        if getattr(problem, "c", None) is not None or not _plain_epilogue(problem):
+            return "alpha/beta/C epilogue is not supported"
+        if a.majorness != ROW or b.majorness not in (ROW, COL):
+            return "A must be ROW (K-major) and B ROW or COL"
+        m, n, k = problem.m, problem.n, problem.k
+        if min(m, n, k) < 1 or max(m, n, k) >= 2 ** 31:
+            return f"shape {m}x{n}x{k} out of range"
+        if k % 8 or n % 8:
+            return "TMA needs K and N multiples of 8 (16-byte rows)"
+        cfg = pick_config(a.dtype, problem.epilogue.out_dtype, b.majorness == COL)
+        return self._available(cfg.key)
+
+    def _available(self, key: str) -> Optional[str]:
+        if key not in self._availability:
+            from .. import gluon_cache
+            self._availability[key] = gluon_cache.unavailable_reason(key)
+        return self._availability[key]
+
+    def policy(self, problem) -> Policy:
+        cfg = pick_config(problem.a.dtype if problem.a.dtype in IN_DTYPES else "bfloat16",
+                          problem.epilogue.out_dtype if problem.epilogue.out_dtype in ("float16", "bfloat16", "float32") else "float32",
+                          problem.b.majorness == COL)
+        return Policy(tile=(cfg.bm, CLUSTER * cfg.bn, cfg.bk), warps=cfg.warps, stages=cfg.stages,
+                      cluster=(1, CLUSTER), notes=("multicast A", f"group_m {cfg.group_m}"))
+
+    def _config_of(self, policy, in_dtype, out_dtype, b_kmajor) -> Config:
+        bm, bn2, bk = policy.tile
+        group_m = next((int(n.split()[1]) for n in policy.notes if n.startswith("group_m")), 8)
+        return Config("sm_90a", in_dtype, out_dtype, bm, bn2 // CLUSTER, bk, policy.stages, policy.warps,
+                      group_m, b_kmajor)
+
+    def run(self, problem, policy, operands, out, stream) -> None:
+        a, b = operands[0], operands[1]
+        m, n, k = problem.m, problem.n, problem.k
+        b_kmajor = b.strides[-1] != 1 or (b.shape[-1] == 1 and b.strides[-2] == 1)
+        cfg = self._config_of(policy, a.dtype, out.dtype, b_kmajor)
+        launcher, metas, sms = self._prepare(cfg, a.device.index)
+        # row-major 2-D views of the three operands, as the kernel's descriptors address them
+        a_shape, a_str = (m, k), (a.strides[-2], 1)
+        b_shape, b_str = ((n, k), (b.strides[-1], 1)) if b_kmajor else ((k, n), (b.strides[-2], 1))
+        c_shape, c_str = (m, n), (out.strides[-2], 1)
+        vals = []
+        for (ptr, shape, st), meta in zip(((a.ptr, a_shape, a_str), (b.ptr, b_shape, b_str),
+                                           (out.ptr, c_shape, c_str)), metas):
+            vals += [encode_tma(tma_params(meta, ptr, shape, st), ptr), *shape, *st]
+        vals += [m, n, k, 0, 0]                     # M, N, K, global/profile scratch (size 0)
+        bm, bn2 = cfg.cluster_tile
+        tiles = -(-m // bm) * -(-n // bn2)
+        launcher(min(tiles, max(1, sms // CLUSTER)), stream, vals)
+
+    def _prepare(self, cfg: Config, device: int):
+        key = (cfg, device)
+        hit = self._launchers.get(key)
+        if hit is None:
+            from .. import gluon_cache
+            from ..launch import _check, _driver, _primary_context
+            entry = gluon_cache.lookup(cfg.key)
+            metas = entry.meta["tensordesc_meta"]
+            d = _driver()
+            _primary_context(device)
+            dev = _check(d.cuDeviceGet(device), "cuDeviceGet")
+            sms = int(_check(d.cuDeviceGetAttribute(
+                d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute"))
+            hit = (_Launcher(entry.cubin, entry.meta, device), metas, sms)
+            self._launchers[key] = hit
+        return hit
+
+
+def _plain_epilogue(problem) -> bool:
+    ep = getattr(problem, "epilogue", None)
+    if ep is None:
+        return True
+    alpha, beta = getattr(ep, "alpha", 1.0), getattr(ep, "beta", 0.0)
+    return alpha == 1.0 and beta == 0.0
+
+
+KERNEL = GluonMatmulSm90()
