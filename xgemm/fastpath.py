@@ -5,13 +5,22 @@ choosing again each time cost ~70 us of Python on the H200 host (the kernel itse
 us). The first call with a signature runs the full path (api.py); if it needed no copy, no
 promotion and no batch folding, its Problem, kernel and Policy are kept under a key of
 everything they depend on: shape, strides, dtype, device and 16-byte alignment class of each
-operand, alpha/beta, the forced kernel. A hit makes fresh views (new pointers), allocates the
-result and launches. Anything else (other frameworks, out=, autograd, torch.compile) misses.
+operand, alpha/beta, the forced kernel. Anything else (other frameworks, out=, autograd,
+torch.compile) misses.
+
+A hit allocates the result and launches. Where the kernel can bind a signature (a `bind`
+method, or a binder here for kernels whose file must not change), everything its run() derives
+from the problem -- launch configuration, compiled function, scalars, strides -- is resolved
+once at store time into `go(arrays..., stream)`, and a hit passes only the framework arrays and
+the raw stream: no ArrayView, no run(). The result's 16-byte alignment class is part of what
+was bound, so a result allocated differently falls back to views + run(). Otherwise a hit makes
+views and calls run(), as before.
 """
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import interop, policy
 
@@ -19,14 +28,26 @@ _gemm: dict = {}
 _softmax: dict = {}
 _LIMIT = 1024
 
+# policy.forced_kernel() without os.environ's per-call encode/decode (~1 us): the same two
+# sources in the same order (tests/test_launch_args.py checks they agree).
+_ENV = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def _forced() -> Optional[str]:
+    if _ENV is None:
+        return policy.forced_kernel()
+    env = _ENV.get(b"XGEMM_KERNEL")
+    return policy._forced.get() or (os.fsdecode(env) if env else None)
+
 
 def _torch_cuda(*xs: Any):
     """torch when every x is a plain CUDA tensor that needs no autograd and no trace, else None."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
+    tensor = torch.Tensor
     for x in xs:
-        if x is not None and (type(x) is not torch.Tensor or x.device.type != "cuda" or x.requires_grad):
+        if x is not None and (type(x) is not tensor or not x.is_cuda or x.requires_grad):
             return None
     if torch.compiler.is_compiling():
         return None
@@ -41,22 +62,51 @@ def _number(v: Any) -> bool:
     return type(v) in (float, int)
 
 
-def gemm_key(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> Optional[tuple]:
-    if not (_number(alpha) and _number(beta)) or _torch_cuda(a, b, c) is None:
+def _stream_getter(problem: Any) -> Callable[[int], int]:
+    """index -> the current stream of that device as an int: torch's raw getter (one C call;
+    torch.cuda.current_stream builds a Stream object) where it exists, else interop's."""
+    if problem.device.kind != "cuda":
+        return lambda index: 0
+    raw = getattr(sys.modules["torch"]._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    device = problem.device
+    return lambda index: interop.current_stream("torch", device)
+
+
+def _bind(binder: Optional[Callable], *args: Any) -> Optional[Callable]:
+    """binder(*args), or None (views + run() per hit) when there is none or it fails: the call
+    that gets here has already run, so a binding problem must cost speed, never the result."""
+    if binder is None:
         return None
-    return (fn, _sig(a), _sig(b), _sig(c) if beta != 0 else None, alpha, beta, policy.forced_kernel())
+    try:
+        return binder(*args)
+    except Exception:       # noqa: BLE001
+        return None
+
+
+def gemm_key(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> Optional[tuple]:
+    ta, tb = type(alpha), type(beta)
+    if ta is not float and ta is not int or tb is not float and tb is not int or _torch_cuda(a, b, c) is None:
+        return None
+    return (fn, (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15),
+            (b.shape, b.stride(), b.dtype, b.device, b.data_ptr() & 15),
+            _sig(c) if beta != 0 else None, alpha, beta, _forced())
 
 
 def gemm_hit(key: tuple, a: Any, b: Any, c: Any) -> Optional[Any]:
     entry = _gemm.get(key)
     if entry is None:
         return None
-    torch = sys.modules["torch"]
-    problem, kernel, pol, shape, dtype = entry
+    problem, kernel, pol, shape, dtype, device, empty, go, align, stream, index = entry
+    # a.new_empty(shape): a's dtype and device without parsing them (~1 us less than torch.empty)
+    result = a.new_empty(shape) if empty is None else empty(shape, dtype=dtype, device=device)
+    if go is not None and result.data_ptr() & 15 == align:
+        go(a, b, c, result, stream(index))
+        return result
     view = interop._view_torch
-    result = torch.empty(shape, dtype=dtype, device=a.device)
     operands = (view(a), view(b), view(c) if problem.c is not None else None)
-    kernel.run(problem, pol, operands, view(result), interop.current_stream("torch", problem.device))
+    kernel.run(problem, pol, operands, view(result), stream(index))
     return result
 
 
@@ -70,26 +120,39 @@ def gemm_store(key: tuple, prep: Any, result: Any) -> None:
     a, b, c = prep.operands
     if a.ndim != 2 or b.ndim != 2 or (c is not None and tuple(c.shape) != (problem.m, problem.n)):
         return
-    _gemm[key] = (problem, plan.kernel, plan.policy, tuple(result.shape), result.dtype)
+    kernel, pol = plan.kernel, plan.policy
+    # bound on the views run() just got: the caller's own tensors (no copies) and the result
+    go = _bind(getattr(kernel, "bind", None), problem, pol, prep.operands, prep.out)
+    torch = sys.modules["torch"]
+    same = result.dtype == a.obj.dtype and result.device == a.obj.device
+    _gemm[key] = (problem, kernel, pol, tuple(result.shape), result.dtype, result.device,
+                  None if same else torch.empty, go,
+                  result.data_ptr() & 15, _stream_getter(problem), problem.device.index)
 
 
 def softmax_key(x: Any, axis: Any) -> Optional[tuple]:
     if type(axis) is not int or _torch_cuda(x) is None:
         return None
-    return (_sig(x), axis, policy.forced_kernel())
+    return ((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15), axis, _forced())
 
 
 def softmax_hit(key: tuple, x: Any) -> Optional[Any]:
     entry = _softmax.get(key)
     if entry is None:
         return None
-    torch = sys.modules["torch"]
-    problem, kernel, pol = entry
+    problem, kernel, pol, shape, dtype, device, empty, go, align, stream, index = entry
+    result = x.new_empty(shape)             # x's dtype and device, contiguous
+    if go is not None and result.data_ptr() & 15 == align:
+        go(x, result, stream(index))
+        return result
     view = interop._view_torch
-    result = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows, cols = problem.rows, problem.cols
-    kernel.run(problem, pol, (view(x.reshape(rows, cols)),), view(result.view(rows, cols)),
-               interop.current_stream("torch", problem.device))
+    kernel.run(problem, pol, (view(x.reshape(rows, cols)),), view(result.view(rows, cols)), stream(index))
+    if go is None and align == _UNBOUND:
+        # bound on the first hit, which has the caller's x (store time sees only its reshape)
+        go = _bind(_SOFTMAX_BINDERS.get(kernel.name), kernel, problem, pol, x, result)
+        if key in _softmax:
+            _softmax[key] = entry[:7] + (go, result.data_ptr() & 15 if go is not None else _NEVER) + entry[9:]
     return result
 
 
@@ -99,7 +162,45 @@ def softmax_store(key: tuple, prep: Any) -> None:
     if (plan.kernel.name == "reference" or plan.copies or problem.axis != len(problem.shape) - 1
             or len(_softmax) >= _LIMIT):
         return
-    _softmax[key] = (problem, plan.kernel, plan.policy)
+    _softmax[key] = (problem, plan.kernel, plan.policy, tuple(problem.shape), None, None, None,
+                     None, _UNBOUND, _stream_getter(problem), problem.device.index)
+
+
+_UNBOUND, _NEVER = -1, -2       # softmax entries' align before binding / when it cannot bind
+
+
+def _bind_gluon_softmax(kernel: Any, problem: Any, pol: Any, x: Any, result: Any) -> Optional[Callable]:
+    """gluon_softmax's run() resolved for one signature (that file is part of its cubin cache
+    key, so its binder lives here): the same strides, alignment test and launcher as run()."""
+    rows, cols = problem.rows, problem.cols
+    if rows == 0 or cols == 0:
+        return None
+    try:
+        xv, yv = x.view(rows, cols), result.view(rows, cols)   # a hit's reshape is then this view
+    except RuntimeError:
+        return None
+    view = interop._view_torch
+    xa, ya = view(xv), view(yv)
+    xst, yst = xa.strides, ya.strides
+    if not (xst[1] == 1 and yst[1] == 1 or cols == 1):
+        return None                     # run() decides (and raises) for these
+    xs, ys = xst[0], yst[0]
+    if rows == 1:
+        xs = ys = 0
+    aligned = not ((xa.ptr | ya.ptr) & 15) and not ((cols | xs | ys) & (16 // xa.itemsize - 1))
+    lkey = (pol.tile, pol.warps, pol.ctas_per_row, pol.notes, xa.dtype, ya.dtype, aligned, xa.device.index)
+    prepared = kernel._launchers.get(lkey)
+    if prepared is None:
+        prepared = kernel._prepare(lkey, pol, xa.dtype, ya.dtype, aligned, xa.device.index)
+    launcher, block_m = prepared
+    grid = (rows + block_m - 1) // block_m
+
+    def go(x: Any, y: Any, stream: int) -> None:
+        launcher(grid, stream, x.data_ptr(), y.data_ptr(), rows, cols, xs, ys)
+    return go
+
+
+_SOFTMAX_BINDERS = {"gluon_softmax": _bind_gluon_softmax}
 
 
 def clear() -> None:

@@ -150,20 +150,35 @@ _torch_devices: dict = {}
 _torch_dtypes: dict = {}
 
 
+_new = object.__new__
+
+
 def _view_torch(x: Any) -> ArrayView:
-    """The hot path (eager torch calls): no DLPack round trip, cached device and dtype objects."""
+    """The hot path (eager torch calls): no DLPack round trip, cached device and dtype objects.
+
+    The ArrayView is filled through its __dict__: the frozen dataclass's __init__ sets each of
+    its nine fields with object.__setattr__ (~1.9 us; this ~0.5 us). Same type, same fields."""
     dev = x.device
-    key = (dev.type, dev.index)
-    device = _torch_devices.get(key)
+    device = _torch_devices.get(dev)
     if device is None:
         device = (Device("cuda", dev.index or 0, _cuda_arch(dev.index or 0)) if dev.type == "cuda"
                   else _device_of("torch", x))
-        _torch_devices[key] = device
+        _torch_devices[dev] = device
     dtype = _torch_dtypes.get(x.dtype)
     if dtype is None:
         dtype = _torch_dtypes[x.dtype] = str(x.dtype).rsplit(".", 1)[-1]
-    return ArrayView(x, "torch", device, x.data_ptr(), tuple(x.shape), tuple(x.stride()), dtype,
-                     x.element_size(), False)
+    v = _new(ArrayView)
+    d = v.__dict__
+    d["obj"] = x
+    d["framework"] = "torch"
+    d["device"] = device
+    d["ptr"] = x.data_ptr()
+    d["shape"] = tuple(x.shape)
+    d["strides"] = tuple(x.stride())
+    d["dtype"] = dtype
+    d["itemsize"] = x.element_size()
+    d["readonly"] = False
+    return v
 
 
 def view(x: Any, name: str, fn: str) -> ArrayView:

@@ -826,11 +826,37 @@ class _Sm90Kernel:
                 max_clusters(sm_count, cfg), arch)
 
     def run(self, problem, policy: Policy, operands, out, stream) -> None:
+        fn, use_c, views = self._resolve(problem, policy, operands, out)
+        ep = problem.epilogue
+        L = problem.batch_count
+        args = [_as_kernel_arg(v, L, r, cc) for v, r, cc in views]
+        if use_c:
+            fn(*args, float(ep.alpha), float(ep.beta), stream)
+        else:
+            fn(*args, float(ep.alpha), stream)
+
+    def bind(self, problem, policy: Policy, operands, out):
+        """run() resolved for this exact signature (shapes, strides, dtypes, 16-byte classes):
+        go(a, b, c, d, stream) on the framework arrays makes the same TVM-FFI call run() makes
+        for views of them. None unless every operand crosses as itself (2-D, unbatched)."""
+        fn, use_c, views = self._resolve(problem, policy, operands, out)
+        if problem.batch_count != 1 or any(len(v.shape) != 2 for v, _, _ in views):
+            return None
+        alpha, beta = float(problem.epilogue.alpha), float(problem.epilogue.beta)
+        if use_c:
+            def go(a, b, c, d, stream):
+                fn(a, b, d, c, alpha, beta, stream)
+        else:
+            def go(a, b, c, d, stream):
+                fn(a, b, d, alpha, stream)
+        return go
+
+    def _resolve(self, problem, policy: Policy, operands, out):
+        """(compiled function, whether C is read, [(view, rows, cols)] in argument order)."""
         from .. import compile as xcompile
         a, b, c = operands
-        ep = problem.epilogue
-        use_c = ep.reads_c and c is not None
-        L, m, n, k = problem.batch_count, problem.m, problem.n, problem.k
+        use_c = problem.epilogue.reads_c and c is not None
+        m, n, k = problem.m, problem.n, problem.k
         views = [(a, m, k), (b, k, n), (out, m, n)] + ([(c, m, n)] if use_c else [])
         for v, _, _ in views:
             why = _tma_why(v.shape, v.strides, v.itemsize, v.ptr)
@@ -838,11 +864,7 @@ class _Sm90Kernel:
                 raise ValueError(f"{NAME}: operand {v.shape} strides {v.strides}: {why}")
         fn = compiled(*self.spec(problem, policy, operands, out, xcompile.arch_for(problem.device),
                                  _sm_count(problem.device.index)))
-        args = [_as_kernel_arg(v, L, r, cc) for v, r, cc in views]
-        if use_c:
-            fn(*args, float(ep.alpha), float(ep.beta), stream)
-        else:
-            fn(*args, float(ep.alpha), stream)
+        return fn, use_c, views
 
 
 KERNEL = _Sm90Kernel()

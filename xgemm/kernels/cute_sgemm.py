@@ -780,7 +780,31 @@ class _CuteSgemm:
         if out.size == 0:
             return None
         ep = problem.epilogue
-        reads_c = c is not None and ep.beta != 0.0
+        self._launch_for(problem, policy, a, b, c, out)(a, b, c, out, float(ep.alpha), float(ep.beta), int(stream))
+        return None
+
+    def bind(self, problem, policy: Policy, operands, out):
+        """run() resolved for this exact signature (shapes, strides, dtypes, 16-byte classes):
+        go(a, b, c, d, stream) on the framework arrays makes the same TVM-FFI call run() makes
+        for views of them. None where run() needs views per call (split-K's workspace)."""
+        a, b, c = operands
+        if out.size == 0:
+            return None
+        launch = self._launch_for(problem, policy, a, b, c, out)
+        if launch.splits != 1:
+            return None
+        gemm, kps = launch.gemm, launch.kps
+        alpha, beta = float(problem.epilogue.alpha), float(problem.epilogue.beta)
+        if launch.reads_c:
+            def go(a, b, c, d, stream):
+                gemm(a, b, d, c, alpha, beta, kps, 1, stream)
+        else:
+            def go(a, b, c, d, stream):
+                gemm(a, b, d, None, alpha, beta, kps, 1, stream)
+        return go
+
+    def _launch_for(self, problem, policy: Policy, a, b, c, out) -> "_Launch":
+        reads_c = c is not None and problem.epilogue.beta != 0.0
         key = (policy.tile, policy.stages, policy.split_k, problem.device,
                a.shape, a.strides, a.ptr % 16, b.shape, b.strides, b.ptr % 16,
                out.shape, out.strides, out.ptr % 16,
@@ -791,8 +815,7 @@ class _CuteSgemm:
             if len(self._plans) > 1024:
                 self._plans.clear()
             self._plans[key] = launch
-        launch(a, b, c, out, float(ep.alpha), float(ep.beta), int(stream))
-        return None
+        return launch
 
     # -- resolution -------------------------------------------------------------------------
     def resolve(self, problem, policy: Policy, a, b, c, out):
