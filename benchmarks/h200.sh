@@ -5,13 +5,14 @@
 set -u
 source .gpu/use-bundle .gpu
 export PYTHONUNBUFFERED=1
-mkdir -p /tmp/xc && tar -xJf .cache/gluon-softmax.tar.xz -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
+mkdir -p /tmp/xc && tar -xJf ${GLUON_TAR:-.cache/gluon-softmax.tar.xz} -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader
 t0=$SECONDS
-python3 -c "from xgemm import compile as c; print(len(c.prebuild(jobs=16)), 'CuTe classes')" > $OUT/prebuild.log 2>&1; tail -1 $OUT/prebuild.log
+timeout ${PREBUILD_S:-300} python3 -c "from xgemm import compile as c; print(len(c.prebuild(jobs=16)), 'CuTe classes')" > $OUT/prebuild.log 2>&1; tail -1 $OUT/prebuild.log
 echo "prebuild $((SECONDS-t0)) s"
 timeout ${TEST_S:-170} python3 -m pytest -q -p no:cacheprovider ${PYTEST_X--x} --timeout=60 ${TESTS:-tests/gpu/test_api_gpu.py tests/test_jax_gpu.py} > $OUT/tests.log 2>&1; echo "tests rc=$? $((SECONDS-t0)) s"; tail -4 $OUT/tests.log
 timeout 90 python3 benchmarks/overhead.py --out $OUT 2>&1 | tail -8
 [ -n "${SGEMM_SHAPES:-}" ] && timeout 150 python3 benchmarks/gemm_sgemm.py --no-overhead --out $OUT --shapes $SGEMM_SHAPES 2>&1 | tail -12
+[ -n "${EXTRA:-}" ] && eval "$EXTRA"
 [ "${RUN_JAX:-1}" = 1 ] || exit 0
 timeout ${JAX_S:-150} python3 benchmarks/jax_jit.py --out $OUT --name jax-h200 > $OUT/jax.log 2>&1; echo "jax bench rc=$? $((SECONDS-t0)) s"; tail -15 $OUT/jax.log
