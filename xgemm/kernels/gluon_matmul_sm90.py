@@ -407,8 +407,11 @@ def encode_tma(p: TmaParams, ptr: int) -> bytes:
     from cuda.bindings import driver as d
     from ..launch import _check
     res = d.cuTensorMapEncodeTiled(
-        d.CUtensorMapDataType(p.dtype), p.rank, ptr, list(p.dims), list(p.strides), list(p.box),
-        list(p.elem_strides), d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        # cuda-python wants its own integer wrappers here (plain ints raised TypeError on the H200)
+        d.CUtensorMapDataType(p.dtype), d.cuuint32_t(p.rank), ptr,
+        [d.cuuint64_t(v) for v in p.dims], [d.cuuint64_t(v) for v in p.strides],
+        [d.cuuint32_t(v) for v in p.box], [d.cuuint32_t(v) for v in p.elem_strides],
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         d.CUtensorMapSwizzle(p.swizzle), d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     tmap = _check(res, "cuTensorMapEncodeTiled", str(p))
