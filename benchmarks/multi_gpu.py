@@ -1,0 +1,135 @@
+"""Issue 6: xgemm.matmul and xgemm.softmax inside jax.jit with inputs sharded over every device.
+
+    python benchmarks/multi_gpu.py --out DIR                 # on nvidia-h200-x2 (or larger)
+    python benchmarks/multi_gpu.py --smoke                   # CPU, with fake devices (the CI test)
+
+For each sharding (row-sharded A, column-sharded B, K-sharded with the reduction) and for softmax
+(rows sharded): values against a single-device reference, the HLO checked for no all-gather of the
+operands, and per-device TFLOP/s (GB/s) next to jnp.matmul / jax.nn.softmax under the same
+sharding and next to xgemm on one device, all in the same process. Timing: wall clock around
+`block_until_ready`, median of repeats after warm-up (the work per call is milliseconds).
+Writes multi_gpu-h200.json (the issue's record format) and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def median_s(fn, *args, warmup=2, reps=7):
+    for _ in range(warmup):
+        fn(*args).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn(*args).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--smoke", action="store_true", help="small shapes on 2 fake CPU devices")
+    ap.add_argument("--size", type=int, default=16384, help="M = N = K of the bf16 matmul")
+    ap.add_argument("--rows", type=int, default=2 ** 15)
+    ap.add_argument("--cols", type=int, default=2 ** 16)
+    args = ap.parse_args()
+    if args.smoke:
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        args.size, args.rows, args.cols = 64, 32, 256
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    import xgemm
+
+    devices = jax.devices()
+    n = len(devices)
+    if n < 2:
+        print(f"needs 2 or more devices, found {n}", file=sys.stderr)
+        return 2
+    mesh = Mesh(np.array(devices), ("d",))
+    put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
+    one = lambda x: jax.device_put(x, devices[0])
+    dtype = jnp.float32 if args.smoke else jnp.bfloat16
+    records, rows = [], []
+
+    def record(case, shape, dt, impl, metric, value, verified, **extra):
+        records.append(dict(case=case, shape=list(shape), dtype=dt, impl=impl, metric=metric,
+                            value=float(value), verified=bool(verified), **extra))
+        rows.append(f"| {case} | {impl} | {value:9.1f} {metric} | {verified} |")
+
+    # ---- matmul
+    s = args.size
+    ka, kb = jax.random.split(jax.random.PRNGKey(0))
+    # integers in [-5, 5]: exact in fp32 accumulation at any K, so sharded and single-device agree exactly
+    A = jax.random.randint(ka, (s, s), -5, 6).astype(dtype)
+    B = jax.random.randint(kb, (s, s), -5, 6).astype(dtype)
+    xg = jax.jit(lambda a, b: xgemm.matmul(a, b))
+    xla = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(a.dtype))
+    flops = 2.0 * s ** 3
+    a1, b1 = one(A), one(B)
+    ref = np.asarray(xla(a1, b1).astype(jnp.float32))
+    t1 = median_s(xg, a1, b1)
+    ok1 = np.array_equal(np.asarray(xg(a1, b1).astype(jnp.float32)), ref)
+    dt = "fp32" if args.smoke else "bf16"
+    record(f"matmul_{dt}_{s}^3_one_device", (s, s, s), dt, "xgemm", "TFLOP/s", flops / t1 / 1e12, ok1)
+    for name, sa, sb in (("rows", P("d", None), P()), ("cols", P(), P(None, "d")), ("k", P(None, "d"), P("d", None))):
+        a, b = put(A, sa), put(B, sb)
+        hlo = xg.lower(a, b).compile().as_text()
+        gathers = hlo.count("all-gather")
+        out = xg(a, b)
+        ok = np.array_equal(np.asarray(out.astype(jnp.float32)), ref)
+        for impl, f in (("xgemm", xg), ("xla", xla)):
+            t = median_s(f, a, b)
+            okf = ok if impl == "xgemm" else np.array_equal(np.asarray(f(a, b).astype(jnp.float32)), ref)
+            record(f"matmul_{dt}_{s}^3_sharded_{name}_per_device", (s, s, s), dt, impl, "TFLOP/s",
+                   flops / t / n / 1e12, okf, all_gathers=gathers if impl == "xgemm" else None)
+
+    # ---- softmax (fp32), rows sharded
+    r, c = args.rows, args.cols
+    X = jax.random.normal(jax.random.PRNGKey(1), (r, c), jnp.float32) * 3
+    xs = jax.jit(lambda x: xgemm.softmax(x))
+    js = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
+    nbytes = 2.0 * r * c * 4
+    x1 = one(X)
+    ref = np.asarray(js(x1))
+    t1 = median_s(xs, x1)
+    record(f"softmax_fp32_{r}x{c}_one_device", (r, c), "fp32", "xgemm", "GB/s", nbytes / t1 / 1e9,
+           np.allclose(np.asarray(xs(x1)), ref, rtol=1e-5, atol=1e-7))
+    x = put(X, P("d", None))
+    gathers = xs.lower(x).compile().as_text().count("all-gather")
+    for impl, f in (("xgemm", xs), ("xla", js)):
+        t = median_s(f, x)
+        ok = np.allclose(np.asarray(f(x)), ref, rtol=1e-5, atol=1e-7)
+        record(f"softmax_fp32_{r}x{c}_sharded_rows_per_device", (r, c), "fp32", impl, "GB/s",
+               nbytes / t / n / 1e9, ok, all_gathers=gathers if impl == "xgemm" else None)
+
+    records.append({"meta": {"date": time.strftime("%Y-%m-%d"), "devices": [str(d) for d in devices],
+                             "jax": jax.__version__, "command": " ".join(sys.argv)}})
+    print("| case | impl | value | verified |\n|---|---|---|---|\n" + "\n".join(rows))
+    if not args.smoke:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "multi_gpu-h200.json"), "w") as fh:
+            json.dump(records, fh, indent=1)
+    bad = [x["case"] + "/" + x["impl"] for x in records if "meta" not in x and not x["verified"]]
+    gathered = [x["case"] for x in records if x.get("all_gathers")]
+    if bad or gathered:
+        print(f"FAILED: unverified {bad}; all-gathers in {gathered}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
