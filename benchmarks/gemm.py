@@ -1,0 +1,93 @@
+"""xgemm GEMM vs cuBLAS (torch.matmul) and quack, one process on the H200: JSON + table + PNG.
+
+    python benchmarks/gemm.py                      # H200: runs both benches below, then renders
+    python benchmarks/gemm.py --render             # any machine: table + PNG from the JSON files
+
+bf16/fp16 (tensor cores) come from benchmarks/gemm_tc.py (CUDA-graph timing, interleaved replays,
+outputs verified), fp32 from benchmarks/gemm_sgemm.py (TF32 off, through xgemm.matmul). The PNG
+shows TFLOP/s per case with the measured cuBLAS figure and the datasheet peak as lines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+PEAK = {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}     # H100/H200 SXM datasheet, dense
+SMALL = [(128, 128, 128), (1024, 1024, 1024), (8192, 8192, 128), (64, 8192, 8192)]
+
+
+def measure(out: Path) -> None:
+    import gemm_sgemm
+    import gemm_tc
+    tc, _ = gemm_tc.bench(shapes=gemm_tc.SHAPES + SMALL)
+    fp32 = gemm_sgemm.run(gemm_sgemm.TARGETS)
+    meta = gemm_sgemm.meta(argparse.Namespace())
+    meta["meta"]["command"] = "python benchmarks/gemm.py"
+    (out / "gemm-h200.json").write_text(json.dumps(tc + fp32 + [meta], indent=1))
+
+
+def load(paths) -> list:
+    records = []
+    for p in paths:
+        records += [r for r in json.loads(Path(p).read_text()) if "meta" not in r and r.get("metric") == "TFLOP/s"]
+    return records
+
+
+def render(records: list, out: Path, stem: str, sources: str) -> None:
+    cases = sorted({r["case"] for r in records}, key=lambda c: (c.split("_")[1], c))
+    impls = ("xgemm", "cublas", "quack")
+    value = {(r["case"], r["impl"]): r for r in records}
+    lines = ["| case | " + " | ".join(impls) + " | xgemm / best peer |", "|---|---|---|---|---|"]
+    for c in cases:
+        cells = [f"{value[c, i]['value']:.1f}{'' if value[c, i]['verified'] else ' (UNVERIFIED)'}"
+                 if (c, i) in value else "-" for i in impls]
+        peers = [value[c, i]["value"] for i in impls[1:] if (c, i) in value and value[c, i]["verified"]]
+        ratio = value[c, "xgemm"]["value"] / max(peers) if peers and (c, "xgemm") in value else float("nan")
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio:.3f} |")
+    (out / f"{stem}.md").write_text("# GEMM on the H200 (TFLOP/s; each row's peers measured in the same run)\n\n"
+                                    f"From {sources}.\n\n" + "\n".join(lines) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [3, 1]})
+    for ax, half in zip(axes, (True, False)):
+        sel = [c for c in cases if ("fp32" not in c) == half]
+        xs = range(len(sel))
+        for j, impl in enumerate(impls):
+            ys = [value[c, impl]["value"] if (c, impl) in value else 0 for c in sel]
+            ax.bar([x + 0.27 * (j - 1) for x in xs], ys, width=0.27, label=impl)
+        peak = PEAK["bfloat16" if half else "float32"]
+        ax.axhline(peak, color="k", ls="--", lw=1, label=f"datasheet peak {peak:g}")
+        ax.set_xticks(list(xs), [c.replace("gemm_", "") for c in sel], rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title("tensor cores (bf16/fp16)" if half else "fp32 (TF32 off)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / f"{stem}.png", dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--render", action="store_true", help="only render from the committed JSON files")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.render:
+        records = load([RESULTS / "gemm_tc-h200.json", RESULTS / "sgemm-policy-h200.json"])
+        render(records, out, "gemm-h200-render",
+               "gemm_tc-h200.json (bf16/fp16, one run) and sgemm-policy-h200.json (fp32, another run)")
+    else:
+        measure(out)
+        render(load([out / "gemm-h200.json"]), out, "gemm-h200", "gemm-h200.json (one run)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
