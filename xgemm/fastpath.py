@@ -18,7 +18,6 @@ views and calls run(), as before.
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Callable, Optional
 
@@ -27,18 +26,6 @@ from . import interop, policy
 _gemm: dict = {}
 _softmax: dict = {}
 _LIMIT = 1024
-
-# policy.forced_kernel() without os.environ's per-call encode/decode (~1 us): the same two
-# sources in the same order (tests/test_launch_args.py checks they agree).
-_ENV = getattr(os.environ, "_data", None) if os.name == "posix" else None
-
-
-def _forced() -> Optional[str]:
-    if _ENV is None:
-        return policy.forced_kernel()
-    env = _ENV.get(b"XGEMM_KERNEL")
-    return policy._forced.get() or (os.fsdecode(env) if env else None)
-
 
 def _torch_cuda(*xs: Any):
     """torch when every x is a plain CUDA tensor that needs no autograd and no trace, else None."""
@@ -91,7 +78,7 @@ def gemm_key(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> Optional
         return None
     return (fn, (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15),
             (b.shape, b.stride(), b.dtype, b.device, b.data_ptr() & 15),
-            _sig(c) if beta != 0 else None, alpha, beta, _forced())
+            _sig(c) if beta != 0 else None, alpha, beta, policy.forced_kernel())
 
 
 def gemm_hit(key: tuple, a: Any, b: Any, c: Any) -> Optional[Any]:
@@ -133,7 +120,7 @@ def gemm_store(key: tuple, prep: Any, result: Any) -> None:
 def softmax_key(x: Any, axis: Any) -> Optional[tuple]:
     if type(axis) is not int or _torch_cuda(x) is None:
         return None
-    return ((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15), axis, _forced())
+    return ((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15), axis, policy.forced_kernel())
 
 
 def softmax_hit(key: tuple, x: Any) -> Optional[Any]:

@@ -108,8 +108,19 @@ def force(name: Optional[str]):
         _forced.reset(token)
 
 
+# os.environ decodes on every lookup (~1 us, on the hot path of every call); read its bytes store
+_ENV = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
 def forced_kernel() -> Optional[str]:
-    return _forced.get() or os.environ.get("XGEMM_KERNEL") or None
+    """The kernel forced by policy.force() or, failing that, XGEMM_KERNEL (empty means none)."""
+    forced = _forced.get()
+    if forced:
+        return forced
+    if _ENV is None:
+        return os.environ.get("XGEMM_KERNEL") or None
+    env = _ENV.get(b"XGEMM_KERNEL")
+    return os.fsdecode(env) if env else None
 
 
 _plans: Dict[tuple, tuple] = {}
@@ -118,7 +129,7 @@ _PLAN_CACHE_SIZE = 4096
 
 def choose(op: str, problem: Any) -> Plan:
     """The cached choice for this exact problem, or a fresh walk of the table."""
-    key = (op, problem, forced_kernel(), len(_TABLE[op]))
+    key = (op, problem, forced_kernel())      # register() and table restores clear _plans
     hit = _plans.get(key)
     if hit is None:
         plan = _choose(op, problem)
