@@ -31,7 +31,7 @@ B = rng.integers(-5, 6, (32, 48)).astype(np.float32)
 C = rng.integers(-5, 6, (64, 48)).astype(np.float32)
 put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
 
-def check(tag, sa, sb, sc=None, *, gather, reduce, local=None):
+def check(tag, sa, sb, sc=None, *, gather, reduce, local=None, ncalls=None):
     args = [put(A, sa), put(B, sb)] + ([put(C, sc)] if sc is not None else [])
     if sc is None:
         f, ref = jax.jit(lambda a, b: xj.gemm(a, b)), A @ B
@@ -45,6 +45,7 @@ def check(tag, sa, sb, sc=None, *, gather, reduce, local=None):
     if local is not None:       # the custom call runs on shard-shaped operands
         calls = [l for l in hlo.splitlines() if "custom-call(" in l and "xgemm_cubin_launch" in l]
         assert calls and all(local in l for l in calls), (tag, calls)
+        assert ncalls is None or len(calls) == ncalls, (tag, calls)
     print("ok", tag, out.sharding.spec)
 
 def suite(tag, fake):
@@ -53,6 +54,14 @@ def suite(tag, fake):
     check(tag + " K-sharded", P(None, "y"), P("y", None), gather=False, reduce=True, local=loc("f32[64,16]"))
     check(tag + " rows+K, C", P("x", "y"), P("y", None), P("x", None), gather=False, reduce=True, local=loc("f32[16,16]"))
     check(tag + " rows x cols, C", P("x", None), P(None, "y"), P("x", "y"), gather=False, reduce=False)
+    # K-sharded in row blocks (each block's psum can overlap the next block's GEMM): same values
+    from xgemm import jax_sharding
+    jax_sharding.K_SHARD_ROWS = 24          # 64 rows -> blocks of 24, 24, 16
+    try:
+        check(tag + " K-sharded, row blocks", P(None, "y"), P("y", None), P(None, None), gather=False,
+              reduce=True, local=loc("f32[16,48]"), ncalls=3)
+    finally:
+        jax_sharding.K_SHARD_ROWS = None
     # batch-sharded A against a shared B, with grad and vmap in the same jit
     Ab = rng.integers(-5, 6, (8, 16, 32)).astype(np.float32)
     a, b = put(Ab, P("x", None, None)), put(B, P(None, "y"))

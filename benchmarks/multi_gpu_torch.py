@@ -1,0 +1,216 @@
+"""Issue 6, torch half: one xgemm call per device, each on that device's own stream.
+
+    python benchmarks/multi_gpu_torch.py --out DIR           # on nvidia-h200-x2 (or larger)
+    python benchmarks/multi_gpu_torch.py --smoke             # CPU: the same code on 2 "cpu" devices
+
+The bf16 matmul is split over every GPU three ways (rows of A, columns of B, K with the partial
+fp32 products summed on device 0) and the fp32 softmax by rows. Each split is run by xgemm and by
+torch (torch.matmul / torch.softmax) under the same split, and by xgemm on one device with the
+whole problem; values are checked on the GPU against torch on one device (integer-valued matmul
+operands, so every sum is exact and the check is equality). Per-device TFLOP/s and GB/s come from
+the wall time of launching every device's share and synchronizing all devices, median of repeats.
+Writes multi_gpu_torch-h200.json (the issues' record format) and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--smoke", action="store_true", help="small shapes on two 'cpu' devices")
+    ap.add_argument("--size", type=int, default=16384, help="M = N = K of the bf16 matmul")
+    ap.add_argument("--rows", type=int, default=2 ** 15)
+    ap.add_argument("--cols", type=int, default=2 ** 16)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--k-blocks", type=int, default=4, help="row blocks of the K split's pipelined reduction")
+    args = ap.parse_args()
+    import torch
+
+    import xgemm
+
+    if args.smoke:
+        devices = [torch.device("cpu")] * 2
+        args.size, args.rows, args.cols, args.reps = 64, 32, 256, 2
+        mm_dtype = torch.float32
+    else:
+        devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        mm_dtype = torch.bfloat16
+    n = len(devices)
+    if n < 2:
+        print(f"needs 2 or more devices, found {n}", file=sys.stderr)
+        return 2
+    cuda = devices[0].type == "cuda"
+    # each device's own non-default stream: xgemm must launch on the caller's current stream
+    streams = [torch.cuda.Stream(device=d) if cuda else None for d in devices]
+    reduce_stream = torch.cuda.Stream(device=devices[0]) if cuda else None
+    dev0 = devices[0]
+    records, table = [], []
+
+    def record(case, shape, dt, impl, metric, value, verified):
+        records.append(dict(case=case, shape=list(shape), dtype=dt, impl=impl, metric=metric,
+                            value=float(value), verified=bool(verified)))
+        table.append(f"| {case} | {impl} | {value:9.1f} {metric} | {verified} |")
+
+    @contextlib.contextmanager
+    def on(i):
+        """Device i and its stream as the current ones."""
+        if not cuda:
+            yield
+            return
+        with torch.cuda.device(devices[i]), torch.cuda.stream(streams[i]):
+            yield
+
+    def reduce_on():
+        return torch.cuda.stream(reduce_stream) if cuda else contextlib.nullcontext()
+
+    def sync():
+        if cuda:
+            for st in streams + [reduce_stream]:
+                st.synchronize()
+
+    def wall(step, reps):
+        """Median wall seconds of step() (launches on every device) plus the synchronization."""
+        step()
+        sync()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    def split(x, dim, parts):
+        return [c.contiguous() for c in torch.chunk(x, parts, dim=dim)]
+
+    # ---- bf16 matmul, integer-valued so every split sums exactly
+    s = args.size
+    g = torch.Generator(device="cpu").manual_seed(0)
+    A = torch.randint(-5, 6, (s, s), generator=g).to(dev0, mm_dtype)
+    B = torch.randint(-5, 6, (s, s), generator=g).to(dev0, mm_dtype)
+    ref = torch.matmul(A, B)
+    flops = 2.0 * s ** 3
+    k_block = -(-s // args.k_blocks)
+    dt = "bf16" if mm_dtype == torch.bfloat16 else "fp32"
+    with on(0):
+        out1 = torch.full_like(ref, float("nan"))
+        t1 = wall(lambda: xgemm.matmul(A, B, out=out1), args.reps)
+        sync()
+        record(f"matmul_{dt}_{s}^3_one_device", (s, s, s), dt, "xgemm", "TFLOP/s", flops / t1 / 1e12,
+               torch.equal(out1, ref))
+    for name in ("rows", "cols", "k"):
+        a_parts = split(A, 0, n) if name == "rows" else split(A, 1, n) if name == "k" else [A] * n
+        b_parts = split(B, 1, n) if name == "cols" else split(B, 0, n) if name == "k" else [B] * n
+        a_parts = [x.to(d) for x, d in zip(a_parts, devices)]
+        b_parts = [x.to(d) for x, d in zip(b_parts, devices)]
+        sync()
+        for impl in ("xgemm", "torch"):
+            outs = [None] * n
+
+            def partial(i, a):
+                """Device i's fp32 partial product (the sum over devices stays exact)."""
+                if impl == "xgemm":
+                    return xgemm.gemm(a, b_parts[i], out=torch.empty(a.shape[0], s, device=devices[i],
+                                                                     dtype=torch.float32))
+                if cuda:   # cuBLAS bf16 x bf16 -> fp32
+                    return torch.mm(a, b_parts[i], out_dtype=torch.float32)
+                return torch.mm(a.float(), b_parts[i].float())
+
+            def step():
+                if name != "k":
+                    for i in range(n):
+                        with on(i):
+                            outs[i] = (xgemm.matmul if impl == "xgemm" else torch.matmul)(a_parts[i], b_parts[i])
+                    return
+                # K split: row blocks, so block j's peer copies (copy engine) and sum on device 0
+                # (reduce stream) run under block j+1's GEMMs; the same pipeline for both impls
+                total = torch.empty(s, s, device=dev0, dtype=mm_dtype)
+                for r0 in range(0, s, k_block):
+                    done = []
+                    for i in range(n):
+                        with on(i):
+                            p = partial(i, a_parts[i][r0:r0 + k_block])
+                            ev = torch.cuda.Event() if cuda else None
+                            if cuda:
+                                ev.record()
+                            done.append((p, ev))
+                    with reduce_on():
+                        acc = None
+                        for i, (p, ev) in enumerate(done):
+                            if cuda:
+                                reduce_stream.wait_event(ev)
+                                p.record_stream(reduce_stream)
+                            p = p.to(dev0, non_blocking=True)
+                            acc = p if acc is None else acc + p
+                        total[r0:r0 + k_block] = acc
+                outs[0] = total
+                if cuda:
+                    streams[0].wait_stream(reduce_stream)
+
+            t = wall(step, args.reps)
+            sync()
+            if name == "k":
+                got = outs[0]
+            else:
+                got = torch.cat([o.to(dev0) for o in outs], dim=0 if name == "rows" else 1)
+            record(f"matmul_{dt}_{s}^3_split_{name}_per_device", (s, s, s), dt, impl, "TFLOP/s",
+                   flops / t / n / 1e12, torch.equal(got, ref))
+        del a_parts, b_parts, outs
+    del A, B, ref, out1
+
+    # ---- fp32 softmax, rows split
+    r, c = args.rows, args.cols
+    X = torch.randn(r, c, device=dev0, generator=torch.Generator(device=dev0).manual_seed(1)) * 3
+    ref = torch.softmax(X, dim=-1)
+    nbytes = 2.0 * r * c * 4
+    close = lambda y: bool(torch.allclose(y, ref, rtol=1e-5, atol=1e-7))
+    with on(0):
+        y1 = torch.full_like(X, float("nan"))
+        t1 = wall(lambda: xgemm.softmax(X, out=y1), args.reps)
+        sync()
+        record(f"softmax_fp32_{r}x{c}_one_device", (r, c), "fp32", "xgemm", "GB/s", nbytes / t1 / 1e9, close(y1))
+    del y1
+    x_parts = [x.to(d) for x, d in zip(split(X, 0, n), devices)]
+    for impl in ("xgemm", "torch"):
+        outs = [None] * n
+
+        def step():
+            for i in range(n):
+                with on(i):
+                    outs[i] = xgemm.softmax(x_parts[i]) if impl == "xgemm" else torch.softmax(x_parts[i], dim=-1)
+        t = wall(step, args.reps)
+        sync()
+        got = torch.cat([o.to(dev0) for o in outs], dim=0)
+        record(f"softmax_fp32_{r}x{c}_split_rows_per_device", (r, c), "fp32", impl, "GB/s",
+               nbytes / t / n / 1e9, close(got))
+        del outs, got
+
+    records.append({"meta": {"date": time.strftime("%Y-%m-%d"), "devices": [str(d) for d in devices],
+                             "gpu": torch.cuda.get_device_name(0) if cuda else "cpu",
+                             "torch": torch.__version__, "command": " ".join(sys.argv)}})
+    print("| case | impl | value | verified |\n|---|---|---|---|\n" + "\n".join(table))
+    if not args.smoke:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "multi_gpu_torch-h200.json"), "w") as fh:
+            json.dump(records, fh, indent=1)
+    bad = [x["case"] + "/" + x["impl"] for x in records if "meta" not in x and not x["verified"]]
+    if bad:
+        print(f"FAILED: unverified {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
