@@ -409,6 +409,12 @@ def _prepare_softmax(fn: str, x: Any, axis: Any, out: Any, *, plan_only: bool = 
     if plan.kernel.name == "reference":
         return _Prepared(plan, (vx,), vout, lambda r: out if out is not None else r)
 
+    if vout is not None and axis == ndim - 1 and (vout.strides[-1] == 1 or cols <= 1) \
+            and _collapsible(vout.shape[:-1], vout.strides[:-1]):
+        # out's rows are the kernel's rows (any row stride): write them in place, no temporary
+        direct = interop.view(out.reshape(rows, cols), "out", fn)
+        if direct.ptr == vout.ptr or rows * cols == 0:
+            return _Prepared(plan, (x2,), direct, lambda r: out)
     moved_shape = tuple(d for i, d in enumerate(shape) if i != axis) + (cols,)
     result = interop.empty(owner, moved_shape, dt, vx.device, x)
     kernel_out = interop.view(result.reshape(rows, cols), "out", fn)
