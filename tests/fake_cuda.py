@@ -9,9 +9,9 @@ What is stubbed -- and nothing else, so the Python that runs is the real hot pat
   STREAM (a CPU torch has neither; their real cost is measured on the GPU host);
 - CuTe: xgemm.compile.cute(key, build) returns a Recorder per key in place of the compiled
   TVM-FFI function (so nothing compiles); cute_gemm_sm90._sm_count gives 132 (H200);
-- Gluon: launch._driver() is the real cuda.bindings.driver (real CUlaunchConfig) with module
-  loading stubbed and cuLaunchKernelEx replaced by a recorder of what the GPU would receive:
-  kernel name, grid, block, shared bytes, stream and the packed parameter block.
+- Gluon: launch._driver() is xgemm.driver (real CUlaunchConfig struct) with module loading
+  stubbed and cuLaunchKernelEx replaced by a recorder of what the GPU would receive: kernel
+  name, grid, block, shared bytes, stream and the packed parameter block.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class Fake:
         from xgemm.problem import Device
         from xgemm.kernels import cute_gemm_sm90, cute_sgemm, gluon_softmax
 
-        self._caches = [interop._torch_devices, launch._launchers, launch._contexts,
+        self._caches = [interop._torch_devices, launch._launchers,
                         cute_sgemm.KERNEL._plans, gluon_softmax.KERNEL._launchers, policy._plans,
                         fastpath._gemm, fastpath._softmax]
         self._saved = [dict(c) for c in self._caches]
@@ -88,7 +88,6 @@ class Fake:
         self._set(xcompile, "cute", cute)
         self._set(cute_gemm_sm90, "_sm_count", lambda index: SM_COUNT)
         self._set(launch, "_driver", lambda: self._driver)
-        self._set(launch, "_initialized", False)
         self._driver = self._make_driver()
         return self
 
@@ -104,26 +103,23 @@ class Fake:
 
     # -- the Gluon side: a driver whose module loading and launch are stubs ---------------------
     def _make_driver(self):
-        from cuda.bindings import driver as real
-        fake = types.SimpleNamespace()
-        for name in ("CUlaunchConfig", "CUlaunchAttribute", "CUlaunchAttributeID", "CUclusterSchedulingPolicy",
-                     "CUfunction_attribute", "cuGetErrorName"):
-            setattr(fake, name, getattr(real, name))
-        ok = lambda *a: (0,)                      # noqa: E731
-        fake.cuInit = fake.cuCtxPushCurrent = fake.cuFuncSetAttribute = ok
-        fake.cuCtxPopCurrent = lambda: (0, None)
-        fake.cuDeviceGet = lambda i: (0, i)
-        fake.cuDevicePrimaryCtxRetain = lambda dev: (0, f"ctx{dev}")
-        fake.cuModuleLoadData = lambda cubin: (0, "module")
-        fake.cuModuleGetFunction = lambda module, name: (0, name.decode())
-        fake.cuFuncGetAttribute = lambda attr, func: (0, 0)
-        fake.cuLaunchKernelEx = self._launch
+        import contextlib
+        from xgemm import driver as real
+        fake = types.SimpleNamespace(**{k: v for k, v in vars(real).items() if k.isupper()})
+        fake.launch_config, fake.check, fake.CudaError = real.launch_config, real.check, real.CudaError
+        fake.current_context = lambda device: contextlib.nullcontext()
+        fake.module_load = lambda cubin, what="": "module"
+        fake.module_function = lambda module, name: name
+        fake.set_function_attribute = lambda func, attribute, value, what="": None
+        fake.function_attribute = lambda func, attribute: 0
+        fake.launcher = lambda: self._launch
         return fake
 
-    def _launch(self, cfg, func, params_addr, extra):
+    def _launch(self, cfg_ref, func, params_addr, extra):
+        cfg = cfg_ref._obj
         if not self.keep:
             self.last = (cfg, func, params_addr)
-            return (0,)
+            return 0
         from xgemm import launch
         owner = next(v for v in launch._launchers.values() if v._params_addr == params_addr)
         n = len(owner.meta["params"])
@@ -132,7 +128,7 @@ class Fake:
         self.calls.append(("gluon", func, (int(cfg.gridDimX), int(cfg.gridDimY), int(cfg.gridDimZ)),
                            (int(cfg.blockDimX), int(cfg.blockDimY), int(cfg.blockDimZ)),
                            int(cfg.sharedMemBytes), int(cfg.numAttrs), int(cfg.hStream), extra, block))
-        return (0,)
+        return 0
 
 
 _MISSING = object()

@@ -130,18 +130,13 @@ _arch_cache: dict = {}
 
 
 def _cuda_arch(index: int) -> Optional[Tuple[int, int]]:
-    """Compute capability through cuda-python (no framework needed); None if unavailable."""
+    """Compute capability through the driver (xgemm/driver.py: no framework, no cuda-python);
+    None if unavailable."""
     if index not in _arch_cache:
         try:
-            from cuda.bindings import driver
-            driver.cuInit(0)
-            err, dev = driver.cuDeviceGet(index)
-            _, major = driver.cuDeviceGetAttribute(
-                driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-            _, minor = driver.cuDeviceGetAttribute(
-                driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-            _arch_cache[index] = (int(major), int(minor)) if int(err) == 0 else None
-        except Exception:        # cuda-python absent or no driver: kernels that need an arch decline
+            from . import driver
+            _arch_cache[index] = driver.capability(index)
+        except Exception:        # no driver: kernels that need an arch decline
             _arch_cache[index] = None
     return _arch_cache[index]
 

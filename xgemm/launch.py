@@ -1,4 +1,5 @@
-"""Load prebuilt cubins and launch them with cuLaunchKernelEx (cuda-python), never importing triton.
+"""Load prebuilt cubins and launch them with cuLaunchKernelEx (xgemm/driver.py: ctypes on libcuda),
+never importing triton or cuda-python.
 
 get_launcher(cubin, meta, device) -> Launcher, cached per (device, sha256(cubin)). `meta` is the
 JSON written by gluon_cache (name, num_warps, num_ctas, shared, scratch sizes, params).
@@ -13,9 +14,8 @@ on the caller's stream. Triton kernels take two trailing pointers (global and pr
 null when their size is 0, else a stream-ordered allocation of grid * num_ctas * size bytes.
 
 Per-call cost: one struct.pack_into into a prebuilt parameter block, two field writes into a
-prebuilt CUlaunchConfig, one cuLaunchKernelEx: 5.5-7.8 us per call measured on the H200 host
-(2026-11-29, tests/gpu/test_softmax_gpu.py::test_host_cost_per_call). Every CUDA return code is
-checked and a failure raises CudaError (code, name, the call).
+prebuilt CUlaunchConfig, one ctypes call of cuLaunchKernelEx. Every CUDA return code is checked
+and a failure raises CudaError (code, name, the call).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import struct
 import threading
 from typing import Dict, Sequence, Tuple
 
+from .driver import CudaError  # noqa: F401  (re-exported: launch failures raise it)
 from .errors import XgemmError
 
 # triton signature type -> struct code; signedness matters (negative strides), which PTX's .u64 hides
@@ -36,36 +37,14 @@ _PTX_FMT = {"u64": "Q", "b64": "Q", "s64": "q", "u32": "I", "b32": "I", "s32": "
 _SLOT = 8
 
 
-class CudaError(XgemmError, RuntimeError):
-    """A CUDA driver call failed; `code` is the CUresult value, `name` its name, `call` the call."""
-
-    def __init__(self, call: str, code: int, name: str = "", detail: str = ""):
-        self.call, self.code, self.name = call, int(code), name
-        msg = f"{call} failed with {name or 'CUresult'} ({int(code)})"
-        super().__init__(msg + (f": {detail}" if detail else ""))
-
-
 class LaunchError(XgemmError, ValueError):
     """A launch was asked for with arguments the kernel's metadata does not accept."""
 
 
 def _driver():
-    from cuda.bindings import driver
+    """The driver API module (tests swap in a recorder here; see tests/fake_cuda.py)."""
+    from . import driver
     return driver
-
-
-def _check(result, call: str, detail: str = ""):
-    """cuda-python returns (CUresult, *values): raise on failure, else the values."""
-    err = result[0]
-    if err:
-        d = _driver()
-        try:
-            name_err, name = d.cuGetErrorName(err)
-            name = name.decode() if not name_err and name else getattr(err, "name", "")
-        except Exception:
-            name = getattr(err, "name", "")
-        raise CudaError(call, int(err), name, detail)
-    return result[1] if len(result) == 2 else result[1:]
 
 
 def param_format(params: Sequence[dict], name: str = "kernel") -> str:
@@ -80,25 +59,7 @@ def param_format(params: Sequence[dict], name: str = "kernel") -> str:
     return "<" + "".join(codes)
 
 
-_init_lock = threading.Lock()
-_initialized = False
-_contexts: Dict[int, object] = {}
 _launchers: Dict[Tuple[int, str], "Launcher"] = {}
-
-
-def _primary_context(device: int):
-    global _initialized
-    d = _driver()
-    with _init_lock:
-        if not _initialized:
-            _check(d.cuInit(0), "cuInit")
-            _initialized = True
-        ctx = _contexts.get(device)
-        if ctx is None:
-            dev = _check(d.cuDeviceGet(device), "cuDeviceGet", f"device {device}")
-            ctx = _check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain", f"device {device}")
-            _contexts[device] = ctx
-        return ctx
 
 
 def get_launcher(cubin: bytes, meta: dict, device: int = 0) -> "Launcher":
@@ -140,45 +101,22 @@ class Launcher:
         self._ptrs = (ctypes.c_void_p * len(params))(*[base + _SLOT * i for i in range(len(params))])
         self._params_addr = ctypes.addressof(self._ptrs)
 
-        ctx = _primary_context(device)
-        _check(d.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
-        try:
-            self._module = _check(d.cuModuleLoadData(cubin), "cuModuleLoadData", self.name)
-            self._func = _check(d.cuModuleGetFunction(self._module, self.name.encode()), "cuModuleGetFunction",
-                                self.name)
-            attr = d.CUfunction_attribute
+        with d.current_context(device):
+            self._module = d.module_load(cubin, self.name)
+            self._func = d.module_function(self._module, self.name)
             if self.shared > 48 * 1024:
-                _check(d.cuFuncSetAttribute(self._func, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                            self.shared), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
-                       f"{self.name} needs {self.shared} bytes")
+                d.set_function_attribute(self._func, d.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared,
+                                         f"{self.name} needs {self.shared} bytes")
             if self.num_ctas > 8:
-                _check(d.cuFuncSetAttribute(self._func, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                                            1), "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)", self.name)
-            self.num_regs = _check(d.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self._func),
-                                   "cuFuncGetAttribute(NUM_REGS)")
-            self.local_bytes = _check(d.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self._func),
-                                      "cuFuncGetAttribute(LOCAL_SIZE_BYTES)")
-        finally:
-            _check(d.cuCtxPopCurrent(), "cuCtxPopCurrent")
+                d.set_function_attribute(self._func, d.FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
+                                         self.name)
+            self.num_regs = d.function_attribute(self._func, d.FUNC_ATTRIBUTE_NUM_REGS)
+            self.local_bytes = d.function_attribute(self._func, d.FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
 
-        cfg = d.CUlaunchConfig()
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = 32 * self.num_warps, 1, 1
-        cfg.gridDimY = cfg.gridDimZ = 1
-        cfg.sharedMemBytes = self.shared
-        attrs = []
-        if self.num_ctas > 1:
-            a = d.CUlaunchAttribute()
-            a.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = self.num_ctas, 1, 1
-            b = d.CUlaunchAttribute()
-            b.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
-            b.value.clusterSchedulingPolicyPreference = \
-                d.CUclusterSchedulingPolicy.CU_CLUSTER_SCHEDULING_POLICY_SPREAD
-            attrs = [a, b]
-        cfg.attrs = attrs
-        cfg.numAttrs = len(attrs)
-        self._config = cfg
-        self._launch = d.cuLaunchKernelEx
+        self._config = d.launch_config(32 * self.num_warps, self.shared, self.num_ctas)
+        self._config_ref = ctypes.byref(self._config)
+        self._launch = d.launcher()
+        self._check = d.check
         self._lock = threading.Lock()
 
     def __call__(self, grid: int, stream: int, *args) -> None:
@@ -197,22 +135,17 @@ class Launcher:
             cfg = self._config
             cfg.gridDimX = grid * self.num_ctas
             cfg.hStream = stream
-            err = self._launch(cfg, self._func, self._params_addr, 0)[0]
+            err = self._launch(self._config_ref, self._func, self._params_addr, None)
         if err:
-            _check((err,), "cuLaunchKernelEx",
-                   f"{self.name} grid {grid}x{self.num_ctas} block {32 * self.num_warps} shared {self.shared}")
+            self._check(err, "cuLaunchKernelEx",
+                        f"{self.name} grid {grid}x{self.num_ctas} block {32 * self.num_warps} shared {self.shared}")
 
     def _launch_with_scratch(self, grid: int, stream: int, args: Sequence) -> None:
         d = _driver()
         ctas = grid * self.num_ctas
         ptrs = []
         for size, align in ((self._gscratch, self._gscratch_align), (self._pscratch, self._pscratch_align)):
-            if size:
-                nbytes = ctas * size + align
-                ptr = int(_check(d.cuMemAllocAsync(nbytes, stream), "cuMemAllocAsync", f"{nbytes} bytes"))
-                ptrs.append(ptr)
-            else:
-                ptrs.append(0)
+            ptrs.append(d.mem_alloc_async(ctas * size + align, stream) if size else 0)
         aligned = [(p + a - 1) // a * a if p else 0
                    for p, a in zip(ptrs, (self._gscratch_align, self._pscratch_align))]
         try:
@@ -221,8 +154,9 @@ class Launcher:
                 cfg = self._config
                 cfg.gridDimX = ctas
                 cfg.hStream = stream
-                _check(self._launch(cfg, self._func, self._params_addr, 0), "cuLaunchKernelEx", self.name)
+                self._check(self._launch(self._config_ref, self._func, self._params_addr, None),
+                            "cuLaunchKernelEx", self.name)
         finally:
             for p in ptrs:
                 if p:       # stream-ordered: freed after the kernel completes
-                    _check(d.cuMemFreeAsync(p, stream), "cuMemFreeAsync")
+                    d.mem_free_async(p, stream)

@@ -656,12 +656,8 @@ def _num_sms(index: int) -> int:
             if torch is not None and torch.cuda.is_initialized():
                 count = torch.cuda.get_device_properties(index).multi_processor_count
             else:
-                from cuda.bindings import driver as cu
-                cu.cuInit(0)
-                _, dev = cu.cuDeviceGet(index)
-                err, count = cu.cuDeviceGetAttribute(
-                    cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
-                count = int(count) if err == cu.CUresult.CUDA_SUCCESS else 0
+                from ..driver import sm_count
+                count = sm_count(index)
         except Exception:  # noqa: BLE001 - the table's default machine
             count = 0
         _sm_counts[index] = int(count) or _NUM_SMS_DEFAULT

@@ -12,7 +12,7 @@ Contract
             strides are multiples of 16 bytes / itemsize, the "aligned" variant issues 16-byte
             loads/stores; otherwise the same kernel without the divisibility hints (scalar ones).
   arch      sm_90 / sm_90a (Hopper), cubins built by triton >= 3.8 (xgemm/gluon_cache.py) and
-            launched by xgemm/launch.py through cuda-python; triton is not needed at run time.
+            launched by xgemm/launch.py (ctypes on libcuda); triton is not needed at run time.
   limits    1 <= cols <= MAX_COLS (2**19): a row lives in registers, split across a cluster of
             up to 16 CTAs; rows <= 2**31 - 1.
   specials  as torch.softmax: a row holding NaN or +inf, or only -inf (fully masked), is NaN;
