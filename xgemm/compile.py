@@ -11,7 +11,7 @@ repr() is stable across processes (ints, strings, bools, None, tuples, frozen da
 Lookup order
 1. memory: a dict in this process.
 2. disk: `<root>/cute/<fingerprint>/<sha256(repr(key))>.{so,o}` where root is $XGEMM_CACHE_DIR or
-   ~/.cache/xgemm, and the fingerprint hashes the cutlass-dsl and tvm-ffi versions, compile.py,
+   ~/.cache/xgemm, and the fingerprint hashes the cutlass-dsl and tvm-ffi versions, compile.SCHEMA,
    problem.py and the source file that defines `build` (an edited kernel never loads a stale
    object, and editing one kernel leaves the others' objects valid). The `.so` (the exported object
    linked against the CuTe runtime) loads through tvm_ffi alone in ~ms, without importing cutlass;
@@ -44,6 +44,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 EXPORT_NAME = "func"
+# Bump when what this module hands the DSL, or how it exports and loads objects, changes: the
+# disk cache's namespace hashes it (not this file, whose other edits leave compiled code alone).
+SCHEMA = 1
 LOCK_TIMEOUT_S = 600.0      # a compile holding the lock can take minutes on a slow machine
 
 _log = logging.getLogger("xgemm.compile")
@@ -79,15 +82,11 @@ def arch_for(device: Any = None) -> str:
 
 
 def _device_capability(index: int) -> Tuple[int, int]:
-    from cuda.bindings import driver as cu   # cuda-python; no framework needed
-    (err,) = cu.cuInit(0)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"xgemm.compile.arch_for: cuInit failed ({err}); set CUTE_DSL_ARCH to compile without a GPU")
-    err, dev = cu.cuDeviceGet(index)
-    a = cu.CUdevice_attribute
-    _, major = cu.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-    _, minor = cu.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-    return major, minor
+    from . import driver                    # ctypes on libcuda; no framework needed
+    try:
+        return driver.capability(index)
+    except driver.CudaError as exc:
+        raise RuntimeError(f"xgemm.compile.arch_for: {exc}; set CUTE_DSL_ARCH to compile without a GPU") from None
 
 
 def cache_root() -> Path:
@@ -124,15 +123,16 @@ def _source_of(build: Callable) -> Optional[str]:
 
 
 def fingerprint(source: Optional[str] = None) -> str:
-    """Hash of cutlass-dsl + tvm-ffi versions, compile.py, problem.py and the kernel's own source
-    file (the disk key's namespace: editing one kernel invalidates only that kernel's objects)."""
+    """Hash of cutlass-dsl + tvm-ffi versions, SCHEMA, problem.py and the kernel's own source file
+    (the disk key's namespace: editing one kernel invalidates only that kernel's objects)."""
     tag = source or ""
     if tag not in _fingerprints:
         h = hashlib.sha256()
         h.update(b"cutlass-dsl=" + _package_version("cutlass", "__init__.py", r'__version__\s*=\s*"([^"]+)"').encode())
         h.update(b"tvm-ffi=" + _package_version("tvm_ffi", "_version.py", r"version\s*=\s*['\"]([^'\"]+)").encode())
+        h.update(f"xgemm-compile-schema={SCHEMA}".encode())
         here = Path(__file__).resolve().parent
-        sources = [here / "compile.py", here / "problem.py"] + ([Path(source)] if source else [])
+        sources = [here / "problem.py"] + ([Path(source)] if source else [])
         for src in sources:
             data = src.read_bytes()
             h.update(src.name.encode() + len(data).to_bytes(8, "little") + data)
@@ -335,7 +335,9 @@ def clear_memory() -> None:
 # ahead-of-time
 # ------------------------------------------------------------------------------------------
 def on_disk(key: tuple, build: Optional[Callable] = None) -> bool:
-    return (cute_dir(_source_of(build) if build else None) / f"{key_hash(key)}.o").exists()
+    """Is the class in the disk cache (its object, or the shared library linked from it)?"""
+    stem = cute_dir(_source_of(build) if build else None) / key_hash(key)
+    return stem.with_suffix(".o").exists() or stem.with_suffix(".so").exists()
 
 
 def warm(items: Iterable[Tuple[str, tuple]], jobs: int = 0,
