@@ -1,5 +1,6 @@
 """xgemm's Gluon cluster matmul (gluon_matmul_sm90, called through its kernel protocol) vs cuBLAS
-(torch.matmul) at 8192^3 bf16 on the H200, in one process.
+(torch.matmul), quack and the CuTe kernel (xgemm.matmul's pick) at the big GEMM shapes, bf16, on
+the H200, in one process: which of the two xgemm kernels the dispatch table should prefer.
 
     python benchmarks/gemm_gluon.py [--shapes 8192x8192x8192] [--dtypes bfloat16] [--out x.json]
 
@@ -23,11 +24,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import gemm_tc as tc  # noqa: E402
 
 
-def impl_gluon(x: "tc.Inputs"):
+def impl_gluon(x: "tc.Inputs", pol=None, name: str = "xgemm"):
     from xgemm.kernels import gluon_matmul_sm90 as gm
     torch = tc._torch()
-    preps = [tc._problem(x.a[j], x.b[j], x.out("xgemm", j)) for j in range(x.sets)]
-    pol = gm.KERNEL.policy(preps[0][0])
+    preps = [tc._problem(x.a[j], x.b[j], x.out(name, j)) for j in range(x.sets)]
+    pol = pol or gm.KERNEL.policy(preps[0][0])
     reason = gm.KERNEL.supports(preps[0][0])
     if reason:
         raise RuntimeError(f"gluon_matmul_sm90 declines: {reason}")
@@ -38,12 +39,23 @@ def impl_gluon(x: "tc.Inputs"):
     return call, pol.summary()
 
 
+def impl_cute(x: "tc.Inputs"):
+    """The CuTe kernel the dispatch table puts first, through xgemm.matmul (the policy's pick)."""
+    import xgemm
+
+    def call(i):
+        j = i % x.sets
+        xgemm.matmul(x.a[j], x.b[j], out=x.out("xgemm:cute_gemm_sm90", i))
+    return call, str(xgemm.explain(x.a[0], x.b[0])).replace("\n", " | ")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default="8192x8192x8192")
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, t)) for t in tc.SHAPES))
     ap.add_argument("--dtypes", default="bfloat16")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
+    ap.add_argument("--all-configs", action="store_true", help="also time every other built tile config")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gemm_gluon-h200.json"))
     args = ap.parse_args(argv)
     torch = tc._torch()
@@ -52,7 +64,13 @@ def main(argv=None):
         for s in args.shapes.split(","):
             m, n, k = (int(v) for v in s.split("x"))
             x = tc.Inputs(m, n, k, dtype)
-            impls = {"cublas": tc.impl_cublas(x), "xgemm": impl_gluon(x)}
+            impls = {"cublas": tc.impl_cublas(x), "quack": tc.impl_quack(x), "xgemm": impl_gluon(x),
+                     "xgemm:cute_gemm_sm90": impl_cute(x)}
+            if args.all_configs:    # every built tile config, as "xgemm:<policy summary>"
+                from xgemm.kernels import gluon_matmul_sm90 as gm
+                prob = tc._problem(x.a[0], x.b[0], x.out("xgemm", 0))[0]
+                for pol in gm.KERNEL.candidate_policies(prob)[1:]:
+                    impls[f"xgemm:{pol.summary()}"] = impl_gluon(x, pol, f"xgemm:{pol.summary()}")
             replays, names = [], []
             for name, (call, note) in impls.items():
                 rep, how = tc.capture(call, args.reps)

@@ -137,9 +137,11 @@ def test_sm100_two_cta_tcgen05(built):
 def test_entries_and_keys():
     h = gm.gluon_entries("sm_90a")
     b = gm.gluon_entries("sm_100a")
-    assert len(h) == len(set(h)) == 16 and len(b) == 2
+    # 2 in dtypes x 2 B majorness x (4 tiles with a 16-bit out + the 2 that fit with an fp32 out)
+    assert len(h) == len(set(h)) == 24 and len(b) == 2
     for key in h + b:
-        assert gm.Config.from_key(key).key == key
+        cfg = gm.Config.from_key(key)
+        assert cfg.key == key and cfg.smem_bytes() <= gm.SMEM_LIMIT
     assert H_F16.key in h and B_2CTA.key in b
     assert set(gluon_cache.default_entries(["gluon_matmul_sm90"], "sm_100a")) == set(b)
 

@@ -28,6 +28,9 @@ from .problem import Policy
 _TABLE: Dict[str, List[Tuple[str, str]]] = {
     "gemm": [
         ("cute_gemm_sm90", "xgemm.kernels.cute_gemm_sm90:KERNEL"),
+        # measured on the H200 behind cute_gemm_sm90 at every shape class it accepts (same dtypes,
+        # no epilogue, no batch): reached when the CuTe kernel declines or by force()
+        ("gluon_matmul_sm90", "xgemm.kernels.gluon_matmul_sm90:KERNEL"),
         ("cute_mma_sm80", "xgemm.kernels.cute_mma_sm80:KERNEL"),
         ("cute_sgemm", "xgemm.kernels.cute_sgemm:KERNEL"),
         ("reference", "xgemm.kernels.reference:GEMM"),

@@ -10,7 +10,7 @@ Contract
             (K and N multiples of 8; fp32 out: N multiple of 4), M, N, K >= 1. Tails of M, N, K are
             handled by TMA's out-of-bounds zero fill (loads) and clipping (stores).
   arch      sm_90a (Hopper): built by triton >= 3.8 (xgemm/gluon_cache.py), launched by this
-            module through cuda-python (no triton at run time).
+            module through xgemm/driver.py (ctypes on libcuda; no triton at run time).
             sm_100a: the 2-CTA tcgen05 variant compiles (gluon_entries("sm_100a")); nothing runs it.
   limits    M, N, K < 2**31; one output tile per cluster iteration, persistent grid of at most
             (#SMs / 2) clusters.
@@ -40,11 +40,15 @@ TMA descriptors without triton (what launch.py's cubins need)
   base, dims innermost first, byte strides of the outer dims, box = tensordesc_meta block_size
   reversed, element strides 1, no interleave, swizzle from the meta, L2 promotion 128B, no OOB
   NaN fill). `tma_params` computes those arguments in pure Python from the compiled kernel's
-  tensordesc_meta (recorded in the cache JSON); `encode_tma` calls cuda-python's
-  cuTensorMapEncodeTiled (needs the driver) and returns the 128 bytes; `_Launcher` packs them in
+  tensordesc_meta (recorded in the cache JSON); `encode_tma` calls
+  cuTensorMapEncodeTiled through xgemm/driver.py (needs the driver) and returns the 128 bytes; `_Launcher` packs them in
   64-byte-aligned slots and launches with cuLaunchKernelEx + the cluster attribute.
-  Unverified on a GPU: everything above (no H200 run yet), notably that the box size from
-  tensordesc_meta is the per-CTA box for split/broadcast cga layouts.
+  Verified on the H200 (tests/gpu/test_gluon_matmul_gpu.py: exact integer products, ragged
+  M/N/K, B N- and K-major, fp32 out), including that tensordesc_meta's box is the per-CTA box for
+  the split and broadcast cga layouts.
+Dispatch: registered after cute_gemm_sm90 (policy.py). Same-process timings decide the order
+  (benchmarks/gemm_gluon.py times both with cuBLAS and quack); the CuTe kernel also serves
+  alpha/beta/C, batches and small-tile shapes, so it stays first where they tie.
 """
 from __future__ import annotations
 
@@ -95,17 +99,32 @@ class Config(namedtuple("Config", "arch in_dtype out_dtype bm bn bk stages warps
         return self.stages * (self.bm + self.bn) * self.bk * it + self.bm * self.bn * _ITEMSIZE[self.out_dtype]
 
 
-# Tile configs. sm_90a: 128 x (2 x 128) per cluster, 4 stages of 64-deep K slabs: 32 KB a stage,
-# 128 KB + the epilogue tile (32/64 KB) of the 227 KB; one warpgroup with a 128x128 fp32
-# accumulator (128 registers a thread). Both configs are candidates until timed on the H200.
-_SM90_TILES = ((128, 128, 64, 4, 4, 8),      # bm, bn, bk, stages, warps, group_m
-               (128, 128, 64, 4, 8, 8))      # two warpgroups, 64 rows each: half the registers
+# Tile configs, the default first (the first that fits shared memory for the output dtype).
+# Measured on the H200, bf16 8192^3, one process (benchmarks/gemm_gluon.py --all-configs,
+# results/gemm_gluon_tiles-h200.json; cuBLAS 677.6 TFLOP/s in the same run): per-CTA 128x256,
+# 3 stages, 2 warpgroups of 64x256 (cluster tile 128x512, A multicast) 701.5; 128x128 4 stages
+# 1 warpgroup 630.0; the same with 2 warpgroups 482.9, with 6 stages 537.3. A second run on
+# another H200 (results/gemm_gluon-h200.json) put the default at 646.9 against cuBLAS 735.3 and
+# the CuTe kernel 680.2: the peers moved ~10% between machines, the ordering of tiles did not.
+# An fp32 output's 128 KB epilogue tile leaves no room for the 128x256 tile's stages: there the
+# 128x128 one-warpgroup tile is the default.
+_SM90_TILES = ((128, 256, 64, 3, 8, 8),      # bm, bn, bk, stages, warps, group_m
+               (128, 128, 64, 4, 4, 8),      # one warpgroup, 128x128 fp32 accumulator (128 regs)
+               (128, 128, 64, 4, 8, 8),      # two warpgroups, 64 rows each: half the registers
+               (128, 128, 64, 6, 8, 8))      # deeper pipeline (224 KB with a 16-bit output)
 _SM100_TILES = ((128, 256, 64, 3, 4, 8),)    # 2-CTA tcgen05: cluster tile 256 x 256
+SMEM_LIMIT = 227 * 1024 - 1024               # the opt-in maximum, less room for the mbarriers
+
+
+def configs(in_dtype: str, out_dtype: str, b_kmajor: bool, arch: str = "sm_90a") -> List[Config]:
+    """Every tile config built for this dtype pair and B majorness (those that fit shared memory)."""
+    tiles = _SM90_TILES if arch == "sm_90a" else _SM100_TILES
+    cfgs = [Config(arch, in_dtype, out_dtype, *t[:5], t[5], bool(b_kmajor)) for t in tiles]
+    return [c for c in cfgs if c.smem_bytes() <= SMEM_LIMIT]
 
 
 def pick_config(in_dtype: str, out_dtype: str, b_kmajor: bool, arch: str = "sm_90a") -> Config:
-    bm, bn, bk, stages, warps, group_m = (_SM90_TILES if arch == "sm_90a" else _SM100_TILES)[0]
-    return Config(arch, in_dtype, out_dtype, bm, bn, bk, stages, warps, group_m, bool(b_kmajor))
+    return configs(in_dtype, out_dtype, b_kmajor, arch)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -366,8 +385,7 @@ def gluon_entries(arch: str = "sm_90a") -> List[str]:
         for i in IN_DTYPES:
             for o in (i, "float32"):
                 for bk in (False, True):
-                    for bm, bn, bkk, st, w, g in _SM90_TILES:
-                        keys.append(Config(arch, i, o, bm, bn, bkk, st, w, g, bk).key)
+                    keys += [c.key for c in configs(i, o, bk, arch)]
     elif arch == "sm_100a":
         for i in IN_DTYPES:
             keys.append(pick_config(i, i, False, arch).key)
@@ -403,20 +421,10 @@ def tma_params(meta: dict, ptr: int, shape, strides) -> TmaParams:
 
 
 def encode_tma(p: TmaParams, ptr: int) -> bytes:
-    """The 128-byte CUtensorMap (cuda-python cuTensorMapEncodeTiled; needs the CUDA driver)."""
-    from cuda.bindings import driver as d
-    from ..launch import _check
-    res = d.cuTensorMapEncodeTiled(
-        # cuda-python wants its own integer wrappers here (plain ints raised TypeError on the H200)
-        d.CUtensorMapDataType(p.dtype), d.cuuint32_t(p.rank), ptr,
-        [d.cuuint64_t(v) for v in p.dims], [d.cuuint64_t(v) for v in p.strides],
-        [d.cuuint32_t(v) for v in p.box], [d.cuuint32_t(v) for v in p.elem_strides],
-        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        d.CUtensorMapSwizzle(p.swizzle), d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    tmap = _check(res, "cuTensorMapEncodeTiled", str(p))
-    raw = ctypes.string_at(int(tmap.getPtr()), 128)
-    return raw
+    """The 128-byte CUtensorMap (cuTensorMapEncodeTiled through xgemm/driver.py; needs the driver)."""
+    from .. import driver
+    return driver.tensor_map_encode_tiled(p.dtype, ptr, p.dims, p.strides, p.box, p.elem_strides, p.swizzle,
+                                          str(p))
 
 
 # Parameter block layout of one tensor descriptor: 128-byte map (64-byte aligned), 2 x i32 shape,
@@ -437,8 +445,7 @@ class _Launcher:
     (launch.Launcher packs 8-byte slots only; this one adds 128-byte by-value maps.)"""
 
     def __init__(self, cubin: bytes, meta: dict, device: int):
-        from cuda.bindings import driver as d
-        from ..launch import _check, _primary_context
+        from .. import driver as d
         self.meta, self.name, self.device = meta, meta["name"], device
         self.num_ctas = int(meta["num_ctas"])
         self.shared = int(meta["shared"])
@@ -450,33 +457,19 @@ class _Launcher:
         base = (ctypes.addressof(self._buf) + 63) // 64 * 64      # maps need 64-byte alignment
         self._base = base
         self._ptrs = (ctypes.c_void_p * len(self.slots))(*[base + o for o, _ in self.slots])
-        ctx = _primary_context(device)
-        _check(d.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
-        try:
-            self._module = _check(d.cuModuleLoadData(cubin), "cuModuleLoadData", self.name)
-            self._func = _check(d.cuModuleGetFunction(self._module, self.name.encode()), "cuModuleGetFunction")
+        with d.current_context(device):
+            self._module = d.module_load(cubin, self.name)
+            self._func = d.module_function(self._module, self.name)
             if self.shared > 48 * 1024:
-                _check(d.cuFuncSetAttribute(self._func,
-                                            d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                            self.shared), "cuFuncSetAttribute", self.name)
-        finally:
-            _check(d.cuCtxPopCurrent(), "cuCtxPopCurrent")
-        cfg = d.CUlaunchConfig()
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = 32 * int(meta["num_warps"]), 1, 1
-        cfg.gridDimY = cfg.gridDimZ = 1
-        cfg.sharedMemBytes = self.shared
-        a = d.CUlaunchAttribute()
-        a.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = self.num_ctas, 1, 1
-        cfg.attrs = [a]
-        cfg.numAttrs = 1
-        self._config = cfg
+                d.set_function_attribute(self._func, d.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared,
+                                         self.name)
+        self._config = d.launch_config(32 * int(meta["num_warps"]), self.shared, self.num_ctas, spread=False)
+        self._config_ref = ctypes.byref(self._config)
+        self._launch, self._check = d.launcher(), d.check
         self._lock = threading.Lock()
 
     def __call__(self, clusters: int, stream: int, values: List) -> None:
         """values: one per param (bytes of 128 for a map, int otherwise; scratch pointers included)."""
-        from cuda.bindings import driver as d
-        from ..launch import _check
         with self._lock:
             for (off, size), p, v in zip(self.slots, self.meta["params"], values):
                 if size == 128:
@@ -487,8 +480,8 @@ class _Launcher:
             cfg = self._config
             cfg.gridDimX = clusters * self.num_ctas
             cfg.hStream = stream
-            _check(d.cuLaunchKernelEx(cfg, self._func, ctypes.addressof(self._ptrs), 0), "cuLaunchKernelEx",
-                   self.name)
+            self._check(self._launch(self._config_ref, self._func, ctypes.addressof(self._ptrs), None),
+                        "cuLaunchKernelEx", self.name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -535,9 +528,20 @@ class GluonMatmulSm90:
         return self._availability[key]
 
     def policy(self, problem) -> Policy:
-        cfg = pick_config(problem.a.dtype if problem.a.dtype in IN_DTYPES else "bfloat16",
-                          problem.epilogue.out_dtype if problem.epilogue.out_dtype in ("float16", "bfloat16", "float32") else "float32",
-                          problem.b.majorness == COL)
+        return self.policy_of(pick_config(*self._dtypes_of(problem)))
+
+    @staticmethod
+    def _dtypes_of(problem) -> Tuple[str, str, bool]:
+        return (problem.a.dtype if problem.a.dtype in IN_DTYPES else "bfloat16",
+                problem.epilogue.out_dtype if problem.epilogue.out_dtype in ("float16", "bfloat16", "float32") else "float32",
+                problem.b.majorness == COL)
+
+    def candidate_policies(self, problem) -> List[Policy]:
+        """The policy of every built tile config for this problem (benchmarks/gemm_gluon.py times them)."""
+        return [self.policy_of(c) for c in configs(*self._dtypes_of(problem))]
+
+    @staticmethod
+    def policy_of(cfg: Config) -> Policy:
         return Policy(tile=(cfg.bm, CLUSTER * cfg.bn, cfg.bk), warps=cfg.warps, stages=cfg.stages,
                       cluster=(1, CLUSTER), notes=("multicast A", f"group_m {cfg.group_m}"))
 
@@ -570,15 +574,10 @@ class GluonMatmulSm90:
         key = (cfg, device)
         hit = self._launchers.get(key)
         if hit is None:
-            from .. import gluon_cache
-            from ..launch import _check, _driver, _primary_context
+            from .. import driver, gluon_cache
             entry = gluon_cache.lookup(cfg.key)
             metas = entry.meta["tensordesc_meta"]
-            d = _driver()
-            _primary_context(device)
-            dev = _check(d.cuDeviceGet(device), "cuDeviceGet")
-            sms = int(_check(d.cuDeviceGetAttribute(
-                d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute"))
+            sms = driver.sm_count(device)
             hit = (_Launcher(entry.cubin, entry.meta, device), metas, sms)
             self._launchers[key] = hit
         return hit
