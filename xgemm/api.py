@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -141,11 +142,14 @@ def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0
 
 
 def _torch_op_needed(*xs: Any) -> bool:
-    """Torch tensors that require grad (or a torch.compile trace) go through the torch.library op."""
+    """Torch tensors that require grad (or a torch.compile trace) go through the torch.library op.
+    Decided here without importing xgemm.torch: registering its ops costs a first call ~6 ms."""
     if interop.framework_of(xs[0]) != "torch":
         return False
-    from . import torch as xtorch
-    return xtorch.needs_op(*[x for x in xs if interop.framework_of(x) == "torch"])
+    torch = sys.modules["torch"]
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in xs if x is not None)
 
 
 def _run(prep: "_Prepared | Any") -> Any:

@@ -96,10 +96,3 @@ softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setup)
 
 def compiling() -> bool:
     return torch.compiler.is_compiling()
-
-
-def needs_op(*tensors) -> bool:
-    """True when autograd must record the call, or torch.compile is tracing it."""
-    if compiling():
-        return True
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
