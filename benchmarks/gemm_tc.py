@@ -44,6 +44,12 @@ SWEEP = [
     (128, 256, 1, 2, False, True, 8), (128, 256, 1, 2, False, False, 8), (128, 256, 2, 1, False, False, 8),
     (256, 128, 2, 1, False, False, 8), (256, 128, 1, 2, False, True, 8), (128, 192, 1, 2, True, True, 8),
 ]
+# --sweep-set small: candidates for few-tile problems (small M or N, or short K)
+SWEEP_SMALL = [
+    (128, 64, 1, 1, True, True, 1), (128, 32, 1, 1, True, True, 1), (128, 64, 1, 2, True, True, 1),
+    (128, 32, 1, 2, True, True, 1), (128, 96, 1, 1, True, True, 1), (128, 64, 1, 1, False, True, 1),
+    (128, 128, 1, 1, True, True, 1), (128, 128, 2, 1, True, True, 8), (128, 192, 2, 1, True, False, 8),
+]
 
 
 def _torch():
@@ -265,6 +271,7 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
+    ap.add_argument("--sweep-set", choices=("big", "small"), default="big")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gemm_tc-h200.json"))
@@ -275,7 +282,8 @@ def main(argv=None):
     impls = tuple(i for i in args.impls.split(",") if i)
     records, notes = [], {}
     for dtype in dtypes:
-        sweep = SWEEP if args.sweep and dtype in args.sweep_dtypes.split(",") else ()
+        sets = {"big": SWEEP, "small": SWEEP_SMALL}
+        sweep = sets[args.sweep_set] if args.sweep and dtype in args.sweep_dtypes.split(",") else ()
         r, n = bench(shapes, [dtype], impls, sweep, args.reps, args.trials)
         records += r
         notes.update(n)

@@ -107,8 +107,13 @@ class Config:
 #             8192^3: 699 | 680 (raster along M: 596); 8192^2 x 1024: 758 | 691 (cooperative
 #             tiles 605-647 | 560-576: with K short the epilogue is a large share of each tile,
 #             and pingpong hides it under the other warpgroup's mainloop).
-#   medium    at least one wave of 128x128 tiles: pingpong 128x128, cluster 2x1.
-#   small     fewer tiles than SMs: pingpong 128x64, no cluster, so more SMs get work.
+#   medium    at least 120 tiles of 128x128 (~ a wave): pingpong 128x128, cluster 2x1.
+#             256x8192x8192 (128 tiles): 49.5 us vs cuBLAS 50.6, against 64.3 for the small
+#             row's 128x64 (benchmarks/gemm_tc.py --sweep --sweep-set small, 2026-11-29).
+#   small     fewer tiles: pingpong 128x64, no cluster, so more SMs get work. 64x8192x8192:
+#             57.6 us (128x128 56.8, every small candidate 57-113) vs cuBLAS 34.4: the GEMV-like
+#             shape is bound by each SM re-reading A; split-K through a batch of K slices plus a
+#             framework-side sum measured 52-74 us (the sum's extra launches eat the gain).
 # Raster along N with swizzle 8 = bands of 8 clusters (2048 rows of A) that sweep across N, so
 # the band of A stays in the 60 MB L2 while B streams past (quack's default order, too).
 POLICY_TABLE = (
@@ -120,7 +125,7 @@ POLICY_TABLE = (
      Config(128, 256, 1, 2, False, True, 8)),
     ("large", lambda m, n, k, l: m >= 4096 and n >= 4096,
      Config(128, 192, 2, 1, True, False, 8)),
-    ("medium", lambda m, n, k, l: _tiles(m, n, l, 128, 128) >= 132,
+    ("medium", lambda m, n, k, l: _tiles(m, n, l, 128, 128) >= 120,
      Config(128, 128, 2, 1, True, True, 8)),
     ("small", lambda m, n, k, l: True,
      Config(128, 64, 1, 1, True, True, 1)),
@@ -734,16 +739,8 @@ def _as_kernel_arg(v, L: int, rows: int, cols: int):
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
-    from cuda.bindings import driver
-    driver.cuInit(0)
-    err, dev = driver.cuDeviceGet(device_index)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{NAME}: cuDeviceGet({device_index}) failed: {err}")
-    err, count = driver.cuDeviceGetAttribute(
-        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{NAME}: cuDeviceGetAttribute failed: {err}")
-    return int(count)
+    from ..driver import sm_count
+    return sm_count(device_index)
 
 
 def max_clusters(sm_count: int, cfg: Config) -> int:
