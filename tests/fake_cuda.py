@@ -7,8 +7,8 @@ What is stubbed -- and nothing else, so the Python that runs is the real hot pat
   fastpath._torch_cuda is re-made from its own source with cuda read as cpu (same cost);
 - the stream: torch.cuda.current_stream(...) and torch._C._cuda_getCurrentRawStream(...) give
   STREAM (a CPU torch has neither; their real cost is measured on the GPU host);
-- CuTe: xgemm.compile.cute(key, build) returns a Recorder per key in place of the compiled
-  TVM-FFI function (so nothing compiles); cute_gemm_sm90._sm_count gives 132 (H200);
+- CuTe: xgemm.compile.cute(key, build) and cute_eager(key, build) return a Recorder per key in
+  place of the compiled function (so nothing compiles); cute_gemm_sm90._sm_count gives 132 (H200);
 - Gluon: launch._driver() is xgemm.driver (real CUlaunchConfig struct) with module loading
   stubbed and cuLaunchKernelEx replaced by a recorder of what the GPU would receive: kernel
   name, grid, block, shared bytes, stream and the packed parameter block.
@@ -86,6 +86,7 @@ class Fake:
                 fn = fns[key] = Recorder(key, self)
             return fn
         self._set(xcompile, "cute", cute)
+        self._set(xcompile, "cute_eager", cute)
         self._set(cute_gemm_sm90, "_sm_count", lambda index: SM_COUNT)
         self._set(launch, "_driver", lambda: self._driver)
         self._driver = self._make_driver()

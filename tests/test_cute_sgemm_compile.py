@@ -202,6 +202,33 @@ def test_disk_cache_round_trip(tmp_path):
         # the linked library loads through tvm_ffi alone: no cutlass import, milliseconds
         assert not info2["cutlass"]
         assert info2["seconds"] < 0.5, info2
+        # ... and through ctypes without tvm_ffi at all (xgemm/tvm_abi.py): the eager route
+        third = subprocess.run([sys.executable, "-c", _CHILD_CTYPES.format(root=str(ROOT))], capture_output=True,
+                               text=True, env=env, timeout=300)
+        assert third.returncode == 0, third.stderr[-3000:]
+        info3 = json.loads(third.stdout.strip().splitlines()[-1])
+        assert info3["kind"] == "CFunction" and not info3["tvm_ffi"] and not info3["cutlass"], info3
+        # the function's own argument check answered through the ABI: a typed error, no crash
+        assert info3["few_args"].startswith("TypeError") and "Expects" in info3["few_args"], info3
     # an edited kernel source lands in another namespace: the fingerprint covers the kernel file
     from xgemm import compile as xc
     assert xc.fingerprint(S.__file__) != xc.fingerprint(None)
+
+
+_CHILD_CTYPES = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {root!r})
+    from xgemm import compile as xc
+    from xgemm.kernels import cute_sgemm as S
+    OC = S.OperandClass
+    v = S.Variant(S.CONFIGS["32x32x32"], OC("row", True, 0), OC("col", False, 0), OC("row", True, 0), None, True)
+    key, build = S.gemm_build(v, False, "sm_90a")
+    fn = xc.cute_eager(key, build)
+    try:
+        fn(1.0)
+        few = "no error"
+    except Exception as exc:
+        few = f"{{type(exc).__name__}}: {{exc}}"
+    print(json.dumps(dict(kind=type(fn).__name__, tvm_ffi="tvm_ffi" in sys.modules,
+                          cutlass="cutlass" in sys.modules, few_args=few)))
+""")

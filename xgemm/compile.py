@@ -320,6 +320,33 @@ def _from_disk_or_build(key: tuple, build: Callable[[], Any]) -> Any:
         return fn
 
 
+_eager: Dict[tuple, Any] = {}
+
+
+def cute_eager(key: tuple, build: Callable[[], Any]) -> Any:
+    """The function for `key` as eager calls use it: the on-disk .so called through ctypes
+    (xgemm/tvm_abi.py: no tvm_ffi import, tvm_abi.CFunction with .prepare for repeat calls),
+    else what cute() returns. Same positional arguments either way. XGEMM_TVM_ABI=0 turns the
+    ctypes route off."""
+    fn = _eager.get(key)
+    if fn is not None:
+        return fn
+    if disk_enabled() and os.environ.get("XGEMM_TVM_ABI", "1") != "0":
+        so = cute_dir(_source_of(build)) / f"{key_hash(key)}.so"
+        if not so.exists():
+            cute(key, build)             # compiles (or loads the .o) and links the .so when it can
+        if so.exists():
+            from . import tvm_abi
+            fn = tvm_abi.load(so, EXPORT_NAME)
+            if fn is not None:
+                _stats["disk"] += 1
+    if fn is None:
+        fn = cute(key, build)
+    with _mutex:
+        _eager[key] = fn
+    return fn
+
+
 def stats() -> Dict[str, int]:
     """Counts of memory hits, disk loads and compiles in this process."""
     return dict(_stats)
@@ -329,6 +356,7 @@ def clear_memory() -> None:
     """Forget compiled functions held in this process (the disk cache stays)."""
     with _mutex:
         _memory.clear()
+        _eager.clear()
 
 
 # ------------------------------------------------------------------------------------------

@@ -766,6 +766,12 @@ def compiled(*spec):
     return compile_cached(class_key(*spec), functools.partial(build, *spec))
 
 
+def compiled_eager(*spec):
+    """compiled(), as eager calls take it (xgemm.compile.cute_eager: ctypes, no tvm_ffi import)."""
+    from .. import compile as xcompile
+    return xcompile.cute_eager(class_key(*spec), functools.partial(build, *spec))
+
+
 def build_for_key(key: Tuple):
     """The build callable for a class_key (xgemm.compile.warm compiles keys in worker processes)."""
     assert key[0] == NAME, key
@@ -840,6 +846,15 @@ class _Sm90Kernel:
         if problem.batch_count != 1 or any(len(v.shape) != 2 for v, _, _ in views):
             return None
         alpha, beta = float(problem.epilogue.alpha), float(problem.epilogue.beta)
+        if hasattr(fn, "prepare"):       # ctypes: marshalled once, data pointers + stream per call
+            call = fn.prepare(*[v for v, _, _ in views], alpha, *((beta,) if use_c else ()), 0).call
+            if use_c:
+                def go(a, b, c, d, stream):
+                    call((a.data_ptr(), b.data_ptr(), d.data_ptr(), c.data_ptr()), stream)
+            else:
+                def go(a, b, c, d, stream):
+                    call((a.data_ptr(), b.data_ptr(), d.data_ptr()), stream)
+            return go
         if use_c:
             def go(a, b, c, d, stream):
                 fn(a, b, d, c, alpha, beta, stream)
@@ -859,8 +874,8 @@ class _Sm90Kernel:
             why = _tma_why(v.shape, v.strides, v.itemsize, v.ptr)
             if why:
                 raise ValueError(f"{NAME}: operand {v.shape} strides {v.strides}: {why}")
-        fn = compiled(*self.spec(problem, policy, operands, out, xcompile.arch_for(problem.device),
-                                 _sm_count(problem.device.index)))
+        fn = compiled_eager(*self.spec(problem, policy, operands, out, xcompile.arch_for(problem.device),
+                                       _sm_count(problem.device.index)))
         return fn, use_c, views
 
 

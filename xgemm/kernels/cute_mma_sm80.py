@@ -577,7 +577,8 @@ class _Sm80Kernel:
             if why:
                 raise ValueError(f"{NAME}: operand {v.shape} strides {v.strides}: {why}")
         use_c = problem.epilogue.reads_c and c is not None
-        fn = compiled(*self.spec(problem, policy, operands, out, xcompile.arch_for(problem.device)))
+        spec = self.spec(problem, policy, operands, out, xcompile.arch_for(problem.device))
+        fn = xcompile.cute_eager(class_key(*spec), functools.partial(build, *spec))
         L, m, n, k = problem.batch_count, problem.m, problem.n, problem.k
         args = [_matrix_view(a, L, m, k), _matrix_view(b, L, k, n), _matrix_view(out, L, m, n)]
         if use_c:

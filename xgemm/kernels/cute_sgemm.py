@@ -791,6 +791,15 @@ class _CuteSgemm:
             return None
         gemm, kps = launch.gemm, launch.kps
         alpha, beta = float(problem.epilogue.alpha), float(problem.epilogue.beta)
+        if hasattr(gemm, "prepare"):     # ctypes: marshalled once, data pointers + stream per call
+            call = gemm.prepare(a, b, out, c if launch.reads_c else None, alpha, beta, kps, 1, 0).call
+            if launch.reads_c:
+                def go(a, b, c, d, stream):
+                    call((a.data_ptr(), b.data_ptr(), d.data_ptr(), c.data_ptr()), stream)
+            else:
+                def go(a, b, c, d, stream):
+                    call((a.data_ptr(), b.data_ptr(), d.data_ptr()), stream)
+            return go
         if launch.reads_c:
             def go(a, b, c, d, stream):
                 gemm(a, b, d, c, alpha, beta, kps, 1, stream)
@@ -859,7 +868,7 @@ class _CuteSgemm:
     def _plan(self, problem, policy: Policy, a, b, c, out) -> _Launch:
         from .. import compile as xcompile
         launch, builds = self.resolve(problem, policy, a, b, c, out)
-        fns = [xcompile.cute(key, build) for key, build in builds]
+        fns = [xcompile.cute_eager(key, build) for key, build in builds]
         launch.gemm = fns[0]
         launch.reduce = fns[1] if len(fns) > 1 else None
         return launch
