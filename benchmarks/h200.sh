@@ -7,7 +7,7 @@
 set -u
 source .gpu/use-bundle .gpu
 export PYTHONUNBUFFERED=1
-mkdir -p /tmp/xc && tar -xJf ${GLUON_TAR:-.cache/gluon-softmax.tar.xz} -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
+mkdir -p /tmp/xc && tar -xJf ${GLUON_TAR:-.cache/xgemm-cache.tar.xz} -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader
 t0=$SECONDS
 timeout ${PREBUILD_S:-300} python3 -c "from xgemm import compile as c; print(len(c.prebuild(jobs=16)), 'CuTe classes')" > $OUT/prebuild.log 2>&1; tail -1 $OUT/prebuild.log

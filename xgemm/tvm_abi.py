@@ -194,6 +194,14 @@ class Prepared:
         self._stream = m.anys[m.n - 1]
         self._lock = threading.Lock()
 
+    def go(self, with_c: bool):
+        """go(a, b, c, d, stream) on torch tensors for a call prepared as (a, b, d[, c], ...):
+        the repeat-call convention of kernels' bind() (xgemm/fastpath.py)."""
+        call = self.call
+        if with_c:
+            return lambda a, b, c, d, stream: call((a.data_ptr(), b.data_ptr(), d.data_ptr(), c.data_ptr()), stream)
+        return lambda a, b, c, d, stream: call((a.data_ptr(), b.data_ptr(), d.data_ptr()), stream)
+
     def call(self, ptrs: Sequence[int], stream: int) -> None:
         with self._lock:
             for t, p in zip(self._tensors, ptrs):

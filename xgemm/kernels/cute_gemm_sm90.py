@@ -847,14 +847,7 @@ class _Sm90Kernel:
             return None
         alpha, beta = float(problem.epilogue.alpha), float(problem.epilogue.beta)
         if hasattr(fn, "prepare"):       # ctypes: marshalled once, data pointers + stream per call
-            call = fn.prepare(*[v for v, _, _ in views], alpha, *((beta,) if use_c else ()), 0).call
-            if use_c:
-                def go(a, b, c, d, stream):
-                    call((a.data_ptr(), b.data_ptr(), d.data_ptr(), c.data_ptr()), stream)
-            else:
-                def go(a, b, c, d, stream):
-                    call((a.data_ptr(), b.data_ptr(), d.data_ptr()), stream)
-            return go
+            return fn.prepare(*[v for v, _, _ in views], alpha, *((beta,) if use_c else ()), 0).go(use_c)
         if use_c:
             def go(a, b, c, d, stream):
                 fn(a, b, d, c, alpha, beta, stream)

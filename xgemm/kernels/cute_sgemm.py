@@ -792,14 +792,7 @@ class _CuteSgemm:
         gemm, kps = launch.gemm, launch.kps
         alpha, beta = float(problem.epilogue.alpha), float(problem.epilogue.beta)
         if hasattr(gemm, "prepare"):     # ctypes: marshalled once, data pointers + stream per call
-            call = gemm.prepare(a, b, out, c if launch.reads_c else None, alpha, beta, kps, 1, 0).call
-            if launch.reads_c:
-                def go(a, b, c, d, stream):
-                    call((a.data_ptr(), b.data_ptr(), d.data_ptr(), c.data_ptr()), stream)
-            else:
-                def go(a, b, c, d, stream):
-                    call((a.data_ptr(), b.data_ptr(), d.data_ptr()), stream)
-            return go
+            return gemm.prepare(a, b, out, c if launch.reads_c else None, alpha, beta, kps, 1, 0).go(launch.reads_c)
         if launch.reads_c:
             def go(a, b, c, d, stream):
                 gemm(a, b, d, c, alpha, beta, kps, 1, stream)
