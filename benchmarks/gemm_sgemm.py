@@ -108,7 +108,7 @@ def _kernel_call(a, b, d, policy=None):
     """cute_sgemm through its protocol, with the policy table's choice or a forced Policy."""
     from xgemm.interop import ArrayView
     from xgemm.kernels import cute_sgemm as S
-    from xgemm.problem import Device, Epilogue, GemmProblem, Operand
+    from xgemm.problem import Device, Epilogue, GemmProblem, Operand, unit_stride_dim
     torch = _torch()
     dev = Device("cuda", torch.cuda.current_device(), torch.cuda.get_device_capability())
 
@@ -116,7 +116,7 @@ def _kernel_call(a, b, d, policy=None):
         return ArrayView(t, "torch", dev, t.data_ptr(), tuple(t.shape), tuple(t.stride()), "float32", 4, False)
 
     def op(t):
-        return Operand(tuple(t.shape), tuple(t.stride()), "float32", S._major_of(t.shape, t.stride()), 16)
+        return Operand(tuple(t.shape), tuple(t.stride()), "float32", unit_stride_dim(t.shape, t.stride()), 16)
     prob = GemmProblem(a.shape[0], b.shape[1], a.shape[1], (), op(a), op(b), None, Epilogue(), "torch", dev)
     pol = policy or S.KERNEL.policy(prob)
     views = (v(a), v(b), None), v(d)

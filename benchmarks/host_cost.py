@@ -87,7 +87,6 @@ def gpu_breakdown(n: int, repeats: int) -> None:
     """On a CUDA machine (no stubs): where a repeat call's host time goes. Kernels launch for real;
     back-to-back launches of kernels shorter than the launch cost time the host side."""
     import torch
-    from xgemm import interop
 
     def us(fn):
         fn()

@@ -14,7 +14,7 @@ import pytest
 from conftest import have
 
 from xgemm.kernels import cute_sgemm as S
-from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand
+from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand, unit_stride_dim
 
 ROOT = Path(__file__).resolve().parents[1]
 OC = S.OperandClass
@@ -82,8 +82,8 @@ def test_operand_classes():
     assert S.operand_class((64, 32), (32, 1), 260, True) == OC(ROW, False, 0)     # base +4 bytes
     assert S.operand_class((3, 64, 32), (0, 1, 64), 256, True) == OC(COL, True, 1)  # stride-0 batch
     assert S.operand_class((3, 64, 32), (2050, 1, 64), 256, True) == OC(COL, False, 1)
-    assert S._major_of((5, 1), (1, 5)) == COL and S._major_of((1, 5), (5, 1)) == ROW
-    assert S._major_of((4, 4), (8, 2)) is None
+    assert unit_stride_dim((5, 1), (1, 5)) == COL and unit_stride_dim((1, 5), (5, 1)) == ROW
+    assert unit_stride_dim((4, 4), (8, 2)) is None
 
 
 # ----------------------------------------------------------------------------------------------

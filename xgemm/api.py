@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import errors, fastpath, interop, policy
-from .problem import COL, ROW, STRIDED, Epilogue, GemmProblem, Operand, SoftmaxProblem
+from .problem import ROW, STRIDED, Epilogue, GemmProblem, Operand, SoftmaxProblem
 
 _HALF = ("float16", "bfloat16")
 

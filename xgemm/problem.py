@@ -16,6 +16,18 @@ from typing import Optional, Tuple
 ROW, COL, STRIDED = "row", "col", "strided"
 
 
+def unit_stride_dim(shape: Tuple[int, ...], strides: Tuple[int, ...]) -> Optional[str]:
+    """ROW if the last dim has unit stride, else COL if the second-to-last has, else None: what a
+    kernel reads contiguously. Stricter than interop.majorness, which also asks that the other
+    dim's stride spans a whole row or column; extent-1 dims count by their stride, as TVM-FFI's
+    argument checks do."""
+    if strides[-1] == 1:
+        return ROW
+    if strides[-2] == 1:
+        return COL
+    return None
+
+
 @dataclass(frozen=True)
 class Operand:
     """One matrix operand as a kernel sees it (after normalization)."""

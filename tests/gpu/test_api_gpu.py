@@ -5,7 +5,6 @@ so fp32 accumulation is exact and results are compared for equality with float64
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -11,7 +11,6 @@ they need can be enumerated and prebuilt on a CPU machine (`cases_for_prebuild()
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 

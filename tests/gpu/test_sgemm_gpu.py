@@ -26,7 +26,7 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
 from xgemm import compile as xcompile  # noqa: E402
 from xgemm.interop import ArrayView  # noqa: E402
 from xgemm.kernels import cute_sgemm as S  # noqa: E402
-from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand  # noqa: E402
+from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand, unit_stride_dim  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCH = torch.cuda.get_device_capability() if DEVICE == "cuda" else (9, 0)
@@ -42,7 +42,7 @@ def view(t) -> ArrayView:
 
 
 def operand(t) -> Operand:
-    major = S._major_of(t.shape, t.stride())
+    major = unit_stride_dim(t.shape, t.stride())
     align = 16
     while align > 4 and any(v % align for v in [t.data_ptr()] + [4 * s for s in t.stride() if s != 1]):
         align //= 2

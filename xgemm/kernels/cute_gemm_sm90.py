@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ..problem import COL, ROW, Policy
+from ..problem import ROW, Policy, unit_stride_dim
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -692,15 +692,6 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
 # ----------------------------------------------------------------------------------------------
 # Host side: the kernel protocol
 # ----------------------------------------------------------------------------------------------
-def _major(shape, strides) -> Optional[str]:
-    """ROW when the last dim has unit stride, COL when the second-to-last has, else None."""
-    if strides[-1] == 1:
-        return ROW
-    if strides[-2] == 1:
-        return COL
-    return None
-
-
 def _own_batch(shape, strides) -> bool:
     """Does this (..., rows, cols) operand differ across the batch (a nonzero batch stride)?"""
     return any(d > 1 and s != 0 for d, s in zip(shape[:-2], strides[:-2]))
@@ -710,7 +701,7 @@ def _tma_why(shape, strides, itemsize, ptr=0) -> Optional[str]:
     """None if TMA can describe the view as the kernel will see it, else why not."""
     if ptr % 16:
         return "base address is not 16-byte aligned"
-    major = _major(shape, strides)
+    major = unit_stride_dim(shape, strides)
     if major is None:
         return "neither of the last two dims is contiguous"
     lead = strides[-2] if major == ROW else strides[-1]
@@ -823,9 +814,9 @@ class _Sm90Kernel:
         own = [L > 1 and _own_batch(v.shape, v.strides) for v in (a, b)]
         batched = (own[0], own[1], L > 1, use_c and L > 1 and _own_batch(c.shape, c.strides))
         cfg = Config.from_policy(policy)
-        return (cfg, a.dtype, out.dtype, _major(a.shape, a.strides), _major(b.shape, b.strides),
-                _major(out.shape, out.strides),
-                (c.dtype, _major(c.shape, c.strides)) if use_c else None, batched,
+        return (cfg, a.dtype, out.dtype, unit_stride_dim(a.shape, a.strides), unit_stride_dim(b.shape, b.strides),
+                unit_stride_dim(out.shape, out.strides),
+                (c.dtype, unit_stride_dim(c.shape, c.strides)) if use_c else None, batched,
                 max_clusters(sm_count, cfg), arch)
 
     def run(self, problem, policy: Policy, operands, out, stream) -> None:

@@ -28,7 +28,7 @@ import functools
 import math
 from typing import Optional, Tuple
 
-from ..problem import COL, ROW, Policy
+from ..problem import ROW, Policy, unit_stride_dim
 
 NAME = "cute_mma_sm80"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -469,19 +469,11 @@ def build(ab: str, out: str, a_major: str, b_major: str, d_major: str,
     return cute.compile(gemm_c, op, fa, fb, fd, fc, stream, options=opts)
 
 
-def _major(shape, strides) -> Optional[str]:
-    if strides[-1] == 1:
-        return ROW
-    if strides[-2] == 1:
-        return COL
-    return None
-
-
 def _vec_ok(shape, strides, itemsize, ptr) -> Optional[str]:
     """None if 128-bit vectors along the contiguous dim are aligned and never straddle an edge."""
     if ptr % 16:
         return "base address is not 16-byte aligned"
-    major = _major(shape, strides)
+    major = unit_stride_dim(shape, strides)
     if major is None:
         return "neither of the last two dims is contiguous"
     lead = strides[-2] if major == ROW else strides[-1]
@@ -547,7 +539,7 @@ class _Sm80Kernel:
         if ep.reads_c and problem.c is not None:
             if problem.c.dtype not in _OUT_DTYPES:
                 return f"C dtype {problem.c.dtype} is not float16/bfloat16/float32"
-            if _major(problem.c.shape, problem.c.strides) is None:
+            if unit_stride_dim(problem.c.shape, problem.c.strides) is None:
                 return "C is strided"
             if _flat_batch(problem.c.shape, problem.c.strides) is None:
                 return "C: batch dims do not collapse into one stride"
@@ -564,9 +556,9 @@ class _Sm80Kernel:
         """The compile class (build()'s arguments) a run of these operands needs."""
         a, b, c = operands
         use_c = problem.epilogue.reads_c and c is not None
-        return (a.dtype, out.dtype, _major(a.shape, a.strides), _major(b.shape, b.strides),
-                _major(out.shape, out.strides),
-                (c.dtype, _major(c.shape, c.strides)) if use_c else None,
+        return (a.dtype, out.dtype, unit_stride_dim(a.shape, a.strides), unit_stride_dim(b.shape, b.strides),
+                unit_stride_dim(out.shape, out.strides),
+                (c.dtype, unit_stride_dim(c.shape, c.strides)) if use_c else None,
                 problem.batch_count > 1, arch)
 
     def run(self, problem, policy: Policy, operands, out, stream) -> None:

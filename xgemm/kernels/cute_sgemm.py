@@ -34,7 +34,7 @@ never per shape: shapes are symbolic in the compiled function (see xgemm/compile
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ..problem import COL, ROW, GemmProblem, Policy
+from ..problem import COL, ROW, GemmProblem, Policy, unit_stride_dim
 
 NAME = "cute_sgemm"
 _INT32_MAX = 2**31 - 1
@@ -613,22 +613,12 @@ def compile_reduce(v: ReduceVariant, arch: str, extra_options: str = ""):
 # --------------------------------------------------------------------------------------------
 # Host side: classes of the caller's operands, the compile cache, the launch
 # --------------------------------------------------------------------------------------------
-def _major_of(shape, strides) -> Optional[str]:
-    """ROW if the last dim has unit stride, else COL if the second-to-last has; None when neither
-    (strided: declined). Extent-1 dims count by their stride, as TVM-FFI checks it."""
-    if strides[-1] == 1:
-        return ROW
-    if strides[-2] == 1:
-        return COL
-    return None
-
-
 def _leading(shape, strides, major: str) -> int:
     return strides[-2] if major == ROW else strides[-1]
 
 
 def operand_class(shape, strides, ptr: int, need_extent: bool) -> OperandClass:
-    major = _major_of(shape, strides)
+    major = unit_stride_dim(shape, strides)
     return OperandClass(major, _vec_class(shape, strides, ptr, major, need_extent), len(shape) - 2)
 
 
@@ -752,7 +742,7 @@ class _CuteSgemm:
         for label, op in ops:
             if op.dtype != "float32":
                 return f"fp32 only ({label} is {op.dtype})"
-            if len(op.shape) < 2 or _major_of(op.shape, op.strides) is None:
+            if len(op.shape) < 2 or unit_stride_dim(op.shape, op.strides) is None:
                 return f"{label} is strided (neither of its last two dims has unit stride)"
         if problem.epilogue.out_dtype != "float32":
             return f"fp32 only (output dtype {problem.epilogue.out_dtype})"
@@ -822,7 +812,7 @@ class _CuteSgemm:
         cfg = _config_for(policy)
         arch = xcompile.arch_for(problem.device)
         for label, v in (("A", a), ("B", b), ("out", out)) + ((("C", c),) if c is not None else ()):
-            if v.dtype != "float32" or v.ndim < 2 or _major_of(v.shape, v.strides) is None:
+            if v.dtype != "float32" or v.ndim < 2 or unit_stride_dim(v.shape, v.strides) is None:
                 raise ValueError(f"{NAME}: {label} {v.shape} strides {v.strides} {v.dtype} is outside this "
                                  f"kernel's contract (fp32, one unit-stride dim); the API must compact it")
         m, n, k = out.shape[-2], out.shape[-1], a.shape[-1]
