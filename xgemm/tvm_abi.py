@@ -150,7 +150,6 @@ class _Marshal:
 class CFunction:
     def __init__(self, sym, lib, runtime):
         self._sym, self._lib, self._runtime = sym, lib, runtime   # the libraries stay loaded
-        self._result = TVMFFIAny()
 
     def __call__(self, *args: Any) -> None:
         m = _Marshal(args)
@@ -163,11 +162,14 @@ class CFunction:
 
     def _invoke(self, anys, n: int) -> None:
         result = TVMFFIAny()
-        rc = self._sym(None, anys, n, ctypes.byref(result))
+        self._finish(self._sym(None, anys, n, ctypes.byref(result)), result)
+
+    def _finish(self, rc: int, result: TVMFFIAny) -> None:
         if rc != 0:
             raise self._error(rc)
-        if result.type_index >= _STATIC_OBJECT_BEGIN and result.v.v_ptr:
+        if result.type_index >= _STATIC_OBJECT_BEGIN and result.v.v_ptr:   # drop a returned object
             self._runtime.TVMFFIObjectDecRef(result.v.v_ptr)
+        result.type_index = _NONE
 
     def _error(self, rc: int) -> Exception:
         err = ctypes.c_void_p()
@@ -189,9 +191,12 @@ class Prepared:
     """A marshalled call: call(ptrs, stream) rewrites the tensors' data pointers and the stream."""
 
     def __init__(self, fn: CFunction, m: _Marshal):
-        self._fn, self._m = fn, m
+        self._fn, self._m = fn, m            # m owns the cells, tensors and dims the call points at
         self._tensors = m.tensors
-        self._stream = m.anys[m.n - 1]
+        self._stream = m.anys[m.n - 1].v
+        self._result = TVMFFIAny()
+        self._sym, self._finish = fn._sym, fn._finish
+        self._args = (None, m.anys, m.n, ctypes.byref(self._result))
         self._lock = threading.Lock()
 
     def go(self, with_c: bool):
@@ -203,8 +208,8 @@ class Prepared:
         return lambda a, b, c, d, stream: call((a.data_ptr(), b.data_ptr(), d.data_ptr()), stream)
 
     def call(self, ptrs: Sequence[int], stream: int) -> None:
-        with self._lock:
+        with self._lock:                     # the cells are shared: one call at a time
             for t, p in zip(self._tensors, ptrs):
                 t.data = p
-            self._stream.v.v_int64 = stream
-            self._fn._invoke(self._m.anys, self._m.n)
+            self._stream.v_int64 = stream
+            self._finish(self._sym(*self._args), self._result)

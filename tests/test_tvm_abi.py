@@ -1,0 +1,73 @@
+"""xgemm/tvm_abi.py's marshalling on a CPU: a C stand-in for an exported CuTe function
+(tests/data/tvm_abi_echo.c, built here with the system C compiler) records the TVM-FFI cells it
+receives, and they must be the DLTensor / int / float / None cells ffi/xgemm_ffi.cc sends too."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from xgemm import tvm_abi
+from xgemm.interop import ArrayView
+from xgemm.problem import Device
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def echo(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    so = tmp_path_factory.mktemp("abi") / "echo.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(HERE / "data" / "tvm_abi_echo.c")], check=True)
+    lib = ctypes.CDLL(str(so))
+    sym = lib["__tvm_ffi_func"]
+    sym.argtypes, sym.restype = tvm_abi._SAFE_CALL, ctypes.c_int
+    record = (ctypes.c_int64 * 256).in_dll(lib, "xgemm_echo")
+    return tvm_abi.CFunction(sym, lib, None), record
+
+
+def _view(ptr, shape, strides, dtype, index=1):
+    return ArrayView(None, "torch", Device("cuda", index, (9, 0)), ptr, shape, strides, dtype, 2, False)
+
+
+def _f64_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def test_generic_call_cells(echo):
+    fn, rec = echo
+    a = _view(0x1000, (3, 5), (5, 1), "bfloat16")
+    d = _view(0x2000, (2, 3, 5), (15, 1, 3), "float32")
+    fn(a, d, None, 2.5, 7, True)
+    got = list(rec[:40])
+    assert got[0] == 6
+    # DLTensor cells (type 7): data, kDLCUDA on device 1, dtype code/bits, ndim, shape, strides
+    assert got[1:12] == [7, 0x1000, 2, 1, 4, 16, 2, 3, 5, 5, 1]          # bf16: kDLBfloat, 16 bits
+    assert got[12:25] == [7, 0x2000, 2, 1, 2, 32, 3, 2, 3, 5, 15, 1, 3]  # fp32, 3-d, column strides
+    assert got[25:33] == [0, 0, 3, _f64_bits(2.5), 1, 7, 2, 1]            # None, float, int, bool
+
+
+def test_prepared_call_rewrites_pointers_and_stream(echo):
+    fn, rec = echo
+    a, b, d = (_view(p, (4, 4), (4, 1), "float16", 0) for p in (0x10, 0x20, 0x30))
+    go = fn.prepare(a, b, d, 1.0, 0).go(False)
+
+    class T:
+        def __init__(self, p):
+            self.p = p
+
+        def data_ptr(self):
+            return self.p
+    go(T(0xA0), T(0xB0), None, T(0xD0), 0x5EED)
+    got = list(rec[:60])
+    per_tensor = 1 + 6 + 4                        # type, data/dev/dtype/ndim, 2 shape, 2 strides
+    datas = [got[1 + i * per_tensor + 1] for i in range(3)]
+    assert datas == [0xA0, 0xB0, 0xD0]            # a, b and d in the prepared order
+    tail = got[1 + 3 * per_tensor:][:4]
+    assert tail == [3, _f64_bits(1.0), 1, 0x5EED]  # alpha unchanged, the stream rewritten
