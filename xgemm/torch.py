@@ -86,8 +86,9 @@ def _softmax_setup(ctx, inputs, output):
 
 def _softmax_backward(ctx, dy):
     (y,) = ctx.saved_tensors
-    y32, dy32 = y.float(), dy.float()
-    dx = y32 * (dy32 - (dy32 * y32).sum(ctx.axis, keepdim=True))
+    acc = torch.float64 if y.dtype == torch.float64 else torch.float32   # as the forward's math
+    ya, dya = y.to(acc), dy.to(acc)
+    dx = ya * (dya - (dya * ya).sum(ctx.axis, keepdim=True))
     return dx.to(y.dtype), None
 
 
