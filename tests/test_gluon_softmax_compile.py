@@ -29,6 +29,7 @@ SHORT = gs.pick_config(256, "float32", "float32", aligned=True)            # sev
 ODD = gs.pick_config(1000, "bfloat16", "float16", aligned=False)           # unaligned, mixed dtypes
 MULTI = TABLE65 if not TABLE65.online else gs.sibling(TABLE65)             # two cross-CTA reductions
 ONLINE = gs.sibling(MULTI)                                                   # one packed exchange
+MBAR = gs.mbarrier_variant(TABLE65)                                          # st.async + mbarrier exchange
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +48,9 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def compiled(cache_dir):
-    """Three representative variants, compiled once: {cfg: (CompiledKernel, Entry)}."""
+    """Representative variants, compiled once: {cfg: (CompiledKernel, Entry)}."""
     out = {}
-    for cfg in (MULTI, SHORT, ODD, ONLINE):
+    for cfg in (MULTI, SHORT, ODD, ONLINE, MBAR):
         ck = gluon_cache.compile_kernel(cfg.key)[0]
         entry = gluon_cache.lookup(cfg.key)          # compiles on first use into cache_dir
         out[cfg] = (ck, entry)
@@ -83,6 +84,50 @@ def test_online_variant_exchanges_once(compiled):
     # (max, sum) travel packed in one 64-bit word: one remote read and half the cluster barriers
     assert "ld.shared::cluster.b64" in ops and not any(o.startswith("ld.shared::cluster.b32") for o in ops)
     assert ptx.count("barrier.cluster.wait") * 2 == two.count("barrier.cluster.wait") == 4
+
+
+def _at(ptx: str, pattern: str):
+    """Line numbers of the PTX instructions matching pattern (comments and debug info dropped)."""
+    lines = [ln.split("//")[0] for ln in ptx.splitlines()]
+    return [i for i, ln in enumerate(lines) if re.search(pattern, ln)]
+
+
+def test_mbarrier_variant_exchanges_without_cluster_barrier(compiled):
+    """online=2: each warp st.async's its packed (max, sum) into every CTA, each CTA waits on its own
+    mbarrier; the only cluster barriers are the relaxed one after mbarrier.init (so that remote CTAs
+    see the barrier initialised) and the one triton puts before every multi-CTA kernel's exit."""
+    ptx = compiled[MBAR][0].asm["ptx"]
+    assert MBAR.online == 2 and MBAR.ctas == ONLINE.ctas > 1
+    assert re.search(rf"\.reqnctapercluster\s+{MBAR.ctas}\b", ptx), "cluster size not declared"
+    ops = _ops(ptx)
+    assert {o for o in ops if o.startswith(("ld.global", "st.global"))} == {"ld.global.v4.b32", "st.global.v4.b32"}
+    st_async = _at(ptx, r"st\.async\.weak\.shared::cluster\.mbarrier::complete_tx::bytes\.b64\b")
+    init = _at(ptx, r"mbarrier\.init\.shared")
+    expect = _at(ptx, r"mbarrier\.arrive\.expect_tx\.shared")
+    wait = _at(ptx, r"mbarrier\.try_wait\.parity\.shared")
+    relaxed = _at(ptx, r"barrier\.cluster\.arrive\.relaxed")
+    arrive = _at(ptx, r"barrier\.cluster\.arrive")
+    cl_wait = _at(ptx, r"barrier\.cluster\.wait")
+    st_global = _at(ptx, r"st\.global")
+    ret = _at(ptx, r"\bret;")
+    # one packed 8-byte store per lane (the packed pair), one mbarrier per CTA, one phase waited on
+    assert len(st_async) == len(init) == len(expect) == len(wait) == 1
+    # expect_tx counts every partial a CTA receives: ctas * warps of 8 bytes each
+    assert re.search(rf"expect_tx\.shared::cta\.b64\s+_,\s*\[%r\d+\],\s*{MBAR.ctas * MBAR.warps * 8};",
+                     ptx), "expect_tx bytes"
+    # the init barrier (relaxed, after mbarrier.init) and the exit barrier only: none on the row's path
+    assert len(relaxed) == 1 and init[0] < relaxed[0] < expect[0] < st_async[0] < wait[0]
+    assert len(arrive) == len(cl_wait) == 2, (arrive, cl_wait)
+    exit_arrive = [a for a in arrive if a not in relaxed]
+    assert exit_arrive[0] > max(st_global) and ret[-1] > exit_arrive[0]
+    assert not [a for a in arrive + cl_wait if st_async[0] < a < max(st_global)]
+    # no remote loads (each CTA reads its own buffer) and no layout-conversion scratch: shared is
+    # exactly the receive buffer plus the mbarrier
+    assert not any(o.startswith("ld.shared::cluster") for o in ops)
+    assert compiled[MBAR][0].metadata.shared == MBAR.block_m * MBAR.ctas * MBAR.warps * 8 + 8
+    # the two-exchange kernels need a cluster barrier between the partials and the combine
+    one = compiled[ONLINE][0].asm["ptx"]
+    assert [w for w in _at(one, r"barrier\.cluster\.wait") if w < max(_at(one, r"st\.global"))]
 
 
 def test_single_cta_variants_have_no_cluster_code(compiled):
@@ -228,11 +273,35 @@ def test_default_entries_are_distinct_and_valid():
     keys = gs.gluon_entries(siblings=False)
     assert len(keys) == len(set(keys)) == 9 * 2 * (gs.MAX_COLS.bit_length() - gs.MIN_BLOCK_N.bit_length() + 1)
     both = gs.gluon_entries()
-    assert set(keys) < set(both) and len(both) == len(set(both)) == 2 * len(keys)
+    mbar = gs.mbarrier_entries()
+    assert set(keys) < set(both) and len(both) == len(set(both)) == 2 * len(keys) + len(mbar)
+    assert set(mbar) < set(both)
     for k in both:
         cfg = gs.Config.from_key(k)
         cfg.check()
         assert cfg.elems_per_thread <= 128, k
+    # the online=2 entries: fp32 -> fp32, aligned, the BLOCK_N set and the picker's CTAS / warps
+    cfgs = [gs.Config.from_key(k) for k in mbar]
+    assert sorted(c.block_n for c in cfgs) == sorted(gs.MBARRIER_BLOCK_N)
+    for c in cfgs:
+        assert c.online == 2 and c.in_dtype == c.out_dtype == "float32" and c.align == c.vec
+        table = gs.pick_config(c.block_n, "float32", "float32", aligned=True)
+        assert c == table._replace(online=2) and table.online != 2
+
+
+def test_mbarrier_config_round_trips_and_limits():
+    cfg = gs.mbarrier_variant(gs.pick_config(262144, "bfloat16", "float16", aligned=False))
+    assert gs.Config.from_key(cfg.key) == cfg and cfg.key.endswith("-o2")
+    pol = gs.policy_of(cfg)
+    assert "mbarrier" in pol.notes
+    assert gs.config_from_policy(pol, "bfloat16", "float16", aligned=False) == cfg
+    assert gs.sibling(cfg).online == 1
+    assert len(cfg.cga) == cfg.ctas.bit_length() - 1 and all(len(b) == 5 and b[1] for b in cfg.cga)
+    # st.async needs a cluster of >= 2 CTAs; the kernel stacks no rows per cluster
+    for bad in (gs.pick_config(4096, "float32", "float32", True)._replace(online=2),
+                gs.pick_config(1024, "float32", "float32", True)._replace(online=2, ctas=2)):
+        with pytest.raises(AssertionError):
+            bad.check()
 
 
 def _problem(rows, cols, dtype="float32", strides=None, device=Device("cuda", 0, (9, 0)), major=ROW, out=None):

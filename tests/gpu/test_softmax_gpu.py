@@ -55,7 +55,8 @@ def problem_of(x, out_dtype: str) -> SoftmaxProblem:
 def xgemm_softmax(x, out=None, out_dtype=None, mode="table"):
     """softmax over the last dim through gluon_softmax's protocol; out is NaN-poisoned first.
     mode "table": the picker's config; "sibling": the same config in the other kernel (online
-    <-> two reductions), so both kernels are checked whatever the table prefers."""
+    <-> two reductions), so both kernels are checked whatever the table prefers; "mbarrier": the
+    st.async + mbarrier exchange kernel (online=2; prebuilt for fp32 -> fp32 aligned only)."""
     out_dtype = out_dtype or DT_NAME[x.dtype]
     if out is None:
         out = torch.empty(x.shape, dtype=TORCH_DT[out_dtype], device=x.device)
@@ -66,6 +67,8 @@ def xgemm_softmax(x, out=None, out_dtype=None, mode="table"):
     pol = gs.KERNEL.policy(p)
     if mode == "sibling":
         pol = gs.policy_of(gs.sibling(gs.config_from_policy(pol, DT_NAME[x.dtype], out_dtype, aligned=True)))
+    elif mode == "mbarrier":
+        pol = gs.policy_of(gs.mbarrier_variant(gs.config_from_policy(pol, DT_NAME[x.dtype], out_dtype, aligned=True)))
     gs.KERNEL.run(p, pol, (view(x),), view(out), torch.cuda.current_stream().cuda_stream)
     return out
 
@@ -135,6 +138,44 @@ def test_row_strides_and_offsets(cols, mode):
     assert (outbuf[:, :4] == 7).all() and (outbuf[:, 4 + cols:] == 7).all(), "wrote outside out"
     x3 = randn(6, 7 * cols, "float32", seed=4).view(6, 7, cols)   # batch dims collapse to rows
     check(xgemm_softmax(x3, mode=mode), x3, "3-d")
+
+
+# online=2 (unmeasured kernel): the prebuilt set is fp32 -> fp32 aligned, BLOCK_N 32768 ... 262144
+MBAR_LENGTHS = [32768, 40000, 65536, 100000, 131072, 200000, 262144]
+
+
+@pytest.mark.parametrize("cols", MBAR_LENGTHS)
+def test_mbarrier_kernel(cols):
+    assert cols % 4 == 0 and max(gs.MIN_BLOCK_N, 1 << (cols - 1).bit_length()) in gs.MBARRIER_BLOCK_N
+    rows = max(3, min(2048, (1 << 22) // cols)) | 1       # several clusters, odd count
+    x = randn(rows, cols, "float32", seed=7)
+    check(xgemm_softmax(x, mode="mbarrier"), x, f"{rows}x{cols} mbarrier")
+    # padded rows (32-byte offset, still aligned), an output with its own row stride, stride-0 rows
+    base = randn(37, cols + 24, "float32", seed=8)
+    x = base[:, 8:8 + cols]
+    check(xgemm_softmax(x, mode="mbarrier"), x, "padded rows mbarrier")
+    outbuf = torch.full((37, cols + 40), 7.0, device="cuda")
+    out = outbuf[:, 4:4 + cols]
+    check(xgemm_softmax(x, out=out, mode="mbarrier"), x, "strided out mbarrier")
+    assert (outbuf[:, :4] == 7).all() and (outbuf[:, 4 + cols:] == 7).all(), "wrote outside out"
+    x = base[:5, :cols].clone()[2:3].expand(37, cols)
+    check(xgemm_softmax(x, mode="mbarrier"), x, "stride-0 rows mbarrier")
+    # special values, as test_special_values
+    inf, nan = float("inf"), float("nan")
+    x = randn(8, cols, "float32", seed=9)
+    x[0] = -inf
+    x[1, 0] = inf
+    x[2, cols // 2] = nan
+    x[3, : cols // 2] = -inf                 # whole CTAs' slices -inf: their partials are (-inf, 0)
+    x[3, -1] = 0.0
+    x[4] = 0.0
+    x[4, -1] = 1e4
+    x[5] = torch.linspace(-60000, 60000, cols)
+    x[6] = -1e30
+    y = xgemm_softmax(x, mode="mbarrier")
+    check(y, x, f"specials mbarrier {cols}")
+    assert torch.isnan(y[:3]).all() and not torch.isnan(y[3:]).any()
+    assert (y[3, : cols // 2] == 0).all()
 
 
 def test_uncollapsible_leading_dims_decline():

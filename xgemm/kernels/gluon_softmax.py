@@ -25,7 +25,7 @@ Design (from triton's python/tutorials/gluon/14-multicta.py multi-CTA softmax)
   BLOCK_N is cols rounded up to a power of two (the tail is masked with -inf, which exp maps to 0);
   short rows stack BLOCK_M rows per CTA so every CTA moves 32-64 KB. Rows, cols and strides are
   runtime arguments: one cubin serves a whole config class (dtypes x BLOCK_N x alignment x config).
-  Two kernels:
+  Three kernels:
   - xgemm_softmax (online=0): [BLOCK_M, BLOCK_N] tile, gl.max then gl.sum along the row; each
     reduces in-warp (shuffles), across warps (shared memory) and, when CTAS > 1, across the
     cluster (distributed shared memory: mapa + ld.shared::cluster + barrier.cluster): 4 cluster
@@ -33,6 +33,18 @@ Design (from triton's python/tutorials/gluon/14-multicta.py multi-CTA softmax)
   - xgemm_softmax_online (online=1): [BLOCK_M, CTAS, SLICE] tile; each CTA reduces its slice to
     (max, sum of exp(x - max)), packs the pair into one int64 and a single cross-CTA gl.reduce
     with the online-softmax combine finishes the row: 2 cluster barriers. Chosen for clusters.
+  - xgemm_softmax_mbarrier (online=2; UNMEASURED ON A GPU, compile-checked only; for --tune, not
+    in the picker's table): quack's exchange. [1, CTAS, R, warps, 32 * VEC] tile (the same
+    16-byte accesses); each warp reduces its part to a packed (max, sum) with shuffles only, lane
+    d of every warp st.async's it (st.async...mbarrier::complete_tx::bytes) into CTA d's buffer
+    [1, 1, CTAS, warps] and each CTA waits on its own mbarrier (arrive.expect_tx of
+    CTAS * warps * 8 bytes, try_wait), then combines the CTAS * warps partials in-warp. No
+    cluster barrier between the partials and the combine; the cluster barriers left are the
+    relaxed one triton inserts after mbarrier.init (placed after the x loads are issued, so it
+    overlaps them) and the one it puts before the exit of every multi-CTA kernel. The kernel is
+    not persistent, so both still come once per row block (per CTA). 3 bar.sync (triton's
+    shared-memory hazard analysis around init / expect / st.async). Prebuilt for fp32 -> fp32
+    aligned, BLOCK_N 32768 ... 262144 (MBARRIER_BLOCK_N); any other config compiles on demand.
   Tried and dropped (H200, 2026-11-29): a persistent grid-stride variant that issued the next
   row block's loads before reducing the current one was 5-80% slower at every size -- the
   barriers (bar.sync / barrier.cluster.arrive, release semantics) wait for those loads.
@@ -54,7 +66,10 @@ benchmarks/results/softmax-h200.md has every candidate):
     524288         16    8      1                 1       128           (not swept)    = non-portable
 Why: single-CTA rows run at copy speed with either kernel; in a cluster every row pays cluster
 barriers, so fewer warps (more CTAs resident per SM to overlap them) and the one-exchange kernel
-win. Rows >= 64K still trail the copy (0.92x / 0.86x) and quack's mbarrier-based exchange.
+win. Rows >= 64K still trail the copy (0.92x / 0.86x) and quack's mbarrier-based exchange, whose
+exchange online=2 follows (quack also stages x through shared memory with cp.async, and its exit
+has no cluster barrier; online=2 keeps x in registers). Not yet timed: benchmarks/softmax.py
+--tune has its candidates.
 VEC is 16 bytes / input itemsize (4 for fp32, 8 for 16-bit): one 128-bit access per chunk.
 """
 from __future__ import annotations
@@ -109,7 +124,9 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
     vec      contiguous elements per thread per access (16 bytes of input)
     align    divisibility (elements) promised for cols and row strides; 1 = none
     online   1: each CTA reduces its slice to (max, sum of exp) and one exchange of the packed pair
-             finishes the row (2 cluster barriers a row instead of 4); 0: two cross-CTA reductions
+             finishes the row (2 cluster barriers a row instead of 4); 0: two cross-CTA reductions;
+             2: every warp st.async's its packed pair into every CTA's buffer and each CTA waits on
+             its own mbarrier (no cluster barrier per row; needs ctas >= 2, block_m == 1)
     """
     __slots__ = ()
 
@@ -141,6 +158,9 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
         # log2(ctas) bases, each doubling the CTA's column slice: CTA r owns columns
         # [r * cols_per_cta, (r + 1) * cols_per_cta). Built on the host, passed as a constexpr.
         # The online kernel views a row as [ctas, cols_per_cta]: the CTA bits go on that dim.
+        # The mbarrier kernel views it as [block_m, ctas, r, warps, 32 * vec] (CTA bits on dim 1).
+        if self.online == 2:
+            return tuple((0, 1 << i, 0, 0, 0) for i in range(self.ctas.bit_length() - 1))
         if self.online:
             return tuple((0, 1 << i, 0) for i in range(self.ctas.bit_length() - 1))
         return tuple((0, 1 << i) for i in range(self.ctas.bit_length() - 1))
@@ -171,7 +191,11 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
         assert self.in_dtype in DTYPES and self.out_dtype in DTYPES, self
         assert all(pow2(v) for v in (self.block_n, self.block_m, self.warps, self.ctas, self.vec)), self
         assert self.ctas <= MAX_CLUSTER and self.warps <= 16 and self.cols_per_cta >= self.vec, self
-        assert self.align in (1, self.vec) and self.online in (0, 1), self
+        assert self.align in (1, self.vec) and self.online in (0, 1, 2), self
+        if self.online == 2:
+            # one row per cluster, lanes and warps all along the row, >= 2 CTAs (st.async needs a
+            # cluster) and at most 32 (lane d sends to CTA d)
+            assert self.ctas >= 2 and self.block_m == 1 and self.tpw_n == 32 and self.wpc_m == 1, self
         assert self.block_m >= self.tpw_m * self.wpc_m, f"{self}: layout would replicate rows"
         assert self.cols_per_cta >= self.vec * self.tpw_n * self.wpc_n, f"{self}: layout would replicate columns"
 
@@ -203,12 +227,21 @@ def _fit(cfg: Config) -> Config:
 
 
 def sibling(cfg: Config) -> Config:
-    """The same config in the other kernel (online <-> two-reduction); both are in the cache."""
-    return cfg._replace(online=1 - cfg.online)
+    """The same config in the other kernel (online <-> two-reduction); both are in the cache.
+    The mbarrier kernel's sibling is the online one."""
+    return cfg._replace(online=1 if cfg.online == 2 else 1 - cfg.online)
+
+
+def mbarrier_variant(cfg: Config) -> Config:
+    """The same config in the mbarrier-exchange kernel (online=2)."""
+    return cfg._replace(online=2)
+
+
+ONLINE_NOTES = {0: (), 1: ("online",), 2: ("online", "mbarrier")}
 
 
 def policy_of(cfg: Config) -> Policy:
-    notes = (f"vec {cfg.vec}", f"{cfg.elems_per_thread} elems/thread") + (("online",) if cfg.online else ())
+    notes = (f"vec {cfg.vec}", f"{cfg.elems_per_thread} elems/thread") + ONLINE_NOTES[cfg.online]
     return Policy(tile=(cfg.block_m, cfg.block_n), warps=cfg.warps, ctas_per_row=cfg.ctas, cluster=(cfg.ctas, 1),
                   notes=notes)
 
@@ -217,7 +250,12 @@ def config_from_policy(policy: Policy, in_dtype: str, out_dtype: str, aligned: b
     block_m, block_n = policy.tile
     vec = 16 // _ITEMSIZE[in_dtype]
     return _fit(Config(in_dtype, out_dtype, block_n, block_m, policy.warps, policy.ctas_per_row, vec,
-                       vec if aligned else 1, 1 if "online" in policy.notes else 0))
+                       vec if aligned else 1, online_of_notes(policy.notes)))
+
+
+def online_of_notes(notes) -> int:
+    """Config.online from Policy.notes (policy_of's ONLINE_NOTES)."""
+    return 2 if "mbarrier" in notes else 1 if "online" in notes else 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,9 +263,12 @@ def config_from_policy(policy: Policy, in_dtype: str, out_dtype: str, aligned: b
 # ----------------------------------------------------------------------------------------------
 
 def _define_kernels():
-    """(two-reduction kernel, online kernel): the Gluon sources, imported only to compile."""
+    """(two-reduction, online, mbarrier-exchange kernel), indexed by Config.online: the Gluon
+    sources, imported only to compile."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia import hopper
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
     @gluon.jit
     def xgemm_softmax(x_ptr, y_ptr, n_rows, n_cols, x_row_stride, y_row_stride,
@@ -306,7 +347,82 @@ def _define_kernels():
         gl.store(y_ptr + (rows64 * y_row_stride)[:, None, None] + cols,
                  (e * scale[:, :, None]).to(y_ptr.dtype.element_ty), mask=mask)
 
-    return xgemm_softmax, xgemm_softmax_online
+    @gluon.jit
+    def xgemm_softmax_mbarrier(x_ptr, y_ptr, n_rows, n_cols, x_row_stride, y_row_stride,
+                               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, VEC: gl.constexpr,
+                               TPW_M: gl.constexpr, TPW_N: gl.constexpr, WPC_M: gl.constexpr,
+                               WPC_N: gl.constexpr, CTAS: gl.constexpr, CGA: gl.constexpr,
+                               CGA_SEND: gl.constexpr, CGA_BUF: gl.constexpr):
+        # quack's exchange: every warp reduces its part of the row to a packed (max, sum) with
+        # shuffles only, and lane d of each warp st.async's it into CTA d's buffer, completing
+        # bytes on CTA d's mbarrier; each CTA waits on its own mbarrier, then combines all
+        # CTAS * WPC_N partials in-warp. No bar.sync / barrier.cluster carries row data.
+        # Row block [BLOCK_M, CTAS, R, WPC_N, 32 * VEC]: CTA c owns dim 1 = c (CGA), warp w dim 3,
+        # lane l dim 4 (VEC each); column = ((c * R + r) * WPC_N + w) * 32 * VEC + l, the same
+        # 16-byte accesses as the other kernels (a warp's access covers 512 contiguous bytes).
+        W: gl.constexpr = WPC_N
+        LW: gl.constexpr = 32 * VEC
+        SLICE: gl.constexpr = BLOCK_N // CTAS
+        R: gl.constexpr = SLICE // (W * LW)
+        LOG2E: gl.constexpr = 1.4426950408889634
+        lx: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, VEC], [1, 1, 1, 1, 32], [1, 1, 1, W, 1], [4, 3, 2, 1, 0],
+                                            cga_layout=CGA)
+        l4: gl.constexpr = gl.SliceLayout(4, lx)            # [M, C, R, W]
+        # [M, C, W], one partial per warp: r reduced first (in-thread), then the lanes (5 shuffles)
+        lp: gl.constexpr = gl.SliceLayout(3, gl.SliceLayout(2, lx))
+        l2: gl.constexpr = gl.SliceLayout(2, lp)            # [M, C]: per row and CTA
+        # 1-D index layouts, sliced in the order x[None, ...] re-expands them
+        rows = gl.program_id(0) * BLOCK_M + gl.arange(
+            0, BLOCK_M, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
+        c_i = gl.arange(0, CTAS, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
+        r_i = gl.arange(0, R, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, l4))))
+        w_i = gl.arange(0, W, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, l4))))
+        l_i = gl.arange(0, LW, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, lx)))))
+        cols = (c_i * SLICE)[None, :, None, None, None] + (r_i * (W * LW))[None, None, :, None, None] + \
+            (w_i * LW)[None, None, None, :, None] + l_i[None, None, None, None, :]
+        mask = (rows < n_rows)[:, None, None, None, None] & (cols < n_cols)
+        rows64 = rows.to(gl.int64)
+        # The loads go out first; the mbarrier init below (and the cluster barrier the compiler
+        # adds after it, so that remote CTAs see it initialised) overlaps them.
+        x = gl.load(x_ptr + (rows64 * x_row_stride)[:, None, None, None, None] + cols, mask=mask,
+                    other=-float("inf")).to(gl.float32)
+
+        # Receive buffer [CTAS (dest CTA), BLOCK_M, CTAS (source CTA), W]; CGA_BUF puts dim 0 on
+        # the CTAs, so each CTA holds its [1, BLOCK_M, CTAS, W] slice. One mbarrier per CTA.
+        buf_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0], cga_layout=CGA_BUF)
+        buf = gl.allocate_shared_memory(gl.int64, [CTAS, BLOCK_M, CTAS, W], buf_l)
+        bar = mbarrier.allocate_mbarrier()
+        mbarrier.init(bar, count=1)
+        # arrive.expect_tx: the phase completes once BLOCK_M * CTAS * W partials (8 B each) land
+        mbarrier.expect(bar, BLOCK_M * CTAS * W * 8)
+
+        m_w = gl.max(gl.max(x, axis=2), axis=3)             # [M, C, W]
+        shift = gl.where(m_w == -float("inf"), 0.0, m_w)    # all -inf part: sum 0, not NaN
+        e = gl.exp2((x - gl.expand_dims(gl.expand_dims(shift, 3), 2)) * LOG2E)
+        s_w = gl.sum(gl.sum(e, axis=2), axis=3)
+        part = _pack(m_w, s_w)
+
+        # Send layout [CTAS (dest), BLOCK_M, CTAS (source), W]: lane d -> CTA d (lanes past CTAS
+        # replicate and are predicated off by the lowering), warp w, source CTA from CGA_SEND.
+        ls: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [CTAS, 32 // CTAS, 1, 1], [1, 1, 1, W], [0, 1, 2, 3],
+                                            cga_layout=CGA_SEND)
+        part = gl.convert_layout(part, gl.SliceLayout(0, ls))
+        send = part[None, :, :, :] + gl.zeros([CTAS, BLOCK_M, CTAS, W], gl.int64, ls)
+        hopper.async_store(buf, send, bar)
+        mbarrier.wait(bar, 0, deps=[buf])
+
+        # Every warp reads this CTA's whole slice (warps replicate) and combines in-warp.
+        TW: gl.constexpr = W if W < 32 else 32
+        lr: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 32 // TW, TW], [W, 1, 1, 1], [3, 2, 1, 0],
+                                            cga_layout=CGA_BUF)
+        got = buf.load(lr)
+        tot = gl.reduce(gl.reduce(got, 3, _online_combine), 2, _online_combine)     # [CTAS, M]
+        m_row, s_row = _unpack(gl.convert_layout(gl.permute(tot, (1, 0)), l2))       # [M, C]
+        scale = gl.exp2((m_w - m_row[:, :, None]) * LOG2E) / s_row[:, :, None]
+        gl.store(y_ptr + (rows64 * y_row_stride)[:, None, None, None, None] + cols,
+                 (e * gl.expand_dims(gl.expand_dims(scale, 3), 2)).to(y_ptr.dtype.element_ty), mask=mask)
+
+    return xgemm_softmax, xgemm_softmax_online, xgemm_softmax_mbarrier
 
 
 # The non-constexpr parameters, in order (the cubin adds two scratch pointers after them).
@@ -323,6 +439,12 @@ def gluon_compile_args(key: str, arch: str):
            "n_cols": "i32", "x_row_stride": "i64", "y_row_stride": "i64"}
     constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "VEC": cfg.vec, "TPW_M": cfg.tpw_m,
                   "TPW_N": cfg.tpw_n, "WPC_M": cfg.wpc_m, "WPC_N": cfg.wpc_n, "CTAS": cfg.ctas, "CGA": cfg.cga}
+    if cfg.online == 2:
+        # [dest, block_m, source, warps]: the sent tensor has the CTA bits on the source dim,
+        # the receive buffer (and its loads) on the destination dim
+        bits = range(cfg.ctas.bit_length() - 1)
+        constexprs["CGA_SEND"] = tuple((0, 0, 1 << i, 0) for i in bits)
+        constexprs["CGA_BUF"] = tuple((1 << i, 0, 0, 0) for i in bits)
     sig.update({k: "constexpr" for k in constexprs})
     attrs = {}
     if cfg.align > 1:
@@ -338,7 +460,8 @@ def gluon_compile_args(key: str, arch: str):
 def gluon_entries(arch: str = "sm_90a", siblings: bool = True) -> List[str]:
     """The entry keys the AOT build makes: every dtype pair x every BLOCK_N x aligned/unaligned,
     and (siblings=True) each config in both kernels, so a policy may pick either without a
-    compiler (the GPU tests run both): 576 cubins, ~27 MB (~2.7 MB as .tar.xz)."""
+    compiler (the GPU tests run both): 576 cubins, ~27 MB (~2.7 MB as .tar.xz); with them the
+    mbarrier-exchange variants (MBARRIER_BLOCK_N, fp32 -> fp32, aligned) for tuning."""
     keys = []
     for i in DTYPES:
         for o in DTYPES:
@@ -350,7 +473,18 @@ def gluon_entries(arch: str = "sm_90a", siblings: bool = True) -> List[str]:
                     if siblings:
                         keys.append(sibling(cfg).key)
                 block_n *= 2
+    if siblings:
+        keys += mbarrier_entries()
     return keys
+
+
+# online=2 is unmeasured: only these configs are prebuilt (the picker's CTAS / warps per BLOCK_N)
+MBARRIER_BLOCK_N = (32768, 65536, 131072, 262144)
+
+
+def mbarrier_entries() -> List[str]:
+    """Cache keys of the mbarrier-exchange variants built by default (fp32 -> fp32, aligned)."""
+    return [mbarrier_variant(pick_config(n, "float32", "float32", True)).key for n in MBARRIER_BLOCK_N]
 
 
 # ----------------------------------------------------------------------------------------------
