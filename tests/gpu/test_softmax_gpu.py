@@ -144,6 +144,9 @@ def test_row_strides_and_offsets(cols, mode):
 MBAR_LENGTHS = [32768, 40000, 65536, 100000, 131072, 200000, 262144]
 
 
+# Opt-in until it has run once: a wrong mbarrier byte count would hang the GPU run, not fail it.
+@pytest.mark.skipif(os.environ.get("XGEMM_TEST_MBARRIER") != "1",
+                    reason="online=2 prototype not yet run on a GPU: set XGEMM_TEST_MBARRIER=1 (alone, with a timeout)")
 @pytest.mark.parametrize("cols", MBAR_LENGTHS)
 def test_mbarrier_kernel(cols):
     assert cols % 4 == 0 and max(gs.MIN_BLOCK_N, 1 << (cols - 1).bit_length()) in gs.MBARRIER_BLOCK_N
