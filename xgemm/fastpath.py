@@ -8,8 +8,8 @@ everything they depend on: shape, strides, dtype, device and 16-byte alignment c
 operand, alpha/beta, the forced kernel. Anything else (other frameworks, out=, autograd,
 torch.compile) misses.
 
-A hit allocates the result and launches. Where the kernel can bind a signature (a `bind`
-method, or a binder here for kernels whose file must not change), everything its run() derives
+A hit allocates the result and launches. Where the kernel can bind a signature (its `bind`
+method, the kernel protocol's optional fourth method), everything its run() derives
 from the problem -- launch configuration, compiled function, scalars, strides -- is resolved
 once at store time into `go(arrays..., stream)`, and a hit passes only the framework arrays and
 the raw stream: no ArrayView, no run(). The result's 16-byte alignment class is part of what
@@ -137,7 +137,7 @@ def softmax_hit(key: tuple, x: Any) -> Optional[Any]:
     kernel.run(problem, pol, (view(x.reshape(rows, cols)),), view(result.view(rows, cols)), stream(index))
     if go is None and align == _UNBOUND:
         # bound on the first hit, which has the caller's x (store time sees only its reshape)
-        go = _bind(_SOFTMAX_BINDERS.get(kernel.name), kernel, problem, pol, x, result)
+        go = _bind(_bind_softmax, kernel, problem, pol, x, result)
         if key in _softmax:
             _softmax[key] = entry[:7] + (go, result.data_ptr() & 15 if go is not None else _NEVER) + entry[9:]
     return result
@@ -156,38 +156,18 @@ def softmax_store(key: tuple, prep: Any) -> None:
 _UNBOUND, _NEVER = -1, -2       # softmax entries' align before binding / when it cannot bind
 
 
-def _bind_gluon_softmax(kernel: Any, problem: Any, pol: Any, x: Any, result: Any) -> Optional[Callable]:
-    """gluon_softmax's run() resolved for one signature (that file is part of its cubin cache
-    key, so its binder lives here): the same strides, alignment test and launcher as run()."""
-    rows, cols = problem.rows, problem.cols
-    if rows == 0 or cols == 0:
+def _bind_softmax(kernel: Any, problem: Any, pol: Any, x: Any, result: Any) -> Optional[Callable]:
+    """The kernel's bind() on the (rows, cols) views run() gets: go(x, y, stream) on the caller's
+    tensors (their reshape to rows x cols is the same view on every hit of this signature)."""
+    binder = getattr(kernel, "bind", None)
+    if binder is None or problem.rows == 0 or problem.cols == 0:
         return None
     try:
-        xv, yv = x.view(rows, cols), result.view(rows, cols)   # a hit's reshape is then this view
+        xv, yv = x.view(problem.rows, problem.cols), result.view(problem.rows, problem.cols)
     except RuntimeError:
         return None
     view = interop._view_torch
-    xa, ya = view(xv), view(yv)
-    xst, yst = xa.strides, ya.strides
-    if not (xst[1] == 1 and yst[1] == 1 or cols == 1):
-        return None                     # run() decides (and raises) for these
-    xs, ys = xst[0], yst[0]
-    if rows == 1:
-        xs = ys = 0
-    aligned = not ((xa.ptr | ya.ptr) & 15) and not ((cols | xs | ys) & (16 // xa.itemsize - 1))
-    lkey = (pol.tile, pol.warps, pol.ctas_per_row, pol.notes, xa.dtype, ya.dtype, aligned, xa.device.index)
-    prepared = kernel._launchers.get(lkey)
-    if prepared is None:
-        prepared = kernel._prepare(lkey, pol, xa.dtype, ya.dtype, aligned, xa.device.index)
-    launcher, block_m = prepared
-    grid = (rows + block_m - 1) // block_m
-
-    def go(x: Any, y: Any, stream: int) -> None:
-        launcher(grid, stream, x.data_ptr(), y.data_ptr(), rows, cols, xs, ys)
-    return go
-
-
-_SOFTMAX_BINDERS = {"gluon_softmax": _bind_gluon_softmax}
+    return binder(problem, pol, (view(xv),), view(yv))
 
 
 def clear() -> None:

@@ -5,6 +5,9 @@ A kernel is any object with
     supports(problem) -> None | str      None accepts; a string is the reason it declines
     policy(problem) -> Policy            tile/stages/cluster/... for this problem
     run(problem, policy, operands, out, stream) -> None
+and optionally
+    bind(problem, policy, operands, out) -> go | None   run() resolved for one signature, for
+                                         fastpath.py's repeat calls (go takes torch tensors + stream)
 and is registered here by "module:attribute" so that nothing is imported until a problem
 asks (import xgemm stays light). The embedded default (kernels/reference.py) is last and
 accepts every problem, so a problem no GPU kernel takes still gets a right answer.

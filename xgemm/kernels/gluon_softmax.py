@@ -561,10 +561,30 @@ class GluonSoftmax:
 
     # -- run -----------------------------------------------------------------------------------
     def run(self, problem, policy, operands, out, stream) -> None:
-        x = operands[0]
+        resolved = self._resolve(problem, policy, operands[0], out)
+        if resolved is not None:
+            launcher, grid, xs, ys = resolved
+            launcher(grid, stream, operands[0].ptr, out.ptr, problem.rows, problem.cols, xs, ys)
+
+    def bind(self, problem, policy, operands, out):
+        """run() resolved for this signature (shapes, strides, dtypes, 16-byte class):
+        go(x, y, stream) on torch tensors laid out as operands[0] / out launches what run()
+        would (xgemm/fastpath.py's repeat calls). None for an empty problem."""
+        resolved = self._resolve(problem, policy, operands[0], out)
+        if resolved is None:
+            return None
+        launcher, grid, xs, ys = resolved
+        rows, cols = problem.rows, problem.cols
+
+        def go(x, y, stream: int) -> None:
+            launcher(grid, stream, x.data_ptr(), y.data_ptr(), rows, cols, xs, ys)
+        return go
+
+    def _resolve(self, problem, policy, x, out):
+        """(launcher, grid, x row stride, y row stride), or None for an empty problem."""
         rows, cols = problem.rows, problem.cols
         if rows == 0 or cols == 0:
-            return
+            return None
         xst, yst = x.strides, out.strides
         if len(xst) == 2 and len(yst) == 2 and (xst[1] == 1 and yst[1] == 1 or cols == 1):
             xs, ys = xst[0], yst[0]             # the API's (rows, cols) views: the common case
@@ -587,7 +607,7 @@ class GluonSoftmax:
         if prepared is None:
             prepared = self._prepare(lkey, policy, x.dtype, out.dtype, aligned, x.device.index)
         launcher, block_m = prepared
-        launcher((rows + block_m - 1) // block_m, stream, x.ptr, out.ptr, rows, cols, xs, ys)
+        return launcher, (rows + block_m - 1) // block_m, xs, ys
 
     def _prepare(self, lkey, policy, in_dtype, out_dtype, aligned, device_index):
         from .. import gluon_cache, launch
