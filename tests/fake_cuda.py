@@ -104,15 +104,10 @@ class Fake:
 
     # -- the Gluon side: a driver whose module loading and launch are stubs ---------------------
     def _make_driver(self):
-        import contextlib
         from xgemm import driver as real
         fake = types.SimpleNamespace(**{k: v for k, v in vars(real).items() if k.isupper()})
         fake.launch_config, fake.check, fake.CudaError = real.launch_config, real.check, real.CudaError
-        fake.current_context = lambda device: contextlib.nullcontext()
-        fake.module_load = lambda cubin, what="": "module"
-        fake.module_function = lambda module, name: name
-        fake.set_function_attribute = lambda func, attribute, value, what="": None
-        fake.function_attribute = lambda func, attribute: 0
+        fake.load_kernel = lambda cubin, name, device, shared, cluster=1: real.LoadedKernel("module", name, 0, 0)
         fake.launcher = lambda: self._launch
         return fake
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 from .errors import XgemmError
 
@@ -223,6 +223,29 @@ def function_attribute(func: int, attribute: int) -> int:
     v = _I()
     check(_fn("cuFuncGetAttribute")(ctypes.byref(v), attribute, func), f"cuFuncGetAttribute({attribute})")
     return v.value
+
+
+class LoadedKernel(NamedTuple):
+    module: int
+    func: int
+    num_regs: int
+    local_bytes: int
+
+
+def load_kernel(cubin: bytes, name: str, device: int, shared: int, cluster: int = 1) -> LoadedKernel:
+    """Kernel `name` of a cubin, loaded into the device's primary context (hold the result for the
+    process) and opted into what its launches need: dynamic shared memory above the 48 KB default,
+    and a non-portable cluster size (> 8 CTAs)."""
+    with current_context(device):
+        module = module_load(cubin, name)
+        func = module_function(module, name)
+        if shared > 48 * 1024:
+            set_function_attribute(func, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared,
+                                   f"{name} needs {shared} bytes")
+        if cluster > 8:
+            set_function_attribute(func, FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, name)
+        return LoadedKernel(module, func, function_attribute(func, FUNC_ATTRIBUTE_NUM_REGS),
+                            function_attribute(func, FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES))
 
 
 def launcher():

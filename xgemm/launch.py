@@ -101,17 +101,8 @@ class Launcher:
         self._ptrs = (ctypes.c_void_p * len(params))(*[base + _SLOT * i for i in range(len(params))])
         self._params_addr = ctypes.addressof(self._ptrs)
 
-        with d.current_context(device):
-            self._module = d.module_load(cubin, self.name)
-            self._func = d.module_function(self._module, self.name)
-            if self.shared > 48 * 1024:
-                d.set_function_attribute(self._func, d.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared,
-                                         f"{self.name} needs {self.shared} bytes")
-            if self.num_ctas > 8:
-                d.set_function_attribute(self._func, d.FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
-                                         self.name)
-            self.num_regs = d.function_attribute(self._func, d.FUNC_ATTRIBUTE_NUM_REGS)
-            self.local_bytes = d.function_attribute(self._func, d.FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+        self._module, self._func, self.num_regs, self.local_bytes = d.load_kernel(
+            cubin, self.name, device, self.shared, self.num_ctas)
 
         self._config = d.launch_config(32 * self.num_warps, self.shared, self.num_ctas)
         self._config_ref = ctypes.byref(self._config)

@@ -457,12 +457,7 @@ class _Launcher:
         base = (ctypes.addressof(self._buf) + 63) // 64 * 64      # maps need 64-byte alignment
         self._base = base
         self._ptrs = (ctypes.c_void_p * len(self.slots))(*[base + o for o, _ in self.slots])
-        with d.current_context(device):
-            self._module = d.module_load(cubin, self.name)
-            self._func = d.module_function(self._module, self.name)
-            if self.shared > 48 * 1024:
-                d.set_function_attribute(self._func, d.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared,
-                                         self.name)
+        self._module, self._func = d.load_kernel(cubin, self.name, device, self.shared, self.num_ctas)[:2]
         self._config = d.launch_config(32 * int(meta["num_warps"]), self.shared, self.num_ctas, spread=False)
         self._config_ref = ctypes.byref(self._config)
         self._launch, self._check = d.launcher(), d.check
