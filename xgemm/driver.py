@@ -158,11 +158,18 @@ def device(index: int) -> int:
     return dev.value
 
 
+_attributes: Dict[Tuple[int, int], int] = {}
+
+
 def device_attribute(attribute: int, index: int) -> int:
-    v = _I()
-    check(_fn("cuDeviceGetAttribute")(ctypes.byref(v), attribute, device(index)), "cuDeviceGetAttribute",
-          f"attribute {attribute} of device {index}")
-    return v.value
+    """A device attribute (they never change: cached per process)."""
+    value = _attributes.get((attribute, index))
+    if value is None:
+        v = _I()
+        check(_fn("cuDeviceGetAttribute")(ctypes.byref(v), attribute, device(index)), "cuDeviceGetAttribute",
+              f"attribute {attribute} of device {index}")
+        value = _attributes[(attribute, index)] = v.value
+    return value
 
 
 def capability(index: int) -> Tuple[int, int]:

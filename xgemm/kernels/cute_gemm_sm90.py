@@ -728,9 +728,8 @@ def _as_kernel_arg(v, L: int, rows: int, cols: int):
     return x[(0,) * (nd - 2)]
 
 
-@functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
-    from ..driver import sm_count
+    from ..driver import sm_count            # cached there
     return sm_count(device_index)
 
 

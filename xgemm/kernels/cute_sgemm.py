@@ -639,16 +639,10 @@ _sm_counts: dict = {}
 
 def _num_sms(index: int) -> int:
     if index not in _sm_counts:
-        count = 0
         try:
-            import sys
-            torch = sys.modules.get("torch")     # already loaded by a torch caller: no driver query
-            if torch is not None and torch.cuda.is_initialized():
-                count = torch.cuda.get_device_properties(index).multi_processor_count
-            else:
-                from ..driver import sm_count
-                count = sm_count(index)
-        except Exception:  # noqa: BLE001 - the table's default machine
+            from ..driver import sm_count
+            count = sm_count(index)
+        except Exception:  # noqa: BLE001 - no driver: the table's default machine
             count = 0
         _sm_counts[index] = int(count) or _NUM_SMS_DEFAULT
     return _sm_counts[index]

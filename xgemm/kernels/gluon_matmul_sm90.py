@@ -489,7 +489,6 @@ class GluonMatmulSm90:
     def __init__(self):
         self._availability: Dict[str, Optional[str]] = {}
         self._launchers: Dict[tuple, tuple] = {}
-        self._sms: Dict[int, int] = {}
 
     def supports(self, problem) -> Optional[str]:
         dev = problem.device
