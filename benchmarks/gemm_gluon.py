@@ -39,16 +39,6 @@ def impl_gluon(x: "tc.Inputs", pol=None, name: str = "xgemm"):
     return call, pol.summary()
 
 
-def impl_cute(x: "tc.Inputs"):
-    """The CuTe kernel the dispatch table puts first, through xgemm.matmul (the policy's pick)."""
-    import xgemm
-
-    def call(i):
-        j = i % x.sets
-        xgemm.matmul(x.a[j], x.b[j], out=x.out("xgemm:cute_gemm_sm90", i))
-    return call, str(xgemm.explain(x.a[0], x.b[0])).replace("\n", " | ")
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=",".join("x".join(map(str, t)) for t in tc.SHAPES))
@@ -65,7 +55,7 @@ def main(argv=None):
             m, n, k = (int(v) for v in s.split("x"))
             x = tc.Inputs(m, n, k, dtype)
             impls = {"cublas": tc.impl_cublas(x), "quack": tc.impl_quack(x), "xgemm": impl_gluon(x),
-                     "xgemm:cute_gemm_sm90": impl_cute(x)}
+                     "xgemm:cute_gemm_sm90": tc.impl_xgemm(x, "xgemm:cute_gemm_sm90")}   # the table's pick
             if args.all_configs:    # every built tile config, as "xgemm:<policy summary>"
                 from xgemm.kernels import gluon_matmul_sm90 as gm
                 prob = tc._problem(x.a[0], x.b[0], x.out("xgemm", 0))[0]

@@ -146,12 +146,13 @@ def impl_cublas(x: Inputs):
     return call, "torch.matmul"
 
 
-def impl_xgemm(x: Inputs):
+def impl_xgemm(x: Inputs, name: str = "xgemm"):
+    """xgemm.matmul: the dispatch table's pick (`name` keys its output buffers)."""
     import xgemm
 
     def call(i):
         j = i % x.sets
-        xgemm.matmul(x.a[j], x.b[j], out=x.out("xgemm", i))
+        xgemm.matmul(x.a[j], x.b[j], out=x.out(name, i))
     plan = xgemm.explain(x.a[0], x.b[0])
     return call, str(plan).replace("\n", " | ")
 
