@@ -95,13 +95,12 @@ def _named(mesh, dims: Sequence[Axes]) -> NamedSharding:
 K_SHARD_ROWS = None
 
 
-def k_shard_row_block(m: int, n: int, acc_itemsize: int) -> int:
+def k_shard_row_block(m: int) -> int:
     """Rows of A per GEMM + all-reduce block when K is sharded. Cutting the local product into
     row blocks lets XLA run block i's (async) all-reduce under block i+1's GEMM. Off by default:
     on nvidia-h200-x2 the unsplit K-sharded bf16 16384^3 ran at 466 TFLOP/s per GPU vs XLA's 475
     (benchmarks/multi_gpu.py); the split has not been timed on GPUs yet (--k-rows times it), so
     it is opt-in through K_SHARD_ROWS until it is. Values are the same either way."""
-    del n, acc_itemsize
     return m if K_SHARD_ROWS is None else max(1, int(K_SHARD_ROWS))
 
 
@@ -125,7 +124,7 @@ def _gemm_partition(alpha, beta, out_dtype, a_major, b_major, mesh, arg_shapes, 
                                a_major=a_major, b_major=b_major)
             return jax.lax.psum(part, k)
         m = a.shape[-2]
-        step = k_shard_row_block(m, b.shape[-1], acc.itemsize) if a_major == "row" else m
+        step = k_shard_row_block(m) if a_major == "row" else m
         # row blocks: XLA runs block i's all-reduce (async, collective stream) under block i+1's GEMM
         part = reduced(a) if step >= m else jnp.concatenate(
             [reduced(a[..., i:i + step, :]) for i in range(0, m, step)], axis=-2)
