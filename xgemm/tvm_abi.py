@@ -116,9 +116,8 @@ class _Marshal:
     def __init__(self, args: Sequence[Any]):
         n = len(args)
         self.anys = (TVMFFIAny * max(1, n))()
-        self.tensors: List[DLTensor] = []
-        self.dims: List[Any] = []
-        self.tensor_slots: List[int] = []
+        self.tensors: List[DLTensor] = []      # these and the dims arrays stay alive with the cells
+        self.dims: List[Any] = []              # that point into them
         for i, a in enumerate(args):
             cell = self.anys[i]
             if a is None:
@@ -142,7 +141,6 @@ class _Marshal:
                 t.strides = ctypes.cast(base + 8 * nd, ctypes.POINTER(ctypes.c_int64))
                 self.tensors.append(t)
                 self.dims.append(dims)
-                self.tensor_slots.append(i)
                 cell.type_index, cell.v.v_ptr = _DLTENSOR, ctypes.addressof(t)
         self.n = n
 
