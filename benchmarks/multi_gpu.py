@@ -2,10 +2,13 @@
 
     python benchmarks/multi_gpu.py --out DIR                 # on nvidia-h200-x2 (or larger)
     python benchmarks/multi_gpu.py --smoke                   # CPU, with fake devices (the CI test)
+    python benchmarks/multi_gpu.py --k-reductions ring,scatter,all_reduce   # each K-sum strategy too
 
-For each sharding (row-sharded A, column-sharded B, K-sharded with the reduction) and for softmax
-(rows sharded): values against a single-device reference, the HLO checked for no all-gather of the
-operands, and per-device TFLOP/s (GB/s) next to jnp.matmul / jax.nn.softmax under the same
+For each sharding (row-sharded A, column-sharded B, K-sharded with the reduction to a replicated
+result, and K-sharded with the result asked for row-sharded) and for softmax (rows sharded): values
+against a single-device reference, the HLO checked for no all-gather of the operands (rows / cols;
+a K sum gathers its result, and tests/test_jax_sharding.py checks the operands stay sharded), and
+per-device TFLOP/s (GB/s) next to jnp.matmul / jax.nn.softmax under the same
 sharding and next to xgemm on one device, all in the same process. Timing: wall clock around
 `block_until_ready`, median of repeats after warm-up (the work per call is milliseconds).
 Writes multi_gpu-h200.json (the issue's record format) and prints a table.
@@ -42,8 +45,8 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=16384, help="M = N = K of the bf16 matmul")
     ap.add_argument("--rows", type=int, default=2 ** 15)
     ap.add_argument("--cols", type=int, default=2 ** 16)
-    ap.add_argument("--k-rows", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
-                    help="K-sharded matmul: also time these row blocks of the overlapped reduction")
+    ap.add_argument("--k-reductions", type=lambda v: [x for x in v.split(",") if x], default=[],
+                    help="K-sharded matmul: also time these jax_sharding.K_REDUCTION strategies")
     args = ap.parse_args()
     if args.smoke:
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
@@ -90,22 +93,32 @@ def main() -> int:
     ok1 = bool(same(xg(a1, b1), ref))
     dt = "fp32" if args.smoke else "bf16"
     record(f"matmul_{dt}_{s}^3_one_device", (s, s, s), dt, "xgemm", "TFLOP/s", flops / t1 / 1e12, ok1)
-    for name, sa, sb in (("rows", P("d", None), P()), ("cols", P(), P(None, "d")), ("k", P(None, "d"), P("d", None))):
+    # "k_to_rows": K-sharded operands, the result asked for row-sharded (out_shardings), so the
+    # reduction is a reduce-scatter for both xgemm and XLA
+    for name, sa, sb, so in (("rows", P("d", None), P(), None), ("cols", P(), P(None, "d"), None),
+                             ("k", P(None, "d"), P("d", None), None),
+                             ("k_to_rows", P(None, "d"), P("d", None), P("d", None))):
         a, b = put(A, sa), put(B, sb)
-        hlo = xg.lower(a, b).compile().as_text()
-        gathers = hlo.count("all-gather")
-        for impl, f in (("xgemm", xg), ("xla", xla)):
+        outs = None if so is None else NamedSharding(mesh, so)
+        fx = jax.jit(lambda a, b: xgemm.matmul(a, b), out_shardings=outs)
+        fj = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(a.dtype),
+                     out_shardings=outs)
+        hlo = fx.lower(a, b).compile().as_text()
+        gathers = hlo.count("all-gather(") if name in ("rows", "cols") else None   # K sums gather the result
+        for impl, f in (("xgemm", fx), ("xla", fj)):
             t = median_s(f, a, b)
             okf = bool(same(one(f(a, b)), ref))
             record(f"matmul_{dt}_{s}^3_sharded_{name}_per_device", (s, s, s), dt, impl, "TFLOP/s",
                    flops / t / n / 1e12, okf, all_gathers=gathers if impl == "xgemm" else None)
-        for block in (args.k_rows if name == "k" else ()):   # the overlapped reduction's row block
-            jax_sharding.K_SHARD_ROWS = block
-            fr = jax.jit(lambda a, b: xgemm.matmul(a, b))    # a new function: lowered again
-            t = median_s(fr, a, b)
-            record(f"matmul_{dt}_{s}^3_sharded_{name}_per_device_rows{block}", (s, s, s), dt, "xgemm",
-                   "TFLOP/s", flops / t / n / 1e12, bool(same(one(fr(a, b)), ref)))
-            jax_sharding.K_SHARD_ROWS = None
+        for strategy in (args.k_reductions if name.startswith("k") else ()):
+            default, jax_sharding.K_REDUCTION = jax_sharding.K_REDUCTION, strategy
+            try:
+                fr = jax.jit(lambda a, b: xgemm.matmul(a, b), out_shardings=outs)   # lowered again
+                t = median_s(fr, a, b)
+                record(f"matmul_{dt}_{s}^3_sharded_{name}_per_device_{strategy}", (s, s, s), dt, "xgemm",
+                       "TFLOP/s", flops / t / n / 1e12, bool(same(one(fr(a, b)), ref)))
+            finally:
+                jax_sharding.K_REDUCTION = default
         del a, b
     del a1, b1, ref
 

@@ -31,37 +31,58 @@ B = rng.integers(-5, 6, (32, 48)).astype(np.float32)
 C = rng.integers(-5, 6, (64, 48)).astype(np.float32)
 put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
 
-def check(tag, sa, sb, sc=None, *, gather, reduce, local=None, ncalls=None):
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
+
+def check(tag, sa, sb, sc=None, *, collectives=(), local=None, ncalls=None, out=None):
+    """collectives: exactly the collective ops the compiled HLO may hold. An operand gathered
+    instead of partitioned shows up as an unexpected all-gather or as full-size local shapes."""
     args = [put(A, sa), put(B, sb)] + ([put(C, sc)] if sc is not None else [])
     if sc is None:
-        f, ref = jax.jit(lambda a, b: xj.gemm(a, b)), A @ B
+        fn, ref = (lambda a, b: xj.gemm(a, b)), A @ B
     else:
-        f, ref = jax.jit(lambda a, b, c: xj.gemm(a, b, c, alpha=2.0, beta=-1.0)), 2 * A @ B - C
+        fn, ref = (lambda a, b, c: xj.gemm(a, b, c, alpha=2.0, beta=-1.0)), 2 * A @ B - C
+    f = jax.jit(fn, out_shardings=None if out is None else NamedSharding(mesh, out))
     hlo = f.lower(*args).compile().as_text()
-    out = f(*args)
-    np.testing.assert_array_equal(np.asarray(out), ref)
-    assert ("all-gather" in hlo) == gather, (tag, "all-gather", hlo)
-    assert ("all-reduce" in hlo) == reduce, (tag, "all-reduce", hlo)
+    res = f(*args)
+    np.testing.assert_array_equal(np.asarray(res), ref)
+    found = {w for w in COLLECTIVES if w in hlo}
+    assert found == set(collectives), (tag, found, hlo)
+    if out is not None:
+        assert res.sharding.spec == out, (tag, res.sharding.spec)
     if local is not None:       # the custom call runs on shard-shaped operands
         calls = [l for l in hlo.splitlines() if "custom-call(" in l and "xgemm_cubin_launch" in l]
         assert calls and all(local in l for l in calls), (tag, calls)
         assert ncalls is None or len(calls) == ncalls, (tag, calls)
-    print("ok", tag, out.sharding.spec)
+    print("ok", tag, res.sharding.spec)
+
+# the sum over K shards, per K_REDUCTION: replicated result / result sharded over the K axis
+K_SUM = {"ring": ({"collective-permute", "all-gather"}, {"collective-permute"}),
+         "scatter": ({"reduce-scatter", "all-gather"}, {"reduce-scatter"}),
+         "all_reduce": ({"all-reduce"}, {"reduce-scatter"})}
 
 def suite(tag, fake):
-    loc = (lambda s: s) if fake else (lambda s: None)
-    check(tag + " rows x cols", P("x", None), P(None, "y"), gather=False, reduce=False, local=loc("f32[16,32]"))
-    check(tag + " K-sharded", P(None, "y"), P("y", None), gather=False, reduce=True, local=loc("f32[64,16]"))
-    check(tag + " rows+K, C", P("x", "y"), P("y", None), P("x", None), gather=False, reduce=True, local=loc("f32[16,16]"))
-    check(tag + " rows x cols, C", P("x", None), P(None, "y"), P("x", "y"), gather=False, reduce=False)
-    # K-sharded in row blocks (each block's psum can overlap the next block's GEMM): same values
     from xgemm import jax_sharding
-    jax_sharding.K_SHARD_ROWS = 24          # 64 rows -> blocks of 24, 24, 16
+    loc = (lambda s: s) if fake else (lambda s: None)
+    assert jax_sharding.K_REDUCTION == "ring" and set(K_SUM) == set(jax_sharding.K_REDUCTIONS)
+    check(tag + " rows x cols", P("x", None), P(None, "y"), local=loc("f32[16,32]"))
+    # ring on 2 K shards: two half-row-block products per device (64 rows -> 32; K 32 -> 16)
+    check(tag + " K-sharded", P(None, "y"), P("y", None), collectives=K_SUM["ring"][0],
+          local=loc("f32[32,16]"), ncalls=2)
+    check(tag + " rows+K, C", P("x", "y"), P("y", None), P("x", None), collectives=K_SUM["ring"][0],
+          local=loc("f32[8,16]"), ncalls=2)
+    check(tag + " rows x cols, C", P("x", None), P(None, "y"), P("x", "y"))
+    check(tag + " K over 8 devices", P(None, ("x", "y")), P(("x", "y"), None), collectives=K_SUM["ring"][0],
+          local=loc("f32[8,4]"), ncalls=8)
     try:
-        check(tag + " K-sharded, row blocks", P(None, "y"), P("y", None), P(None, None), gather=False,
-              reduce=True, local=loc("f32[16,48]"), ncalls=3)
+        for strategy, (full, scattered) in K_SUM.items():
+            jax_sharding.K_REDUCTION = strategy
+            check(f"{tag} K-sharded {strategy}, C", P(None, "y"), P("y", None), P(None, None), collectives=full)
+            check(f"{tag} K-sharded {strategy} -> rows", P(None, "y"), P("y", None), collectives=scattered,
+                  out=P("y", None))
+            check(f"{tag} K-sharded {strategy} -> cols, C", P(None, "y"), P("y", None), P(None, None),
+                  collectives={"reduce-scatter"}, out=P(None, "y"))
     finally:
-        jax_sharding.K_SHARD_ROWS = None
+        jax_sharding.K_REDUCTION = "ring"
     # batch-sharded A against a shared B, with grad and vmap in the same jit
     Ab = rng.integers(-5, 6, (8, 16, 32)).astype(np.float32)
     a, b = put(Ab, P("x", None, None)), put(B, P(None, "y"))

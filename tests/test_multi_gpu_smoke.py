@@ -22,7 +22,7 @@ def _smoke(script: str) -> str:
 
 def test_jax_sharded_script_smoke():
     pytest.importorskip("jax")
-    assert _smoke("multi_gpu.py").count("| True |") == 10
+    assert _smoke("multi_gpu.py").count("| True |") == 12
 
 
 def test_torch_per_device_script_smoke():

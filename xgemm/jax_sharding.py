@@ -2,9 +2,10 @@
 
 GEMM D[b..., m, n] = sum_k A[b..., m, k] B[b..., k, n]:
   batch dims keep the operands' sharding, A's rows (m) stay row-sharded, B's columns (n) stay
-  column-sharded, and a sharded K runs the local product on each K shard then psums the partial
-  results (in the accumulator type, before beta*C and the final cast). A mesh axis can shard one
-  dim only: a later claim on an axis already used (batch, then m, then n, then k) is dropped and
+  column-sharded, and a sharded K runs the local product on each K shard then sums the partial
+  results over the K axes (in the accumulator type, before beta*C and the final cast; K_REDUCTION
+  below says how). A result the caller shards along rows or columns over the K axes gets a
+  reduce-scatter only. A mesh axis can shard one dim only: a later claim on an axis already used (batch, then m, then n, then k) is dropped and
   that operand dim is gathered instead. Size-1 (broadcast) dims are never sharded.
 Softmax: every dim but the reduced one keeps its sharding; the reduced dim is gathered.
 Under Shardy (the default) the same facts are stated as einsum-like sharding rules.
@@ -80,10 +81,7 @@ def plan_gemm(a_shape, b_shape, c_shape, out_shape, a_spec, b_spec, c_spec):
     a_new = batch_of(a_shape) + [m, k]
     b_new = batch_of(b_shape) + [k, n]
     out_new = out_batch + [m, n]
-    c_new = None
-    if c_shape is not None:
-        off = len(out_shape) - len(c_shape)
-        c_new = [out_new[i + off] if c_shape[i] == out_shape[i + off] else () for i in range(len(c_shape))]
+    c_new = _c_dims(c_shape, out_shape, out_new) if c_shape is not None else None
     return a_new, b_new, c_new, out_new, k
 
 
@@ -91,17 +89,69 @@ def _named(mesh, dims: Sequence[Axes]) -> NamedSharding:
     return NamedSharding(mesh, P(*(_entry(d) for d in dims)))
 
 
-# K-sharded GEMM: rows per block of the overlapped reduction (None: the policy below decides).
-K_SHARD_ROWS = None
+# How the K shards' partial products are summed (benchmarks/multi_gpu.py --k-reduction times each):
+#   "ring"        the output's row blocks travel a ring of collective-permutes: each device first
+#                 computes the block it sends, so every transfer can run under the next block's
+#                 GEMM; the device's own block is then cast and all-gathered in the output dtype.
+#   "scatter"     reduce-scatter of the fp32 partials, cast, all-gather in the output dtype.
+#   "all_reduce"  one all-reduce of the fp32 partials (what XLA does for a K-sharded dot).
+# All three add the same fp32 partials, so values agree; the first two move 3/4 of all_reduce's
+# bytes for a 16-bit output. When the caller asks for the output sharded along rows (or columns)
+# over the K axes, only the reduce-scatter part runs (half the bytes) and nothing is gathered.
+K_REDUCTIONS = ("ring", "scatter", "all_reduce")
+K_REDUCTION = "ring"
 
 
-def k_shard_row_block(m: int) -> int:
-    """Rows of A per GEMM + all-reduce block when K is sharded. Cutting the local product into
-    row blocks lets XLA run block i's (async) all-reduce under block i+1's GEMM. Off by default:
-    on nvidia-h200-x2 the unsplit K-sharded bf16 16384^3 ran at 466 TFLOP/s per GPU vs XLA's 475
-    (benchmarks/multi_gpu.py); the split has not been timed on GPUs yet (--k-rows times it), so
-    it is opt-in through K_SHARD_ROWS until it is. Values are the same either way."""
-    return m if K_SHARD_ROWS is None else max(1, int(K_SHARD_ROWS))
+def _scatter_dim(result_spec: List[Axes], k: Axes, out_shape, n_k: int):
+    """-2 (rows) or -1 (columns) when the requested output shards that dim over exactly the K
+    axes and it divides evenly; else None (a replicated result)."""
+    for dim in (-2, -1):
+        if result_spec[dim] == k and out_shape[dim] % n_k == 0:
+            return dim
+    return None
+
+
+def _c_dims(c_shape, out_shape, out_dims: List[Axes]) -> List[Axes]:
+    """C's dims take the output's sharding where they are not broadcast (size 1 against more)."""
+    off = len(out_shape) - len(c_shape)
+    return [out_dims[i + off] if c_shape[i] == out_shape[i + off] else () for i in range(len(c_shape))]
+
+
+def _sum_k_shards(a, b, c, *, k, n_k, scatter, strategy, alpha, beta, out_dtype, a_major, b_major):
+    """The local K-shard product summed over the K axes, plus beta*C, cast to out_dtype.
+    scatter: the output dim left sharded over k (C arrives already sharded the same way), or None."""
+    acc = acc_dtype(a.dtype)
+    m = a.shape[-2]
+    product = lambda a_part: gemm_p.bind(a_part, b, alpha=alpha, beta=0.0, out_dtype=acc.name,
+                                         has_c=False, a_major=a_major, b_major=b_major)
+    dim = scatter if scatter is not None else -2
+    if scatter is None and (strategy == "all_reduce" or m % n_k):
+        part = jax.lax.psum(product(a), k)
+        if c:
+            part = part + jnp.asarray(beta, acc) * c[0].astype(acc)
+        return part.astype(out_dtype)
+    rows = m // n_k
+    me = jax.lax.axis_index(k)
+    if strategy == "ring" and dim == -2:
+        # step s computes row block (me + s + 1) % n and adds what the next device sent for it;
+        # after n - 1 hops each device holds the full sum of its own block `me`
+        block = lambda s: product(jax.lax.dynamic_slice_in_dim(a, ((me + s + 1) % n_k) * rows, rows, axis=-2))
+        to_prev = [(d, (d - 1) % n_k) for d in range(n_k)]
+        own = block(0)
+        for s in range(1, n_k):
+            own = block(s) + jax.lax.ppermute(own, k, to_prev)
+    else:
+        part = product(a)
+        own = jax.lax.psum_scatter(part, k, scatter_dimension=part.ndim + dim, tiled=True)
+    if c:
+        cc = c[0]
+        if scatter is None and cc.ndim >= -dim and cc.shape[dim] != 1:     # replicated C: own block
+            cc = jax.lax.dynamic_slice_in_dim(cc, me * own.shape[dim], own.shape[dim], axis=cc.ndim + dim)
+        own = own + jnp.asarray(beta, acc) * cc.astype(acc)
+    out = own.astype(out_dtype)
+    if scatter is None:
+        out = jax.lax.all_gather(out, k, axis=out.ndim + dim, tiled=True)
+    return out
 
 
 def _gemm_partition(alpha, beta, out_dtype, a_major, b_major, mesh, arg_shapes, result_shape):
@@ -112,25 +162,28 @@ def _gemm_partition(alpha, beta, out_dtype, a_major, b_major, mesh, arg_shapes, 
         _spec(a.sharding, len(a.shape)), _spec(b.sharding, len(b.shape)),
         _spec(c.sharding, len(c.shape)) if c is not None else None)
     has_c = c is not None
+    n_k = 1
+    for axis in k:
+        n_k *= mesh.shape[axis]
+    scatter = _scatter_dim(_spec(result_shape.sharding, len(result_shape.shape)), k, result_shape.shape, n_k) \
+        if k else None
+    if scatter is not None and out_new[scatter]:        # that dim is already sharded by another axis
+        scatter = None
+    if scatter is not None:
+        out_new = list(out_new)
+        out_new[scatter] = k
+        if has_c:
+            c_new = _c_dims(c.shape, result_shape.shape, out_new)
+    strategy = K_REDUCTION
+    if strategy not in K_REDUCTIONS:
+        raise ValueError(f"xgemm.jax_sharding.K_REDUCTION={strategy!r}: expected one of {K_REDUCTIONS}")
 
     def lower_fn(a, b, *c):
         if not k:
             return gemm_p.bind(a, b, *c, alpha=alpha, beta=beta, out_dtype=out_dtype, has_c=has_c,
                                a_major=a_major, b_major=b_major)
-        acc = acc_dtype(a.dtype)
-
-        def reduced(a_rows):
-            part = gemm_p.bind(a_rows, b, alpha=alpha, beta=0.0, out_dtype=acc.name, has_c=False,
-                               a_major=a_major, b_major=b_major)
-            return jax.lax.psum(part, k)
-        m = a.shape[-2]
-        step = k_shard_row_block(m) if a_major == "row" else m
-        # row blocks: XLA runs block i's all-reduce (async, collective stream) under block i+1's GEMM
-        part = reduced(a) if step >= m else jnp.concatenate(
-            [reduced(a[..., i:i + step, :]) for i in range(0, m, step)], axis=-2)
-        if c:
-            part = part + jnp.asarray(beta, acc) * c[0].astype(acc)
-        return part.astype(out_dtype)
+        return _sum_k_shards(a, b, c, k=k, n_k=n_k, scatter=scatter, strategy=strategy, alpha=alpha,
+                             beta=beta, out_dtype=out_dtype, a_major=a_major, b_major=b_major)
 
     arg_shardings = [_named(mesh, a_new), _named(mesh, b_new)] + ([_named(mesh, c_new)] if has_c else [])
     return mesh, lower_fn, _named(mesh, out_new), tuple(arg_shardings)
