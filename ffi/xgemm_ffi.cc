@@ -192,6 +192,10 @@ struct FnEntry {
 std::mutex g_fn_mu;
 std::unordered_map<FnKey, FnEntry, FnKeyHash>* g_fns = new std::unordered_map<FnKey, FnEntry, FnKeyHash>();
 std::atomic<int64_t> g_modules_loaded{0};
+// Kernel launches through the execute handler, and those made while XLA was capturing the
+// stream into a CUDA graph (a command buffer): tests tell graph replay from handler calls.
+std::atomic<int64_t> g_launches{0};
+std::atomic<int64_t> g_captured_launches{0};
 
 struct Attrs {
   std::string_view cubin;
@@ -399,6 +403,11 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs& args, ffi::RemainingRets&
   if (config.gridDimX * config.gridDimY * config.gridDimZ == 0) return ffi::Error::Success();  // empty problem
   if (CUresult rc = drv.launch_kernel_ex(&config, fn, kernel_params, nullptr); rc != CUDA_SUCCESS_)
     return CuError(drv, rc, "cuLaunchKernelEx");
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  int capturing = 0;
+  if (stream != nullptr && drv.stream_is_capturing(stream, &capturing) == CUDA_SUCCESS_ &&
+      capturing != CU_STREAM_CAPTURE_STATUS_NONE_)
+    g_captured_launches.fetch_add(1, std::memory_order_relaxed);
   return ffi::Error::Success();
 }
 
@@ -655,5 +664,11 @@ __attribute__((visibility("default"))) void XgemmFfiSetProcessToken(int64_t toke
 
 // Number of (context, module) loads so far: tests check that the module cache works.
 __attribute__((visibility("default"))) int64_t XgemmFfiModulesLoaded() { return g_modules_loaded.load(); }
+
+// Cubin launches so far: out[0] all, out[1] those recorded into a CUDA graph being captured.
+__attribute__((visibility("default"))) void XgemmFfiLaunchCounts(int64_t* out) {
+  out[0] = g_launches.load();
+  out[1] = g_captured_launches.load();
+}
 
 }  // extern "C"

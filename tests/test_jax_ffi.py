@@ -38,7 +38,7 @@ def library() -> Path:
 def test_library_builds_and_exports_the_handlers(library):
     lib = ctypes.CDLL(str(library))
     for sym in ("XgemmCubinLaunchExecute", "XgemmCubinLaunchInitialize", "XgemmCubinLaunchHost",
-                "XgemmFfiSetDriverPath", "XgemmFfiModulesLoaded"):
+                "XgemmFfiSetDriverPath", "XgemmFfiModulesLoaded", "XgemmFfiLaunchCounts"):
         assert getattr(lib, sym) is not None
     lib.XgemmFfiAbiVersion.restype = ctypes.c_int64
     assert lib.XgemmFfiAbiVersion() == jax_ffi.ABI_VERSION
@@ -158,12 +158,15 @@ def test_handler_end_to_end_gemm(fake_gpu):
     A, B, C = (rng.integers(-5, 6, s).astype(np.float32) for s in ((3, 8, 16), (16, 12), (8, 12)))
     B3 = rng.integers(-5, 6, (3, 16, 12)).astype(np.float32)
     before = jax_testing.stats(fake_gpu)
+    counted = jax_ffi.launch_counts()
     f = jax.jit(lambda a, b, c: xj.gemm(a, b, c, alpha=2.0, beta=-0.5))
     out = np.asarray(f(A, B, C))
     np.testing.assert_array_equal(out, 2 * A @ B - 0.5 * C)
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda a, b: xj.gemm(a, b))(A, B3)), A @ B3)  # batched
     s = jax_testing.stats(fake_gpu)
     assert s["launches"] - before["launches"] == 2
+    now = jax_ffi.launch_counts()      # the handler's own count agrees; no stream, no capture
+    assert (now[0] - counted[0], now[1] - counted[1]) == (2, 0)
     assert s["grid"] == (6, 1, 1) and s["block"] == (128, 1, 1) and s["cluster"] == (2, 1, 1)
     assert s["smem"] == 65536 and s["max_smem_attr"] == 65536       # > 48 KiB opted in
     assert s["loads"] <= 2        # one module load per process (softmax may add the second)

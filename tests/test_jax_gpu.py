@@ -79,38 +79,37 @@ def test_grads_match_jnp_on_gpu():
 
 
 GRAPH_SCRIPT = r'''
-import re, numpy as np, jax, jax.numpy as jnp
+import numpy as np, jax, jax.numpy as jnp
 import xgemm.jax as xj
+from xgemm import jax_ffi
 x = jax.random.normal(jax.random.key(0), (256, 4096), jnp.float32)
 def f(x):
     for _ in range(8):
         x = xj.softmax(x * 3.0, axis=-1)
     return x
 jf = jax.jit(f)
-text = jf.lower(x).compile().as_text()
-comp, holders = None, set()
-for line in text.splitlines():
-    m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
-    if m:
-        comp = m.group(1)
-    if "xgemm_cubin_launch_v1" in line and "custom-call(" in line:
-        holders.add(comp)
-print("HOLDERS", sorted(holders))
-assert holders and all("command_buffer" in h for h in holders), holders
 y = np.asarray(jf(x), np.float64)
 ref = np.asarray(x, np.float64)
 for _ in range(8):
     ref = ref * 3.0
     ref = np.exp(ref - ref.max(-1, keepdims=True)); ref /= ref.sum(-1, keepdims=True)
 np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-9)
-for _ in range(3):          # replays of the captured graph
-    np.testing.assert_array_equal(np.asarray(jf(x)), np.asarray(jf(x)))
+# XLA forms command buffers from thunks (no command_buffer computation shows in the HLO), so the
+# handler's own counts say what happened: each launch it made after the first call was recorded
+# into a CUDA graph under capture (a replay repeats the kernels without calling it at all; XLA
+# records again when buffer addresses change).
+first = jax_ffi.launch_counts()
+for _ in range(3):
+    out = jf(x)
+    np.testing.assert_array_equal(np.asarray(out), y.astype(np.float32))
+last = jax_ffi.launch_counts()
+print("LAUNCHES after the first call", first, "after 3 more", last)
+assert last[1] > 0, "no launch was recorded under CUDA-graph capture"
+assert last[0] - first[0] == last[1] - first[1], "a later call launched outside the graph"
 print("GRAPH OK")
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="on the H200 (2026-11-29, jax 0.11.2) XLA left the cubin custom call "
-                   "outside every command buffer in this 8-softmax chain; under investigation")
 def test_custom_call_is_captured_in_a_cuda_graph():
     _gpu()
     root = Path(__file__).resolve().parent.parent

@@ -432,6 +432,7 @@ def load() -> ctypes.CDLL:
             lib = ctypes.CDLL(str(build()))
             lib.XgemmFfiAbiVersion.restype = ctypes.c_int64
             lib.XgemmFfiModulesLoaded.restype = ctypes.c_int64
+            lib.XgemmFfiLaunchCounts.argtypes = [ctypes.POINTER(ctypes.c_int64)]
             lib.XgemmFfiSetDriverPath.argtypes = [ctypes.c_char_p]
             lib.XgemmFfiSetProcessToken.argtypes = [ctypes.c_int64]
             for sym in ("XgemmCubinLaunchExecute", "XgemmCubinLaunchInitialize", "XgemmCubinLaunchHost",
@@ -494,6 +495,13 @@ def register_host_test() -> ctypes.CDLL:
     fake = ctypes.CDLL(str(fake_path))
     fake.fake_cuda_stats.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     return fake
+
+
+def launch_counts() -> Tuple[int, int]:
+    """(cubin launches by the handler so far, of them recorded while XLA captured a CUDA graph)."""
+    out = (ctypes.c_int64 * 2)()
+    load().XgemmFfiLaunchCounts(out)
+    return out[0], out[1]
 
 
 def fake_stats(fake: ctypes.CDLL) -> Dict[str, Any]:
