@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TABLE65 = gs.pick_config(65536, "float32", "float32", aligned=True)        # the picker's cluster config
 SHORT = gs.pick_config(256, "float32", "float32", aligned=True)            # several rows per CTA
 ODD = gs.pick_config(1000, "bfloat16", "float16", aligned=False)           # unaligned, mixed dtypes
-MULTI = TABLE65 if not TABLE65.online else gs.sibling(TABLE65)             # two cross-CTA reductions
-ONLINE = gs.sibling(MULTI)                                                   # one packed exchange
+MULTI = TABLE65._replace(online=0)                                           # two cross-CTA reductions
+ONLINE = TABLE65._replace(online=1)                                          # one packed exchange
 MBAR = gs.mbarrier_variant(TABLE65)                                          # st.async + mbarrier exchange
 
 
@@ -273,20 +273,26 @@ def test_default_entries_are_distinct_and_valid():
     keys = gs.gluon_entries(siblings=False)
     assert len(keys) == len(set(keys)) == 9 * 2 * (gs.MAX_COLS.bit_length() - gs.MIN_BLOCK_N.bit_length() + 1)
     both = gs.gluon_entries()
-    mbar = gs.mbarrier_entries()
-    assert set(keys) < set(both) and len(both) == len(set(both)) == 2 * len(keys) + len(mbar)
-    assert set(mbar) < set(both)
+    assert set(keys) < set(both) and len(both) == len(set(both)) == 2 * len(keys)
     for k in both:
         cfg = gs.Config.from_key(k)
         cfg.check()
         assert cfg.elems_per_thread <= 128, k
-    # the online=2 entries: fp32 -> fp32, aligned, the BLOCK_N set and the picker's CTAS / warps
-    cfgs = [gs.Config.from_key(k) for k in mbar]
-    assert sorted(c.block_n for c in cfgs) == sorted(gs.MBARRIER_BLOCK_N)
-    for c in cfgs:
-        assert c.online == 2 and c.in_dtype == c.out_dtype == "float32" and c.align == c.vec
-        table = gs.pick_config(c.block_n, "float32", "float32", aligned=True)
-        assert c == table._replace(online=2) and table.online != 2
+    # the mbarrier kernel is the pick for BLOCK_N 32768 ... 262144 (every dtype pair, aligned or
+    # not) and its online=1 sibling is prebuilt with it; 524288 (16 CTAs, 8 warps) stays online=1
+    for i in gs.DTYPES:
+        for o in gs.DTYPES:
+            for aligned in (True, False):
+                for n in (32768, 65536, 131072, 262144):
+                    cfg = gs.pick_config(n, i, o, aligned)
+                    assert cfg.online == 2 and cfg.key in keys, cfg
+                    assert cfg == gs.mbarrier_variant(cfg) and cfg.align == (cfg.vec if aligned else 1)
+                    sib = gs.sibling(cfg)
+                    assert sib.online == 1 and sib == cfg._replace(online=1) and sib.key in both, cfg
+                    assert sib.key not in keys
+                assert gs.pick_config(16384, i, o, aligned).online == 0
+                assert gs.pick_config(524288, i, o, aligned).online == 1
+    assert {gs.Config.from_key(k).online for k in both} == {0, 1, 2}
 
 
 def test_mbarrier_config_round_trips_and_limits():

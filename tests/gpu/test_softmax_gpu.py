@@ -54,9 +54,10 @@ def problem_of(x, out_dtype: str) -> SoftmaxProblem:
 
 def xgemm_softmax(x, out=None, out_dtype=None, mode="table"):
     """softmax over the last dim through gluon_softmax's protocol; out is NaN-poisoned first.
-    mode "table": the picker's config; "sibling": the same config in the other kernel (online
-    <-> two reductions), so both kernels are checked whatever the table prefers; "mbarrier": the
-    st.async + mbarrier exchange kernel (online=2; prebuilt for fp32 -> fp32 aligned only)."""
+    mode "table": the picker's config; "sibling": the same config in another kernel (online <->
+    two reductions; the mbarrier exchange -> online, for BLOCK_N 32768 ... 262144), so two kernels
+    are checked at every size whatever the table prefers; "mbarrier": the st.async + mbarrier
+    exchange kernel (online=2, the pick for BLOCK_N 32768 ... 262144)."""
     out_dtype = out_dtype or DT_NAME[x.dtype]
     if out is None:
         out = torch.empty(x.shape, dtype=TORCH_DT[out_dtype], device=x.device)
@@ -140,16 +141,14 @@ def test_row_strides_and_offsets(cols, mode):
     check(xgemm_softmax(x3, mode=mode), x3, "3-d")
 
 
-# online=2 (unmeasured kernel): the prebuilt set is fp32 -> fp32 aligned, BLOCK_N 32768 ... 262144
+# online=2, the picker's kernel for BLOCK_N 32768 ... 262144 (the tests above run it in "table"
+# mode and its online=1 sibling in "sibling" mode); here fp32 aligned, spelled out
 MBAR_LENGTHS = [32768, 40000, 65536, 100000, 131072, 200000, 262144]
 
 
-# Opt-in until it has run once: a wrong mbarrier byte count would hang the GPU run, not fail it.
-@pytest.mark.skipif(os.environ.get("XGEMM_TEST_MBARRIER") != "1",
-                    reason="online=2 prototype not yet run on a GPU: set XGEMM_TEST_MBARRIER=1 (alone, with a timeout)")
 @pytest.mark.parametrize("cols", MBAR_LENGTHS)
 def test_mbarrier_kernel(cols):
-    assert cols % 4 == 0 and max(gs.MIN_BLOCK_N, 1 << (cols - 1).bit_length()) in gs.MBARRIER_BLOCK_N
+    assert cols % 4 == 0 and gs.pick_config(cols, "float32", "float32", aligned=True).online == 2
     rows = max(3, min(2048, (1 << 22) // cols)) | 1       # several clusters, odd count
     x = randn(rows, cols, "float32", seed=7)
     check(xgemm_softmax(x, mode="mbarrier"), x, f"{rows}x{cols} mbarrier")

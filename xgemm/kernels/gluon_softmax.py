@@ -32,44 +32,47 @@ Design (from triton's python/tutorials/gluon/14-multicta.py multi-CTA softmax)
     barriers per row block.
   - xgemm_softmax_online (online=1): [BLOCK_M, CTAS, SLICE] tile; each CTA reduces its slice to
     (max, sum of exp(x - max)), packs the pair into one int64 and a single cross-CTA gl.reduce
-    with the online-softmax combine finishes the row: 2 cluster barriers. Chosen for clusters.
-  - xgemm_softmax_mbarrier (online=2; UNMEASURED ON A GPU, compile-checked only; for --tune, not
-    in the picker's table): quack's exchange. [1, CTAS, R, warps, 32 * VEC] tile (the same
-    16-byte accesses); each warp reduces its part to a packed (max, sum) with shuffles only, lane
-    d of every warp st.async's it (st.async...mbarrier::complete_tx::bytes) into CTA d's buffer
-    [1, 1, CTAS, warps] and each CTA waits on its own mbarrier (arrive.expect_tx of
-    CTAS * warps * 8 bytes, try_wait), then combines the CTAS * warps partials in-warp. No
-    cluster barrier between the partials and the combine; the cluster barriers left are the
-    relaxed one triton inserts after mbarrier.init (placed after the x loads are issued, so it
-    overlaps them) and the one it puts before the exit of every multi-CTA kernel. The kernel is
-    not persistent, so both still come once per row block (per CTA). 3 bar.sync (triton's
-    shared-memory hazard analysis around init / expect / st.async). Prebuilt for fp32 -> fp32
-    aligned, BLOCK_N 32768 ... 262144 (MBARRIER_BLOCK_N); any other config compiles on demand.
+    with the online-softmax combine finishes the row: 2 cluster barriers. Chosen for 524288.
+  - xgemm_softmax_mbarrier (online=2): quack's exchange, chosen for BLOCK_N 32768 ... 262144.
+    [1, CTAS, R, warps, 32 * VEC] tile (the same 16-byte accesses); each warp reduces its part to
+    a packed (max, sum) with shuffles only, lane d of every warp st.async's it
+    (st.async...mbarrier::complete_tx::bytes) into CTA d's buffer [1, 1, CTAS, warps] and each CTA
+    waits on its own mbarrier (arrive.expect_tx of CTAS * warps * 8 bytes, try_wait), then
+    combines the CTAS * warps partials in-warp. No cluster barrier between the partials and the
+    combine; the cluster barriers left are the relaxed one triton inserts after mbarrier.init
+    (placed after the x loads are issued, so it overlaps them) and the one it puts before the exit
+    of every multi-CTA kernel. The kernel is not persistent, so both still come once per row block
+    (per CTA). 3 bar.sync (triton's shared-memory hazard analysis around init / expect / st.async).
   Tried and dropped (H200, 2026-11-29): a persistent grid-stride variant that issued the next
   row block's loads before reducing the current one was 5-80% slower at every size -- the
   barriers (bar.sync / barrier.cluster.arrive, release semantics) wait for those loads.
 
 Config picker (pick_config) by BLOCK_N = next_pow2(max(cols, 16)); elements/thread =
 BLOCK_M * BLOCK_N / (CTAS * 32 * warps), the fp32 values a thread holds (~1.3 registers each).
-Measured on the H200 with 1 GiB fp32 inputs (benchmarks/softmax.py --tune; copy = 4210-4230 GB/s;
-benchmarks/results/softmax-h200.md has every candidate):
+Measured on the H200 with 1 GiB fp32 inputs (benchmarks/softmax.py --tune; copy = 4210-4250 GB/s;
+benchmarks/results/softmax-h200.md has every online 0/1 candidate). 65536 and 262144 were re-swept
+with online=2 on 2026-11-29 (GPU 0 of an nvidia-h200-x2 host, `benchmarks/softmax.py --tune --sizes
+65536,262144 --peers quack`, CUDA-graph timing, outputs verified; not in softmax-h200.md):
     BLOCK_N        CTAS  warps  BLOCK_M           online  elems/thread  GB/s (N = BLOCK_N)
     16 ... 512     1     8      16384 / BLOCK_N   0       64            4173 (256)
     1024, 2048     1     8      8192 / BLOCK_N    0       32            4172 (1024)
     4096           1     16     8                 0       64            4175
     8192           1     16     2                 0       32            (not swept)
     16384          1     16     1                 0       32            4144
-    32768          2     4      1                 1       128           (not swept)
-    65536          4     4      1                 1       128           3866 (quack 4115)
-    131072         8     4      1                 1       128           (not swept)
-    262144         16    4      1                 1       128           3604 (quack 3817); 16 CTAs
+    32768          2     4      1                 2       128           (not swept)
+    65536          4     4      1                 2       128           4025 (online=1 3865, quack 4107)
+    131072         8     4      1                 2       128           (not swept)
+    262144         16    4      1                 2       128           3736 (online=1 3618, quack 3817)
     524288         16    8      1                 1       128           (not swept)    = non-portable
 Why: single-CTA rows run at copy speed with either kernel; in a cluster every row pays cluster
 barriers, so fewer warps (more CTAs resident per SM to overlap them) and the one-exchange kernel
-win. Rows >= 64K still trail the copy (0.92x / 0.86x) and quack's mbarrier-based exchange, whose
-exchange online=2 follows (quack also stages x through shared memory with cp.async, and its exit
-has no cluster barrier; online=2 keeps x in registers). Not yet timed: benchmarks/softmax.py
---tune has its candidates.
+win; online=2 drops the cluster barriers between the partials and the combine: +4% at 64K
+(copy 4241), +3% at 256K (copy 4237) over online=1 with the same CTAS / warps, and w4 stays best
+for it too (o2 w8c4 3875, w4c8 4010, w8c2 3683; w8c16 3205, w8c8 3017). Still 0.95x / 0.88x of the
+copy and 2% behind quack (which also stages x through shared memory with cp.async and has no
+cluster barrier at exit; online=2 keeps x in registers). 32768 and 131072 take online=2 by
+analogy with their neighbours, not swept; 524288 (16 CTAs, non-portable, 8 warps) stays online=1,
+not measured with online=2.
 VEC is 16 bytes / input itemsize (4 for fp32, 8 for 16-bit): one 128-bit access per chunk.
 """
 from __future__ import annotations
@@ -93,10 +96,10 @@ _TABLE: Dict[int, Tuple[int, int, int, int]] = {
     4096: (1, 16, 8, 0),
     8192: (1, 16, 2, 0),
     16384: (1, 16, 1, 0),
-    32768: (2, 4, 1, 1),
-    65536: (4, 4, 1, 1),
-    131072: (8, 4, 1, 1),
-    262144: (16, 4, 1, 1),
+    32768: (2, 4, 1, 2),
+    65536: (4, 4, 1, 2),
+    131072: (8, 4, 1, 2),
+    262144: (16, 4, 1, 2),
     524288: (16, 8, 1, 1),
 }
 _SHORT_ROW_WARPS = 8
@@ -227,8 +230,8 @@ def _fit(cfg: Config) -> Config:
 
 
 def sibling(cfg: Config) -> Config:
-    """The same config in the other kernel (online <-> two-reduction); both are in the cache.
-    The mbarrier kernel's sibling is the online one."""
+    """The same config in another kernel (online <-> two-reduction, mbarrier -> online); both are
+    in the cache."""
     return cfg._replace(online=1 if cfg.online == 2 else 1 - cfg.online)
 
 
@@ -459,9 +462,9 @@ def gluon_compile_args(key: str, arch: str):
 
 def gluon_entries(arch: str = "sm_90a", siblings: bool = True) -> List[str]:
     """The entry keys the AOT build makes: every dtype pair x every BLOCK_N x aligned/unaligned,
-    and (siblings=True) each config in both kernels, so a policy may pick either without a
-    compiler (the GPU tests run both): 576 cubins, ~27 MB (~2.7 MB as .tar.xz); with them the
-    mbarrier-exchange variants (MBARRIER_BLOCK_N, fp32 -> fp32, aligned) for tuning."""
+    and (siblings=True) each config in two kernels (the pick and its sibling()), so a policy may
+    pick either without a compiler (the GPU tests run both): 576 cubins, ~27 MB (~2.7 MB as
+    .tar.xz)."""
     keys = []
     for i in DTYPES:
         for o in DTYPES:
@@ -473,18 +476,7 @@ def gluon_entries(arch: str = "sm_90a", siblings: bool = True) -> List[str]:
                     if siblings:
                         keys.append(sibling(cfg).key)
                 block_n *= 2
-    if siblings:
-        keys += mbarrier_entries()
     return keys
-
-
-# online=2 is unmeasured: only these configs are prebuilt (the picker's CTAS / warps per BLOCK_N)
-MBARRIER_BLOCK_N = (32768, 65536, 131072, 262144)
-
-
-def mbarrier_entries() -> List[str]:
-    """Cache keys of the mbarrier-exchange variants built by default (fp32 -> fp32, aligned)."""
-    return [mbarrier_variant(pick_config(n, "float32", "float32", True)).key for n in MBARRIER_BLOCK_N]
 
 
 # ----------------------------------------------------------------------------------------------
