@@ -18,7 +18,8 @@ Cases (issue 5's acceptance), every peer in the same process:
           device copy of the same bytes (torch copy_, graph; bar: >= 0.95x), plus torch.softmax.
   grad    jax.grad through xgemm matmul and softmax in jit vs jnp (fp32 tolerance), timed.
   cmdbuf  the chain again in a fresh process with XLA command buffers (CUDA graphs) for custom calls
-          ("_cmdbuf" cases; --no-cmdbuf skips it): XLA_FLAGS += CMDBUF_FLAGS, XGEMM_JAX_TVM_GRAPH=1.
+          ("_cmdbuf" cases; --no-cmdbuf skips it): XLA_FLAGS += CMDBUF_FLAGS (custom calls may be
+          captured under XLA's default flags too; these name the command types and graph size).
 JAX timing: wall clock around N async dispatches + one block, median of 7 (JAX runs on its own
 stream). Torch timing: CUDA-graph replay, events, median of 7. Every timed output is checked
 (verified=false marks a mismatch). meta.lowering says what each xgemm jit case lowered to:
@@ -123,8 +124,7 @@ class Bench:
             ref = ref @ w64
         ok = lambda y: bool(np.allclose(np.asarray(y, np.float64), ref, rtol=1e-3, atol=1e-3))
         shape = [n, n, n]
-        # Kernel-only first: the eager calls also warm xgemm's kernels in this process (a CuTe
-        # function loads its module on first call), which a CUDA-graph capture of the jit needs.
+        # Kernel-only first (CUDA graphs of the eager calls on the torch stream), then the jit chains.
         graphs = {}
         try:
             graphs = self._chain_graphs(n, steps, w64, x64, ok, shape)
@@ -415,13 +415,12 @@ CMDBUF_FLAGS = "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CA
 
 
 def cmdbuf_variant(bench, args):
-    """The chain again in a fresh process with XLA command buffers (CUDA graphs) for custom calls and
-    the graph-compatible TVM-FFI target (the eager warm-up runs first there); cases get '_cmdbuf'."""
+    """The chain again in a fresh process with CMDBUF_FLAGS (XLA command buffers, i.e. CUDA graphs,
+    named for custom calls, min graph size 1); cases get '_cmdbuf'."""
     import subprocess
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, XGEMM_JAX_TVM_GRAPH="1",
-                   XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + CMDBUF_FLAGS).strip())
+        env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + CMDBUF_FLAGS).strip())
         cmd = [sys.executable, __file__, "--only", "chain", "--suffix", "_cmdbuf", "--out", tmp, "--name", "v",
                "--no-cmdbuf"] + (["--quick"] if args.quick else [])
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)

@@ -265,6 +265,7 @@ def test_tvm_ffi_path_is_kept_out_of_exports():
     with jax_testing.fake_kernels(gemm="tvm"):
         lowered = f.trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
         exp = export.export(f, platforms=("cuda",), disabled_checks=xj.export_disabled_safety_checks(False))(a, b)
-    assert jax_ffi.TVM_TARGET in lowered                   # jit: the CuTe function through the handler
+    # jit: the CuTe function through the handler, by default its CUDA-graph-compatible registration
+    assert jax_ffi.TVM_GRAPH_TARGET in lowered and jax_ffi.default_tvm_target() == jax_ffi.TVM_GRAPH_TARGET
     module = exp.mlir_module()
-    assert jax_ffi.TVM_TARGET not in module and "dot_general" in module   # export: portable XLA op
+    assert "xgemm_tvm_ffi_call" not in module and "dot_general" in module   # export: portable XLA op

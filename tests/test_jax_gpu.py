@@ -82,6 +82,19 @@ GRAPH_SCRIPT = r'''
 import numpy as np, jax, jax.numpy as jnp
 import xgemm.jax as xj
 from xgemm import jax_ffi
+# a cold process: the first xgemm call is this jit's, so the CuTe function loads its module then
+rng = np.random.default_rng(0)
+q, _ = np.linalg.qr(rng.standard_normal((128, 128)))      # orthogonal: the chain keeps its norm
+xm64 = rng.standard_normal((128, 128))
+def mm(x, w):
+    for _ in range(8):
+        x = xj.matmul(x, w)
+    return x
+jm = jax.jit(mm)
+xm, wm = jnp.asarray(xm64, jnp.float32), jnp.asarray(q, jnp.float32)
+assert jax_ffi.TVM_GRAPH_TARGET in jm.lower(xm, wm).compile().as_text()
+ym = np.asarray(jm(xm, wm))
+np.testing.assert_allclose(ym, xm64 @ np.linalg.matrix_power(q, 8), rtol=1e-4, atol=1e-4)
 x = jax.random.normal(jax.random.key(0), (256, 4096), jnp.float32)
 def f(x):
     for _ in range(8):
@@ -102,6 +115,7 @@ first = jax_ffi.launch_counts()
 for _ in range(3):
     out = jf(x)
     np.testing.assert_array_equal(np.asarray(out), y.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(jm(xm, wm)), ym)
 last = jax_ffi.launch_counts()
 print("LAUNCHES after the first call", first, "after 3 more", last)
 assert last[1] > 0, "no launch was recorded under CUDA-graph capture"

@@ -10,8 +10,8 @@ ffi/xgemm_ffi.cc has two handlers:
       DLTensor* (views allowed) and XLA's stream. Describe it with `TvmFfiCall` + `Arg`; emit with
       `call_tvm_ffi()`. The function handle is process-local: such modules run in the process
       that lowered them (a token check turns a stale handle into an error, never a crash).
-      xgemm_tvm_ffi_call_graph_v1 is the same handler declared CUDA-graph compatible, used when
-      $XGEMM_JAX_TVM_GRAPH=1 says the CuTe functions are already warm in the process.
+      xgemm_tvm_ffi_call_graph_v1 is the same handler declared CUDA-graph compatible, so XLA may
+      record it into its command buffers: the default ($XGEMM_JAX_TVM_GRAPH=0 picks the other).
 
 Building needs only g++ and the XLA FFI headers jaxlib ships (`jax.ffi.include_dir()`); the .so
 goes to a cache dir keyed on the sources, the headers and the compiler, so CI builds it on CPU
@@ -35,7 +35,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 TARGET = "xgemm_cubin_launch_v1"                    # CUDA
 HOST_TEST_TARGET = "xgemm_cubin_launch_host_test_v1"  # CPU, through a substitute driver (tests only)
 TVM_TARGET = "xgemm_tvm_ffi_call_v1"                  # CUDA
-TVM_GRAPH_TARGET = "xgemm_tvm_ffi_call_graph_v1"      # CUDA, CUDA-graph compatible (warm functions only)
+TVM_GRAPH_TARGET = "xgemm_tvm_ffi_call_graph_v1"      # CUDA, CUDA-graph compatible (the default)
 TVM_HOST_TEST_TARGET = "xgemm_tvm_ffi_call_host_test_v1"  # CPU (tests only)
 TARGETS = (TARGET, TVM_TARGET)
 ABI_VERSION = 1
@@ -327,9 +327,10 @@ def tvm_attributes(tc: TvmFfiCall, in_avals, out_avals, in_layouts, out_layouts)
 
 
 def default_tvm_target() -> str:
-    """TVM_GRAPH_TARGET when $XGEMM_JAX_TVM_GRAPH=1 (the functions are warm: e.g. one eager call of
-    the kernel ran in this process first, so XLA may capture the call in a CUDA graph), else TVM_TARGET."""
-    return TVM_GRAPH_TARGET if os.environ.get("XGEMM_JAX_TVM_GRAPH", "") == "1" else TVM_TARGET
+    """TVM_GRAPH_TARGET (XLA may record the call into a CUDA graph; on the H200 a cold process's
+    first jit call works under capture, tests/test_jax_gpu.py), or TVM_TARGET when
+    $XGEMM_JAX_TVM_GRAPH=0 keeps CuTe calls out of XLA's command buffers."""
+    return TVM_TARGET if os.environ.get("XGEMM_JAX_TVM_GRAPH", "") == "0" else TVM_GRAPH_TARGET
 
 
 def call_tvm_ffi(tc: TvmFfiCall, operands: Sequence[Any], out_avals: Sequence[Any], *,
@@ -464,8 +465,7 @@ def register() -> None:
     handlers = {"initialize": jax.ffi.pycapsule(lib.XgemmCubinLaunchInitialize),
                 "execute": jax.ffi.pycapsule(lib.XgemmCubinLaunchExecute)}
     jax.ffi.register_ffi_target(TARGET, handlers, platform="CUDA", api_version=1, **_traits_cmd_buffer())
-    # Not declared graph-compatible: a CuTe function loads its module on first call, which must not
-    # happen inside a CUDA-graph capture.
+    # TVM_TARGET: the same handler, not declared graph-compatible ($XGEMM_JAX_TVM_GRAPH=0)
     jax.ffi.register_ffi_target(TVM_TARGET, jax.ffi.pycapsule(lib.XgemmTvmFfiCallExecute), platform="CUDA",
                                 api_version=1)
     jax.ffi.register_ffi_target(TVM_GRAPH_TARGET, jax.ffi.pycapsule(lib.XgemmTvmFfiCallGraphExecute),
