@@ -15,7 +15,8 @@ Cases (issue 5's acceptance), every peer in the same process:
           overhead rows are chain per-op minus graph per-op (bar: xgemm <= 2 us).
   gemm    bf16 8192^3 in jit: xgemm vs jnp.matmul (bar: >= 1.0x), and torch.matmul (cuBLAS, graph).
   softmax fp32 M x 65536 (~1 GiB in) in jit: xgemm vs jax.nn.softmax (bar: >= 1.3x) and the
-          device copy of the same bytes (torch copy_, graph; bar: >= 0.95x), plus torch.softmax.
+          device copy of the same bytes (the faster of torch copy_ and torch.neg, graphs; bar: >= 0.95x),
+          plus torch.softmax.
   grad    jax.grad through xgemm matmul and softmax in jit vs jnp (fp32 tolerance), timed.
   cmdbuf  the chain again in a fresh process with XLA command buffers (CUDA graphs) for custom calls
           ("_cmdbuf" cases; --no-cmdbuf skips it): XLA_FLAGS += CMDBUF_FLAGS (custom calls may be
@@ -242,22 +243,31 @@ class Bench:
         ty = torch.empty_like(tx)
         tref = torch.softmax(tx.double(), dim=-1)
         held = [None]
+        copies = {}                   # the copy roofline: the faster of the copy engine and an SM kernel
         for impl, body in (("torch", lambda: held.__setitem__(0, torch.softmax(tx, -1))),
-                           ("copy", lambda: held.__setitem__(0, ty.copy_(tx))),
+                           ("copy-memcpy", lambda: held.__setitem__(0, ty.copy_(tx))),
+                           ("copy-sm", lambda: held.__setitem__(0, torch.neg(tx, out=ty))),
                            ("xgemm_eager", lambda: held.__setitem__(0, xgemm.softmax(tx, axis=-1)))):
             try:
                 ty.fill_(float("nan"))
                 t = self.graph(body)          # the graph's last outputs are what is checked below
                 torch.cuda.synchronize()
                 y = held[0]
-                good = bool(torch.equal(y, tx)) if impl == "copy" else bool(
-                    ((y.double() - tref).abs() <= 1e-9 + 2e-5 * tref.abs()).all())
+                if impl.startswith("copy"):
+                    copies[impl] = (t, bool(torch.equal(y, tx if impl == "copy-memcpy" else -tx)))
+                    continue
+                good = bool(((y.double() - tref).abs() <= 1e-9 + 2e-5 * tref.abs()).all())
                 if impl == "xgemm_eager":     # kernel-only time of the same cubin (jit overhead = the difference)
                     self.record(f"graph_{case}", [m, n], "fp32", "xgemm", "GB/s", nbytes / t / 1e9, good)
                 else:
                     self.record(case, [m, n], "fp32", impl, "GB/s", nbytes / t / 1e9, good)
             except Exception as exc:
                 self.notes.append(f"{case} {impl}: {exc!r}")
+        if copies:
+            best = min(copies, key=lambda k: copies[k][0])
+            self.record(case, [m, n], "fp32", "copy", "GB/s", nbytes / copies[best][0] / 1e9, copies[best][1])
+            self.notes.append(f"{case} copy GB/s: " + ", ".join(
+                f"{k[5:]} {nbytes / v[0] / 1e9:.0f}" for k, v in copies.items()) + f" (copy = {best[5:]})")
 
     def grads(self):
         jax, jnp, np = self.jax, self.jnp, self.np

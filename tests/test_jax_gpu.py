@@ -108,18 +108,25 @@ for _ in range(8):
     ref = np.exp(ref - ref.max(-1, keepdims=True)); ref /= ref.sum(-1, keepdims=True)
 np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-9)
 # XLA forms command buffers from thunks (no command_buffer computation shows in the HLO), so the
-# handler's own counts say what happened: each launch it made after the first call was recorded
-# into a CUDA graph under capture (a replay repeats the kernels without calling it at all; XLA
-# records again when buffer addresses change).
-first = jax_ffi.launch_counts()
-for _ in range(3):
-    out = jf(x)
-    np.testing.assert_array_equal(np.asarray(out), y.astype(np.float32))
-    np.testing.assert_array_equal(np.asarray(jm(xm, wm)), ym)
-last = jax_ffi.launch_counts()
-print("LAUNCHES after the first call", first, "after 3 more", last)
-assert last[1] > 0, "no launch was recorded under CUDA-graph capture"
-assert last[0] - first[0] == last[1] - first[1], "a later call launched outside the graph"
+# handler's own counts say what happened. XLA runs a command buffer's commands uncaptured on its
+# first execution(s), then records them (again when buffer addresses change) and replays the
+# graph, which repeats the kernels without calling the handler. So after a warm-up, every launch
+# the handler makes for either chain must be one made under capture.
+def calls(fn, n):
+    for _ in range(n):
+        out = fn()
+        assert np.array_equal(np.asarray(out[0]), out[1])
+softmax_call = lambda: (jf(x), y.astype(np.float32))
+matmul_call = lambda: (jm(xm, wm), ym)
+calls(softmax_call, 3); calls(matmul_call, 3)
+for name, fn in (("cubin softmax chain", softmax_call), ("TVM-FFI matmul chain", matmul_call)):
+    before = jax_ffi.launch_counts()
+    calls(fn, 3)
+    after = jax_ffi.launch_counts()
+    new, captured = after[0] - before[0], after[1] - before[1]
+    print("LAUNCHES", name, "in 3 calls after warm-up:", new, "of which under capture:", captured)
+    assert new == captured, f"{name}: {new - captured} launches outside a CUDA graph after warm-up"
+assert jax_ffi.launch_counts()[1] > 0, "no launch was ever recorded under CUDA-graph capture"
 print("GRAPH OK")
 '''
 
