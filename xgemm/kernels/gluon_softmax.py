@@ -54,7 +54,7 @@ benchmarks/results/softmax-h200.md has every online 0/1 candidate). 65536 and 26
 with online=2 on 2026-11-29 (GPU 0 of an nvidia-h200-x2 host, `benchmarks/softmax.py --tune --sizes
 65536,262144 --peers quack`, CUDA-graph timing, outputs verified; not in softmax-h200.md):
     BLOCK_N        CTAS  warps  BLOCK_M           online  elems/thread  GB/s (N = BLOCK_N)
-    16 ... 512     1     8      16384 / BLOCK_N   0       64            4173 (256)
+    16 ... 512     1     8      16384 / BLOCK_N   0       64            4173 (256) [1]
     1024, 2048     1     8      8192 / BLOCK_N    0       32            4172 (1024)
     4096           1     16     8                 0       64            4175
     8192           1     16     2                 0       32            (not swept)
@@ -73,6 +73,9 @@ copy and 2% behind quack (which also stages x through shared memory with cp.asyn
 cluster barrier at exit; online=2 keeps x in registers). 32768 and 131072 take online=2 by
 analogy with their neighbours, not swept; 524288 (16 CTAs, non-portable, 8 warps) stays online=1,
 not measured with online=2.
+[1] Re-swept 2026-11-29 (softmax.py --tune --sizes 256 --peers quack; copy 4254, quack 4256): the
+pick 4200; m32w8 4161, m64w16 4173, m64w8 online 4191, m128w8 3985, m128w16 4174, m32w4 4123,
+m16w4 4149. No candidate closes the last 1.3% to quack.
 VEC is 16 bytes / input itemsize (4 for fp32, 8 for 16-bit): one 128-bit access per chunk.
 """
 from __future__ import annotations
