@@ -3,8 +3,9 @@
     python benchmarks/multi_gpu_torch.py --out DIR           # on nvidia-h200-x2 (or larger)
     python benchmarks/multi_gpu_torch.py --smoke             # CPU: the same code on 2 "cpu" devices
 
-The bf16 matmul is split over every GPU three ways (rows of A, columns of B, K with the partial
-fp32 products summed on device 0) and the fp32 softmax by rows. Each split is run by xgemm and by
+The bf16 matmul is split over every GPU three ways (rows of A, columns of B, and K, whose fp32
+partial products are summed by --k-sums: a ring of row blocks, or on device 0) and the fp32
+softmax by rows. Each split is run by xgemm and by
 torch (torch.matmul / torch.softmax) under the same split, and by xgemm on one device with the
 whole problem; values are checked on the GPU against torch on one device (integer-valued matmul
 operands, so every sum is exact and the check is equality). Per-device TFLOP/s and GB/s come from
@@ -34,8 +35,12 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=2 ** 15)
     ap.add_argument("--cols", type=int, default=2 ** 16)
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--k-blocks", type=int, default=1,
-                    help="row blocks of the K split's pipelined reduction (1, the H200-x2 run's setting: none)")
+    ap.add_argument("--k-sums", default="ring",
+                    help="how the K split's partial products are summed, comma-separated, each timed: "
+                         "ring (row blocks hop device to device, each transfer under the next block's "
+                         "GEMM; the cast row blocks are gathered on device 0) and/or reduce (every "
+                         "partial copied to device 0 and summed there, in --k-blocks row blocks)")
+    ap.add_argument("--k-blocks", type=int, default=4, help="row blocks of the reduce sum")
     args = ap.parse_args()
     import torch
 
@@ -56,6 +61,8 @@ def main() -> int:
     # each device's own non-default stream: xgemm must launch on the caller's current stream
     streams = [torch.cuda.Stream(device=d) if cuda else None for d in devices]
     reduce_stream = torch.cuda.Stream(device=devices[0]) if cuda else None
+    # per device, a stream for peer copies, so a transfer overlaps that device's next GEMM
+    copy_streams = [torch.cuda.Stream(device=d) if cuda else None for d in devices]
     dev0 = devices[0]
     records, table = [], []
 
@@ -78,8 +85,23 @@ def main() -> int:
 
     def sync():
         if cuda:
-            for st in streams + [reduce_stream]:
+            for st in streams + copy_streams + [reduce_stream]:
                 st.synchronize()
+
+    def send(x, ready, src, dst):
+        """x (device src, ready after event `ready` on its compute stream) copied to device dst on
+        the two devices' copy streams -> (copy, event on dst's copy stream after it landed)."""
+        if not cuda:
+            return x.clone(), None
+        with torch.cuda.stream(copy_streams[src]), torch.cuda.stream(copy_streams[dst]):
+            copy_streams[src].wait_event(ready)
+            buf = torch.empty(x.shape, dtype=x.dtype, device=devices[dst])
+            buf.copy_(x, non_blocking=True)     # runs on src's copy stream; dst's copy stream waits
+            landed = torch.cuda.Event()
+            landed.record(copy_streams[dst])
+        x.record_stream(copy_streams[src])
+        buf.record_stream(streams[dst])
+        return buf, landed
 
     def wall(step, reps):
         """Median wall seconds of step() (launches on every device) plus the synchronization."""
@@ -111,9 +133,10 @@ def main() -> int:
         sync()
         record(f"matmul_{dt}_{s}^3_one_device", (s, s, s), dt, "xgemm", "TFLOP/s", flops / t1 / 1e12,
                torch.equal(out1, ref))
-    for name in ("rows", "cols", "k"):
-        a_parts = split(A, 0, n) if name == "rows" else split(A, 1, n) if name == "k" else [A] * n
-        b_parts = split(B, 1, n) if name == "cols" else split(B, 0, n) if name == "k" else [B] * n
+    k_sums = [x for x in args.k_sums.split(",") if x]
+    for name in ["rows", "cols"] + [f"k_{x}" for x in k_sums]:
+        a_parts = split(A, 0, n) if name == "rows" else split(A, 1, n) if name.startswith("k") else [A] * n
+        b_parts = split(B, 1, n) if name == "cols" else split(B, 0, n) if name.startswith("k") else [B] * n
         a_parts = [x.to(d) for x, d in zip(a_parts, devices)]
         b_parts = [x.to(d) for x, d in zip(b_parts, devices)]
         sync()
@@ -129,15 +152,51 @@ def main() -> int:
                     return torch.mm(a, b_parts[i], out_dtype=torch.float32)
                 return torch.mm(a.float(), b_parts[i].float())
 
+            def ring():
+                """Row block b of the result is summed along a ring: at step t device d computes
+                its partial of block (d + t + 1) % n, adds what device d + 1 sent for that block,
+                and sends the sum on to d - 1 (the copy runs under d's next GEMM); after n - 1 hops
+                device d holds block d, which it casts; device 0 gathers the cast blocks."""
+                rows = s // n
+                recv, own = [None] * n, [None] * n
+                for t in range(n):
+                    sent = [None] * n
+                    for d in range(n):
+                        blk = (d + t + 1) % n
+                        with on(d):
+                            p = partial(d, a_parts[d][blk * rows:(blk + 1) * rows])
+                            if recv[d] is not None:
+                                buf, landed = recv[d]
+                                if cuda:
+                                    streams[d].wait_event(landed)
+                                p.add_(buf)
+                            if t == n - 1:
+                                own[d] = p.to(mm_dtype)
+                                continue
+                            ready = torch.cuda.Event() if cuda else None
+                            if cuda:
+                                ready.record()
+                        sent[(d - 1) % n] = send(p, ready, d, (d - 1) % n)
+                    recv = sent
+                with on(0):
+                    total = torch.empty(s, s, device=dev0, dtype=mm_dtype)
+                for d in range(n):
+                    with on(d), (torch.cuda.stream(streams[0]) if cuda else contextlib.nullcontext()):
+                        total[d * rows:(d + 1) * rows].copy_(own[d], non_blocking=True)
+                outs[0] = total
+
             def step():
-                if name != "k":
+                if name == "k_ring":
+                    return ring()
+                if not name.startswith("k"):
                     for i in range(n):
                         with on(i):
                             outs[i] = (xgemm.matmul if impl == "xgemm" else torch.matmul)(a_parts[i], b_parts[i])
                     return
                 # K split: row blocks, so block j's peer copies (copy engine) and sum on device 0
                 # (reduce stream) run under block j+1's GEMMs; the same pipeline for both impls
-                total = torch.empty(s, s, device=dev0, dtype=mm_dtype)
+                with on(0):
+                    total = torch.empty(s, s, device=dev0, dtype=mm_dtype)
                 for r0 in range(0, s, k_block):
                     done = []
                     for i in range(n):
@@ -162,7 +221,7 @@ def main() -> int:
 
             t = wall(step, args.reps)
             sync()
-            if name == "k":
+            if name.startswith("k"):
                 got = outs[0]
             else:
                 got = torch.cat([o.to(dev0) for o in outs], dim=0 if name == "rows" else 1)
