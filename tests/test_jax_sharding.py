@@ -95,7 +95,7 @@ def suite(tag, fake):
     v = jax.jit(jax.vmap(lambda a: xj.gemm(a, b)))(a)
     np.testing.assert_array_equal(np.asarray(v), Ab @ B)
     print("ok", tag, "grad/vmap")
-    # softmax keeps every dim's sharding but the reduced one's
+    # softmax keeps every dim's sharding (the reduced one here is not sharded)
     X = rng.standard_normal((16, 8, 32)).astype(np.float32)
     x = put(X, P("x", "y", None))
     f = jax.jit(lambda x: xj.softmax(x, -1))
@@ -107,6 +107,31 @@ def suite(tag, fake):
         calls = [l for l in hlo.splitlines() if "custom-call(" in l and "xgemm_cubin_launch" in l]
         assert calls and all("f32[4,4,32]" in l for l in calls), calls
     print("ok", tag, "softmax")
+    # a sharded reduced dim stays sharded: one max and one sum per row cross the devices (all-reduce)
+    Xs = rng.standard_normal((16, 64)).astype(np.float32) * 4
+    Xs[3] = -np.inf                      # all -inf row: NaN, as torch.softmax gives
+    Xs[5, 7] = np.inf                    # +inf in a row: NaN row
+    Xs[6, :40] = -np.inf                 # a whole shard of the row -inf, the rest finite
+    one = np.asarray(jax.jit(lambda x: xj.softmax(x, -1))(jax.device_put(Xs, jax.devices()[0])))
+    for spec in (P(None, "y"), P("x", ("x", "y")[1:]), P(None, ("x", "y"))):
+        x = put(Xs, spec)
+        f = jax.jit(lambda x: xj.softmax(x, -1))
+        hlo = f.lower(x).compile().as_text()
+        got = f(x)
+        assert got.sharding.spec == spec, (spec, got.sharding.spec)
+        np.testing.assert_allclose(np.asarray(got), one, rtol=1e-6, atol=1e-7)   # NaNs in the same places
+        assert "all-gather" not in hlo and "all-to-all" not in hlo and "all-reduce" in hlo, (spec, hlo)
+    e = np.exp(Xs[6] - Xs[6].max())
+    np.testing.assert_allclose(one[6], e / e.sum(), rtol=1e-6)
+    # uneven split of the reduced dim (65 columns over 2): gathered, not padded into the sums
+    # (device_put refuses an uneven split; a sharding constraint inside the jit asks for one)
+    Xu = rng.standard_normal((8, 65)).astype(np.float32)
+    auto = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("u",))      # Auto axes: constraints allowed
+    fu = jax.jit(lambda x: xj.softmax(jax.lax.with_sharding_constraint(x * 2, NamedSharding(auto, P(None, "u"))), -1))
+    eu = np.exp(2 * Xu - (2 * Xu).max(-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(fu(Xu)), eu / eu.sum(-1, keepdims=True), rtol=1e-6)
+    assert "all-gather" in fu.lower(Xu).compile().as_text()
+    print("ok", tag, "softmax over a sharded row")
 
 suite("xla", False)
 with jax_testing.fake_gpu():

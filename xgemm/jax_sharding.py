@@ -7,7 +7,8 @@ GEMM D[b..., m, n] = sum_k A[b..., m, k] B[b..., k, n]:
   below says how). A result the caller shards along rows or columns over the K axes gets a
   reduce-scatter only. A mesh axis can shard one dim only: a later claim on an axis already used (batch, then m, then n, then k) is dropped and
   that operand dim is gathered instead. Size-1 (broadcast) dims are never sharded.
-Softmax: every dim but the reduced one keeps its sharding; the reduced dim is gathered.
+Softmax: every dim keeps its sharding. Rows run through the kernel on each shard; a sharded
+reduced dim instead exchanges one max and one sum per row (pmax / psum), never x itself.
 Under Shardy (the default) the same facts are stated as einsum-like sharding rules.
 With one device, custom_partitioning inlines the local computation: no custom call is added.
 custom_partitioning has no batching or JVP rule; jax_transforms.py puts custom_vmap and custom_vjp
@@ -260,28 +261,48 @@ def gemm(a, b, c, *, alpha: float, beta: float, out_dtype: str, a_major: str = "
 # ---------------------------------------------------------------------------------------------
 # Softmax
 
-def _softmax_dims(axis: int, sharding: Any, rank: int) -> List[Axes]:
+def _softmax_dims(axis: int, sharding: Any, rank: int, shape) -> List[Axes]:
+    """Every dim keeps its sharding; the reduced one too when it splits evenly (a padded shard
+    would add its padding to the row's max and sum), else it is gathered."""
     dims = _spec(sharding, rank)
-    dims[axis] = ()
+    n = 1
+    for name in dims[axis]:
+        n *= sharding.mesh.shape[name]
+    if dims[axis] and shape[axis] % n:
+        dims[axis] = ()
     return dims
+
+
+def _softmax_across(x, axis: int, axes: Axes):
+    """Softmax along a dim sharded over `axes`: the row max and the row sum of exp cross the
+    devices (pmax / psum of one value per row); x itself never moves. The same arithmetic as
+    torch.softmax (an all -inf row gives NaN, as there)."""
+    acc = acc_dtype(x.dtype)
+    xf = x.astype(acc)
+    m = jax.lax.pmax(jnp.max(xf, axis=axis, keepdims=True), axes)
+    e = jnp.exp(xf - m)
+    return (e / jax.lax.psum(jnp.sum(e, axis=axis, keepdims=True), axes)).astype(x.dtype)
 
 
 def _softmax_partition(axis, mesh, arg_shapes, result_shape):
     (x,) = arg_shapes
-    dims = _softmax_dims(axis, x.sharding, len(x.shape))
-    lower_fn = lambda x: softmax_p.bind(x, axis=axis)
+    dims = _softmax_dims(axis, x.sharding, len(x.shape), x.shape)
+    if dims[axis]:
+        lower_fn = lambda x: _softmax_across(x, axis, dims[axis])     # noqa: E731
+    else:
+        lower_fn = lambda x: softmax_p.bind(x, axis=axis)             # noqa: E731
     return mesh, lower_fn, _named(mesh, dims), (_named(mesh, dims),)
 
 
 def _softmax_infer(axis, mesh, arg_shapes, result_shape):
     (x,) = arg_shapes
-    return _named(mesh, _softmax_dims(axis, x.sharding, len(x.shape)))
+    return _named(mesh, _softmax_dims(axis, x.sharding, len(x.shape), x.shape))
 
 
 def _softmax_rule(axis, mesh, value_types, result_types):
     names = [f"d{i}" for i in range(len(_shape(value_types[0])))]
     spec = " ".join(names)
-    return f"{spec} -> {spec}", {"need_replication_factors": (names[axis],)}
+    return f"{spec} -> {spec}"
 
 
 def _softmax_local(x, axis):
