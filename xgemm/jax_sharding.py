@@ -99,7 +99,10 @@ def _named(mesh, dims: Sequence[Axes]) -> NamedSharding:
 # All three add the same fp32 partials, so values agree; the first two move 3/4 of all_reduce's
 # bytes for a 16-bit output. nvidia-h200-x2, bf16 16384^3, per GPU (multi_gpu.py --k-reductions,
 # one run): ring 504.5, scatter 480.4, all_reduce 463.8 TFLOP/s, XLA's dot 474.1; with the result
-# asked row-sharded 578.6 / 546.3 / 552.4, XLA 558.0. One GPU: 765.7. When the caller asks for the output sharded along rows (or columns)
+# asked row-sharded 578.6 / 546.3 / 552.4, XLA 558.0. One GPU: 765.7. The ring's transfer does
+# not yet hide under the GEMM: XLA_FLAGS --xla_gpu_enable_latency_hiding_scheduler and
+# --xla_gpu_use_memcpy_local_p2p left it at 498-508 (the persistent GEMM holds every SM, and the
+# order XLA gives the two independent block products is its own). When the caller asks for the output sharded along rows (or columns)
 # over the K axes, only the reduce-scatter part runs (half the bytes) and nothing is gathered.
 K_REDUCTIONS = ("ring", "scatter", "all_reduce")
 K_REDUCTION = "ring"
