@@ -102,7 +102,8 @@ def _named(mesh, dims: Sequence[Axes]) -> NamedSharding:
 # asked row-sharded 578.6 / 546.3 / 552.4, XLA 558.0. One GPU: 765.7. The ring's transfer does
 # not yet hide under the GEMM: XLA_FLAGS --xla_gpu_enable_latency_hiding_scheduler and
 # --xla_gpu_use_memcpy_local_p2p left it at 498-508 (the persistent GEMM holds every SM, and the
-# order XLA gives the two independent block products is its own). When the caller asks for the output sharded along rows (or columns)
+# order XLA gives the two independent block products is its own; an optimization_barrier that
+# put the sent block's product first changed nothing either: 495-500, session 3). When the caller asks for the output sharded along rows (or columns)
 # over the K axes, only the reduce-scatter part runs (half the bytes) and nothing is gathered.
 K_REDUCTIONS = ("ring", "scatter", "all_reduce")
 K_REDUCTION = "ring"
