@@ -50,3 +50,5 @@ def test_no_driver_is_a_typed_error():
         pass
     with pytest.raises(driver.CudaError, match="libcuda"):
         driver.sm_count(0)
+    with pytest.raises(driver.CudaError, match="libcuda"):
+        driver.device_count()

@@ -26,28 +26,16 @@ def _version(module: str) -> str:
 
 
 def _gpus() -> list:
-    """GPUs through cuda-python (no framework import)."""
+    """GPUs through the driver (xgemm.driver: ctypes on libcuda; no framework, no cuda-python)."""
+    from . import driver
     try:
-        from cuda.bindings import driver
-    except ImportError:
-        return ["cuda-python not installed: GPU detection unavailable"]
-    try:
-        err, = driver.cuInit(0)
-    except Exception:       # no NVIDIA driver on this machine
+        count = driver.device_count()
+    except driver.CudaError:        # no NVIDIA driver here, or it finds no device
         return []
-    if int(err) != 0:
-        return []
-    _, count = driver.cuDeviceGetCount()
     gpus = []
     for i in range(count):
-        _, dev = driver.cuDeviceGet(i)
-        _, name = driver.cuDeviceGetName(64, dev)
-        attr = driver.CUdevice_attribute
-        _, major = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-        _, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-        _, sms = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
-        label = name.split(b"\0", 1)[0].decode()
-        gpus.append(f"cuda:{i} {label} sm_{major}{minor} {sms} SMs")
+        major, minor = driver.capability(i)
+        gpus.append(f"cuda:{i} {driver.device_name(i)} sm_{major}{minor} {driver.sm_count(i)} SMs")
     return gpus
 
 
@@ -59,8 +47,7 @@ def info() -> dict:
         for name, target in policy._TABLE[op]:
             spec = importlib.util.find_spec(target.partition(":")[0])
             families[f"{op}/{name}"] = "present" if spec is not None else "not in this install"
-    needs = {"CuTe-DSL kernels (cute_*)": "cutlass", "Gluon build (gluon_*, build-cache)": "triton",
-             "cubin launcher": "cuda"}
+    needs = {"CuTe-DSL kernels (cute_*)": "cutlass", "Gluon build (gluon_*, build-cache)": "triton"}
     return {
         "xgemm": __import__("xgemm").__version__,
         "python": sys.version.split()[0],

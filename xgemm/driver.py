@@ -89,6 +89,8 @@ _SIGNATURES = {
     "cuInit": [_U],
     "cuGetErrorName": [_I, ctypes.POINTER(ctypes.c_char_p)],
     "cuDeviceGet": [ctypes.POINTER(_I), _I],
+    "cuDeviceGetCount": [ctypes.POINTER(_I)],
+    "cuDeviceGetName": [ctypes.c_char_p, _I, _I],
     "cuDeviceGetAttribute": [ctypes.POINTER(_I), _I, _I],
     "cuDevicePrimaryCtxRetain": [ctypes.POINTER(_P), _I],
     "cuCtxPushCurrent_v2": [_P],
@@ -156,6 +158,20 @@ def device(index: int) -> int:
     dev = _I()
     check(_fn("cuDeviceGet")(ctypes.byref(dev), int(index)), "cuDeviceGet", f"device {index}")
     return dev.value
+
+
+def device_count() -> int:
+    """CUDA devices the driver sees (0 where cuInit finds none); CudaError without a driver."""
+    init()
+    n = _I()
+    check(_fn("cuDeviceGetCount")(ctypes.byref(n)), "cuDeviceGetCount")
+    return n.value
+
+
+def device_name(index: int) -> str:
+    buf = ctypes.create_string_buffer(128)
+    check(_fn("cuDeviceGetName")(buf, len(buf), device(index)), "cuDeviceGetName", f"device {index}")
+    return buf.value.decode(errors="replace")
 
 
 _attributes: Dict[Tuple[int, int], int] = {}

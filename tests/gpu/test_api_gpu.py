@@ -97,3 +97,11 @@ def test_repeat_calls_through_the_fast_path_stay_exact(dtype):
         x = (torch.randn(33, 2000, dtype=torch.float64) * 3).to(DT[dtype]).cuda()
         torch.testing.assert_close(xgemm.softmax(x).double(), torch.softmax(x.double(), -1), rtol=1e-2, atol=1e-2)
     assert fastpath._gemm and fastpath._softmax
+
+
+def test_info_lists_the_gpus_through_the_driver():
+    from xgemm.__main__ import _gpus
+    gpus = _gpus()
+    assert len(gpus) == torch.cuda.device_count(), gpus
+    props = torch.cuda.get_device_properties(0)
+    assert gpus[0] == f"cuda:0 {props.name} sm_{props.major}{props.minor} {props.multi_processor_count} SMs"
