@@ -4,6 +4,8 @@ quack (quack.gemm_interface.gemm, its default config, not autotuned), in one pro
     python benchmarks/gemm_tc.py                      # the acceptance shapes, bf16 + fp16
     python benchmarks/gemm_tc.py --sweep              # + every candidate config per shape (policy tuning)
     python benchmarks/gemm_tc.py --shapes 8192x8192x8192 --dtypes bfloat16 --out x.json
+    python benchmarks/gemm_tc.py --out-dtype float32 --impls cublas,xgemm --sweep --sweep-set f32out
+                                                      # fp32 results (the K-split partials)
 
 Timing: each implementation's call is captured in a CUDA graph (`--reps` launches back to back,
 inputs rotating through enough buffer sets that their bytes exceed 2x the L2); after a short
@@ -48,6 +50,11 @@ SWEEP_SMALL = [
     (128, 64, 1, 1, True, True, 1), (128, 32, 1, 1, True, True, 1), (128, 64, 1, 2, True, True, 1),
     (128, 32, 1, 2, True, True, 1), (128, 96, 1, 1, True, True, 1), (128, 64, 1, 1, False, True, 1),
     (128, 128, 1, 1, True, True, 1), (128, 128, 2, 1, True, True, 8), (128, 192, 2, 1, True, False, 8),
+]
+# --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
+SWEEP_F32OUT = [
+    (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
+    (128, 256, 2, 1, False, False, 8), (256, 128, 2, 1, False, False, 8), (256, 128, 1, 2, False, True, 8),
 ]
 
 
@@ -109,9 +116,10 @@ def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3):
 class Inputs:
     """Rotating sets of random-normal A (M, K) row-major, B (K, N) row-major and outputs."""
 
-    def __init__(self, m, n, k, dtype, seed=0):
+    def __init__(self, m, n, k, dtype, seed=0, out_dtype=None):
         torch = _torch()
         dt = getattr(torch, dtype)
+        self.out_dtype = getattr(torch, out_dtype) if out_dtype else dt
         per = (m * k + k * n + m * n) * 2
         self.sets = max(1, min(8, math.ceil(2 * L2_BYTES / per)))
         gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -124,7 +132,7 @@ class Inputs:
         torch = _torch()
         key = (impl, i % self.sets)
         if key not in self.d:
-            self.d[key] = torch.empty(self.a[0].shape[0], self.b[0].shape[1], dtype=self.a[0].dtype,
+            self.d[key] = torch.empty(self.a[0].shape[0], self.b[0].shape[1], dtype=self.out_dtype,
                                       device="cuda")
         return self.d[key]
 
@@ -139,6 +147,12 @@ class Inputs:
 # ------------------------------------------------------------------------------------------
 def impl_cublas(x: Inputs):
     torch = _torch()
+
+    if x.out_dtype != x.a[0].dtype:        # cuBLAS with an fp32 result (torch.mm's out_dtype)
+        def call(i):            # the result is torch's own allocation (the graph's, when captured)
+            j = i % x.sets
+            x.d[("cublas", j)] = torch.mm(x.a[j], x.b[j], out_dtype=x.out_dtype)
+        return call, "torch.mm(out_dtype=float32)"
 
     def call(i):
         j = i % x.sets
@@ -204,14 +218,15 @@ def impl_quack(x: Inputs):
 
 
 def bench(shapes=SHAPES, dtypes=DTYPES, impls=("cublas", "quack", "xgemm"), sweep=(), reps=20,
-          trials=7, log=print):
+          trials=7, log=print, out_dtype=None):
     torch = _torch()
     records, notes = [], {}
     makers = {"cublas": impl_cublas, "quack": impl_quack, "xgemm": impl_xgemm}
     for dtype in dtypes:
         for (m, n, k) in shapes:
-            x = Inputs(m, n, k, dtype)
-            case = f"gemm_{'bf16' if dtype == 'bfloat16' else 'fp16'}_{m}x{n}x{k}"
+            x = Inputs(m, n, k, dtype, out_dtype=out_dtype)
+            case = f"gemm_{'bf16' if dtype == 'bfloat16' else 'fp16'}_{m}x{n}x{k}" + \
+                (f"_{out_dtype}_out" if out_dtype else "")
             todo = [(name, makers[name], name) for name in impls]
             todo += [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in sweep]
             ready = []
@@ -271,7 +286,8 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small"), default="big")
+    ap.add_argument("--sweep-set", choices=("big", "small", "f32out"), default="big")
+    ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gemm_tc-h200.json"))
@@ -282,9 +298,9 @@ def main(argv=None):
     impls = tuple(i for i in args.impls.split(",") if i)
     records, notes = [], {}
     for dtype in dtypes:
-        sets = {"big": SWEEP, "small": SWEEP_SMALL}
+        sets = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT}
         sweep = sets[args.sweep_set] if args.sweep and dtype in args.sweep_dtypes.split(",") else ()
-        r, n = bench(shapes, [dtype], impls, sweep, args.reps, args.trials)
+        r, n = bench(shapes, [dtype], impls, sweep, args.reps, args.trials, out_dtype=args.out_dtype)
         records += r
         notes.update(n)
     versions = {}
