@@ -93,8 +93,9 @@ def capture(fn, reps: int):
 
 
 def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3):
-    """Median seconds per call for each replay function, trials interleaved round-robin so that
-    every implementation sees the same clocks and temperature (the H200 runs power-limited)."""
+    """Median seconds per call for each replay function, trials interleaved round-robin (the
+    starting implementation rotating) so that every implementation sees the same clocks and
+    temperature (the H200 runs power-limited)."""
     torch = _torch()
     t_end = time.perf_counter() + warm_s
     while time.perf_counter() < t_end:      # bring the clocks to their loaded state first
@@ -102,8 +103,11 @@ def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3):
             r()
         torch.cuda.synchronize()
     times = [[] for _ in replays]
-    for _ in range(trials):
-        for j, r in enumerate(replays):
+    for t in range(trials):
+        # each trial starts one implementation later, so none keeps the slot after the same peer
+        # (power-limited clocks make the order matter)
+        for j in [(t + i) % len(replays) for i in range(len(replays))]:
+            r = replays[j]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             r()
