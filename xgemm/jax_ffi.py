@@ -498,7 +498,8 @@ def register_host_test() -> ctypes.CDLL:
 
 
 def launch_counts() -> Tuple[int, int]:
-    """(cubin launches by the handler so far, of them recorded while XLA captured a CUDA graph)."""
+    """(launches the handlers made so far -- cubin launches and TVM-FFI calls --, of them those
+    recorded while XLA captured a CUDA graph)."""
     out = (ctypes.c_int64 * 2)()
     load().XgemmFfiLaunchCounts(out)
     return out[0], out[1]

@@ -5,8 +5,8 @@ GEMM D[b..., m, n] = sum_k A[b..., m, k] B[b..., k, n]:
   column-sharded, and a sharded K runs the local product on each K shard then sums the partial
   results over the K axes (in the accumulator type, before beta*C and the final cast; K_REDUCTION
   below says how). A result the caller shards along rows or columns over the K axes gets a
-  reduce-scatter only. A mesh axis can shard one dim only: a later claim on an axis already used (batch, then m, then n, then k) is dropped and
-  that operand dim is gathered instead. Size-1 (broadcast) dims are never sharded.
+  reduce-scatter only. A mesh axis can shard one dim only: a later claim on an axis already used
+  (batch, then m, then n, then k) is dropped and that operand dim is gathered instead. Size-1 (broadcast) dims are never sharded.
 Softmax: every dim keeps its sharding. Rows run through the kernel on each shard; a sharded
 reduced dim instead exchanges one max and one sum per row (pmax / psum), never x itself.
 Under Shardy (the default) the same facts are stated as einsum-like sharding rules.
@@ -90,7 +90,7 @@ def _named(mesh, dims: Sequence[Axes]) -> NamedSharding:
     return NamedSharding(mesh, P(*(_entry(d) for d in dims)))
 
 
-# How the K shards' partial products are summed (benchmarks/multi_gpu.py --k-reduction times each):
+# How the K shards' partial products are summed (benchmarks/multi_gpu.py --k-reductions times each):
 #   "ring"        the output's row blocks travel a ring of collective-permutes: each device first
 #                 computes the block it sends, so every transfer can run under the next block's
 #                 GEMM; the device's own block is then cast and all-gathered in the output dtype.
@@ -100,20 +100,28 @@ def _named(mesh, dims: Sequence[Axes]) -> NamedSharding:
 # bytes for a 16-bit output. nvidia-h200-x2, bf16 16384^3, per GPU (multi_gpu.py --k-reductions,
 # one run): ring 504.5, scatter 480.4, all_reduce 463.8 TFLOP/s, XLA's dot 474.1; with the result
 # asked row-sharded 578.6 / 546.3 / 552.4, XLA 558.0. One GPU: 765.7. The ring's transfer does
-# not yet hide under the GEMM: XLA_FLAGS --xla_gpu_enable_latency_hiding_scheduler and
-# --xla_gpu_use_memcpy_local_p2p left it at 498-508 (the persistent GEMM holds every SM, and the
-# order XLA gives the two independent block products is its own; an optimization_barrier that
-# put the sent block's product first changed nothing either: 495-500, session 3). When the caller asks for the output sharded along rows (or columns)
-# over the K axes, only the reduce-scatter part runs (half the bytes) and nothing is gathered.
+# not yet hide under the GEMM, for reasons not found: XLA_FLAGS
+# --xla_gpu_enable_latency_hiding_scheduler and --xla_gpu_use_memcpy_local_p2p left it at
+# 498-508, and an optimization_barrier putting the sent block's product first at 495-500.
+# When the caller asks for the output sharded along rows (or columns) over the K axes, only the
+# reduce-scatter part runs (half the bytes) and nothing is gathered.
 K_REDUCTIONS = ("ring", "scatter", "all_reduce")
 K_REDUCTION = "ring"
 
 
-def _scatter_dim(result_spec: List[Axes], k: Axes, out_shape, n_k: int):
+def _axes_size(mesh, axes: Axes) -> int:
+    """Devices along `axes` of the mesh (1 for none)."""
+    n = 1
+    for name in axes:
+        n *= mesh.shape[name]
+    return n
+
+
+def _scatter_dim(result_spec: List[Axes], k: Axes, out_shape, n_k: int, out_dims: List[Axes]):
     """-2 (rows) or -1 (columns) when the requested output shards that dim over exactly the K
-    axes and it divides evenly; else None (a replicated result)."""
+    axes, it divides evenly and no other axis shards it already; else None (a replicated result)."""
     for dim in (-2, -1):
-        if result_spec[dim] == k and out_shape[dim] % n_k == 0:
+        if result_spec[dim] == k and out_shape[dim] % n_k == 0 and not out_dims[dim]:
             return dim
     return None
 
@@ -137,11 +145,11 @@ def _sum_k_shards(a, b, c, *, k, n_k, scatter, strategy, alpha, beta, out_dtype,
         if c:
             part = part + jnp.asarray(beta, acc) * c[0].astype(acc)
         return part.astype(out_dtype)
-    rows = m // n_k
     me = jax.lax.axis_index(k)
     if strategy == "ring" and dim == -2:
         # step s computes row block (me + s + 1) % n and adds what the next device sent for it;
         # after n - 1 hops each device holds the full sum of its own block `me`
+        rows = m // n_k
         block = lambda s: product(jax.lax.dynamic_slice_in_dim(a, ((me + s + 1) % n_k) * rows, rows, axis=-2))
         to_prev = [(d, (d - 1) % n_k) for d in range(n_k)]
         own = block(0)
@@ -169,13 +177,9 @@ def _gemm_partition(alpha, beta, out_dtype, a_major, b_major, mesh, arg_shapes, 
         _spec(a.sharding, len(a.shape)), _spec(b.sharding, len(b.shape)),
         _spec(c.sharding, len(c.shape)) if c is not None else None)
     has_c = c is not None
-    n_k = 1
-    for axis in k:
-        n_k *= mesh.shape[axis]
-    scatter = _scatter_dim(_spec(result_shape.sharding, len(result_shape.shape)), k, result_shape.shape, n_k) \
-        if k else None
-    if scatter is not None and out_new[scatter]:        # that dim is already sharded by another axis
-        scatter = None
+    n_k = _axes_size(mesh, k)
+    scatter = _scatter_dim(_spec(result_shape.sharding, len(result_shape.shape)), k, result_shape.shape,
+                           n_k, out_new) if k else None
     if scatter is not None:
         out_new = list(out_new)
         out_new[scatter] = k
@@ -267,14 +271,11 @@ def gemm(a, b, c, *, alpha: float, beta: float, out_dtype: str, a_major: str = "
 # ---------------------------------------------------------------------------------------------
 # Softmax
 
-def _softmax_dims(axis: int, sharding: Any, rank: int, shape) -> List[Axes]:
+def _softmax_dims(axis: int, sharding: Any, shape) -> List[Axes]:
     """Every dim keeps its sharding; the reduced one too when it splits evenly (a padded shard
     would add its padding to the row's max and sum), else it is gathered."""
-    dims = _spec(sharding, rank)
-    n = 1
-    for name in dims[axis]:
-        n *= sharding.mesh.shape[name]
-    if dims[axis] and shape[axis] % n:
+    dims = _spec(sharding, len(shape))
+    if dims[axis] and shape[axis] % _axes_size(sharding.mesh, dims[axis]):
         dims[axis] = ()
     return dims
 
@@ -292,7 +293,7 @@ def _softmax_across(x, axis: int, axes: Axes):
 
 def _softmax_partition(axis, mesh, arg_shapes, result_shape):
     (x,) = arg_shapes
-    dims = _softmax_dims(axis, x.sharding, len(x.shape), x.shape)
+    dims = _softmax_dims(axis, x.sharding, x.shape)
     if dims[axis]:
         lower_fn = lambda x: _softmax_across(x, axis, dims[axis])     # noqa: E731
     else:
@@ -302,7 +303,7 @@ def _softmax_partition(axis, mesh, arg_shapes, result_shape):
 
 def _softmax_infer(axis, mesh, arg_shapes, result_shape):
     (x,) = arg_shapes
-    return _named(mesh, _softmax_dims(axis, x.sharding, len(x.shape), x.shape))
+    return _named(mesh, _softmax_dims(axis, x.sharding, x.shape))
 
 
 def _softmax_rule(axis, mesh, value_types, result_types):
