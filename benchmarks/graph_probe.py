@@ -13,22 +13,19 @@ the handler's launch counts (all / under capture) over those calls. One line per
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from multi_gpu import median_s  # noqa: E402  (wall-clock median around block_until_ready)
 
 
 def per_op_us(fn, args, ops, reps=30):
-    fn(*args).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn(*args).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) / ops * 1e6
+    """Median wall time of one call of the chain over `reps` calls (after one), per op."""
+    return median_s(fn, *args, warmup=1, reps=reps) / ops * 1e6
 
 
 def main() -> int:
