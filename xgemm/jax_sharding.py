@@ -6,7 +6,8 @@ GEMM D[b..., m, n] = sum_k A[b..., m, k] B[b..., k, n]:
   results over the K axes (in the accumulator type, before beta*C and the final cast; K_REDUCTION
   below says how). A result the caller shards along rows or columns over the K axes gets a
   reduce-scatter only. A mesh axis can shard one dim only: a later claim on an axis already used
-  (batch, then m, then n, then k) is dropped and that operand dim is gathered instead. Size-1 (broadcast) dims are never sharded.
+  (batch, then m, then n, then k) is dropped and that operand dim is gathered instead. Size-1
+  (broadcast) dims are never sharded.
 Softmax: every dim keeps its sharding. Rows run through the kernel on each shard; a sharded
 reduced dim instead exchanges one max and one sum per row (pmax / psum), never x itself.
 Under Shardy (the default) the same facts are stated as einsum-like sharding rules.

@@ -72,9 +72,9 @@ for it too (o2 w8c4 3875, w4c8 4010, w8c2 3683; w8c16 3205, w8c8 3017). Still 0.
 copy and 2% behind quack (which also stages x through shared memory with cp.async and has no
 cluster barrier at exit; online=2 keeps x in registers). A wider online=2 sweep (same tool, a
 later run; copy 4246, quack 4119 / 3825) kept the picks: 64K w4c4 4041 vs w16c4 3919, w8c8 3973,
-w2c8 3986, w2c16 3862, w16c2 3675; 256K w4c16 3756 vs w16c16 2913, w4c8 2837. 32768 and 131072 take online=2 by
-analogy with their neighbours, not swept; 524288 (16 CTAs, non-portable, 8 warps) stays online=1,
-not measured with online=2.
+w2c8 3986, w2c16 3862, w16c2 3675; 256K w4c16 3756 vs w16c16 2913, w4c8 2837. 32768 and 131072
+take online=2 by analogy with their neighbours, not swept; 524288 (16 CTAs, non-portable, 8 warps)
+stays online=1, not measured with online=2.
 [1] Re-swept 2026-11-29 (softmax.py --tune --sizes 256 --peers quack; copy 4254, quack 4256): the
 pick 4200; m32w8 4161, m64w16 4173, m64w8 online 4191, m128w8 3985, m128w16 4174, m32w4 4123,
 m16w4 4149. No candidate closes the last 1.3% to quack.
