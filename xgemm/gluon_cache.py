@@ -189,6 +189,16 @@ def unavailable_reason(key: str, arch: str = DEFAULT_ARCH) -> Optional[str]:
             f"run `python -m xgemm build-cache`")
 
 
+_availability: Dict[Tuple[str, str], Optional[str]] = {}
+
+
+def available(key: str, arch: str = DEFAULT_ARCH) -> Optional[str]:
+    """unavailable_reason(key), remembered for the process: kernels ask it from supports()."""
+    if (key, arch) not in _availability:
+        _availability[key, arch] = unavailable_reason(key, arch)
+    return _availability[key, arch]
+
+
 # ----------------------------------------------------------------------------------------------
 # Compiling (needs triton >= 3.8; no GPU)
 # ----------------------------------------------------------------------------------------------

@@ -28,6 +28,25 @@ def unit_stride_dim(shape: Tuple[int, ...], strides: Tuple[int, ...]) -> Optiona
     return None
 
 
+def sm90_half_gemm_reason(problem: "GemmProblem") -> Optional[str]:
+    """What every Hopper fp16/bf16 GEMM kernel without batches checks first: a CUDA sm_90 device,
+    no batch dims, A and B both float16 or both bfloat16, a result of their dtype or float32.
+    None when all hold (the kernel then checks its own limits), else the reason it declines."""
+    dev = problem.device
+    if dev.kind != "cuda":
+        return "needs a CUDA device"
+    if dev.arch != (9, 0):
+        return f"needs a Hopper GPU (sm_90); this device is {dev.arch}"
+    if problem.batch:
+        return "batched problems are not supported"
+    a, b = problem.a, problem.b
+    if a.dtype not in ("float16", "bfloat16") or b.dtype != a.dtype:
+        return f"A/B dtypes {a.dtype}/{b.dtype}: needs both float16 or both bfloat16"
+    if problem.epilogue.out_dtype not in (a.dtype, "float32"):
+        return f"output dtype {problem.epilogue.out_dtype} is not {a.dtype} or float32"
+    return None
+
+
 @dataclass(frozen=True)
 class Operand:
     """One matrix operand as a kernel sees it (after normalization)."""

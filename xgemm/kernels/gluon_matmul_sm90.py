@@ -58,7 +58,7 @@ import threading
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
-from ..problem import ROW, COL, Policy
+from ..problem import ROW, COL, Policy, sm90_half_gemm_reason
 
 NAME = "gluon_matmul_sm90"
 IN_DTYPES = ("float16", "bfloat16")
@@ -487,22 +487,13 @@ class GluonMatmulSm90:
     name = NAME
 
     def __init__(self):
-        self._availability: Dict[str, Optional[str]] = {}
         self._launchers: Dict[tuple, tuple] = {}
 
     def supports(self, problem) -> Optional[str]:
-        dev = problem.device
-        if dev.kind != "cuda":
-            return "needs a CUDA device"
-        if dev.arch != (9, 0):
-            return f"needs a Hopper GPU (sm_90); this device is {dev.arch}"
-        if getattr(problem, "batch", ()) not in ((), None):
-            return "batched problems are not supported"
+        why = sm90_half_gemm_reason(problem)
+        if why:
+            return why
         a, b = problem.a, problem.b
-        if a.dtype not in IN_DTYPES or b.dtype != a.dtype:
-            return f"A/B dtypes {a.dtype}/{b.dtype}: needs both float16 or both bfloat16"
-        if problem.epilogue.out_dtype not in (a.dtype, "float32"):
-            return f"output dtype {problem.epilogue.out_dtype} is not {a.dtype} or float32"
         if getattr(problem, "c", None) is not None or not _plain_epilogue(problem):
             return "alpha/beta/C epilogue is not supported"
         if a.majorness != ROW or b.majorness not in (ROW, COL):
@@ -513,13 +504,9 @@ class GluonMatmulSm90:
         if k % 8 or n % 8:
             return "TMA needs K and N multiples of 8 (16-byte rows)"
         cfg = pick_config(a.dtype, problem.epilogue.out_dtype, b.majorness == COL)
-        return self._available(cfg.key)
+        from .. import gluon_cache
+        return gluon_cache.available(cfg.key)
 
-    def _available(self, key: str) -> Optional[str]:
-        if key not in self._availability:
-            from .. import gluon_cache
-            self._availability[key] = gluon_cache.unavailable_reason(key)
-        return self._availability[key]
 
     def policy(self, problem) -> Policy:
         return self.policy_of(pick_config(*self._dtypes_of(problem)))

@@ -514,7 +514,6 @@ class GluonSoftmax:
     name = NAME
 
     def __init__(self):
-        self._availability: Dict[str, Optional[str]] = {}
         self._launchers: Dict[tuple, tuple] = {}
 
     # -- supports ------------------------------------------------------------------------------
@@ -541,13 +540,9 @@ class GluonSoftmax:
         if problem.rows == 0 or problem.cols == 0:
             return None
         aligned = x.alignment >= 16 and problem.cols % (16 // _ITEMSIZE[x.dtype]) == 0
-        return self._available(pick_config(problem.cols, x.dtype, problem.out_dtype, aligned).key)
+        from .. import gluon_cache
+        return gluon_cache.available(pick_config(problem.cols, x.dtype, problem.out_dtype, aligned).key)
 
-    def _available(self, key: str) -> Optional[str]:
-        if key not in self._availability:
-            from .. import gluon_cache
-            self._availability[key] = gluon_cache.unavailable_reason(key)
-        return self._availability[key]
 
     # -- policy --------------------------------------------------------------------------------
     def policy(self, problem) -> Policy:
