@@ -6,6 +6,8 @@ quack (quack.gemm_interface.gemm, its default config, not autotuned), in one pro
     python benchmarks/gemm_tc.py --shapes 8192x8192x8192 --dtypes bfloat16 --out x.json
     python benchmarks/gemm_tc.py --out-dtype float32 --impls cublas,xgemm --sweep --sweep-set f32out
                                                       # fp32 results (the K-split partials)
+    python benchmarks/gemm_tc.py --shapes 64x8192x8192 --dtypes bfloat16 --sweep --sweep-set splitk
+                                                      # gluon_splitk_sm90's tiles x splits (skinny M)
 
 Timing: each implementation's call is captured in a CUDA graph (`--reps` launches back to back,
 inputs rotating through enough buffer sets that their bytes exceed 2x the L2); after a short
@@ -212,6 +214,34 @@ def impl_xgemm_config(cfg):
     return make
 
 
+def impl_splitk_config(cfg):
+    """gluon_splitk_sm90 with a forced Config (its dtypes replaced by the run's), through its
+    kernel protocol (for --sweep-set splitk)."""
+    def make(x: Inputs):
+        from xgemm.kernels import gluon_splitk_sm90 as sk
+        torch = _torch()
+        preps = [_problem(x.a[j], x.b[j], x.out(f"sk{tuple(cfg)}", j)) for j in range(x.sets)]
+        prob = preps[0][0]
+        pol = sk.policy_of(cfg._replace(in_dtype=prob.a.dtype, out_dtype=prob.epilogue.out_dtype))
+
+        def call(i):
+            prob, ops, out = preps[i % x.sets]
+            sk.KERNEL.run(prob, pol, ops, out, torch.cuda.current_stream().cuda_stream)
+        resident = sk.cluster_capacity(sk.config_of(pol, prob.a.dtype, prob.epilogue.out_dtype, False))
+        return call, f"{pol.summary()}; {resident} clusters resident at once"
+    return make
+
+
+def sweep_entries(set_name: str):
+    """[(impl name, maker, output key)] of one --sweep-set."""
+    if set_name == "splitk":
+        from xgemm.kernels import gluon_splitk_sm90 as sk
+        return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} x{c.split}]", impl_splitk_config(c), f"sk{tuple(c)}")
+                for c in sk.tune_configs("bfloat16", "bfloat16", False)]
+    cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT}[set_name]
+    return [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in cfgs]
+
+
 def impl_quack(x: Inputs):
     from quack.gemm_interface import gemm as quack_gemm
 
@@ -232,7 +262,7 @@ def bench(shapes=SHAPES, dtypes=DTYPES, impls=("cublas", "quack", "xgemm"), swee
             case = f"gemm_{'bf16' if dtype == 'bfloat16' else 'fp16'}_{m}x{n}x{k}" + \
                 (f"_{out_dtype}_out" if out_dtype else "")
             todo = [(name, makers[name], name) for name in impls]
-            todo += [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in sweep]
+            todo += list(sweep)
             ready = []
             for name, make, out_key in todo:
                 try:
@@ -290,7 +320,7 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small", "f32out"), default="big")
+    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk"), default="big")
     ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
@@ -302,8 +332,7 @@ def main(argv=None):
     impls = tuple(i for i in args.impls.split(",") if i)
     records, notes = [], {}
     for dtype in dtypes:
-        sets = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT}
-        sweep = sets[args.sweep_set] if args.sweep and dtype in args.sweep_dtypes.split(",") else ()
+        sweep = sweep_entries(args.sweep_set) if args.sweep and dtype in args.sweep_dtypes.split(",") else ()
         r, n = bench(shapes, [dtype], impls, sweep, args.reps, args.trials, out_dtype=args.out_dtype)
         records += r
         notes.update(n)

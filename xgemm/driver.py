@@ -100,6 +100,7 @@ _SIGNATURES = {
     "cuFuncSetAttribute": [_P, _I, _I],
     "cuFuncGetAttribute": [ctypes.POINTER(_I), _I, _P],
     "cuLaunchKernelEx": [ctypes.POINTER(LaunchConfig), _P, _P, _P],
+    "cuOccupancyMaxActiveClusters": [ctypes.POINTER(_I), _P, ctypes.POINTER(LaunchConfig)],
     "cuMemAllocAsync": [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, _P],
     "cuMemFreeAsync": [ctypes.c_uint64, _P],
     "cuTensorMapEncodeTiled": [_P, _I, _U, _P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
@@ -269,6 +270,16 @@ def load_kernel(cubin: bytes, name: str, device: int, shared: int, cluster: int 
             set_function_attribute(func, FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, name)
         return LoadedKernel(module, func, function_attribute(func, FUNC_ATTRIBUTE_NUM_REGS),
                             function_attribute(func, FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES))
+
+
+def max_active_clusters(func: int, config: LaunchConfig, device: int = 0) -> int:
+    """How many clusters of `config`'s cluster shape (block, shared memory) can be resident at once:
+    clusters must fit inside one GPC, so 4- and 8-CTA clusters may leave SMs idle."""
+    n = _I()
+    with current_context(device):
+        check(_fn("cuOccupancyMaxActiveClusters")(ctypes.byref(n), func, ctypes.byref(config)),
+              "cuOccupancyMaxActiveClusters")
+    return n.value
 
 
 def launcher():

@@ -42,6 +42,7 @@ DEFAULT_ARCH = "sm_90a"
 _KERNELS: Dict[str, str] = {
     "gluon_softmax": "xgemm.kernels.gluon_softmax",
     "gluon_matmul_sm90": "xgemm.kernels.gluon_matmul_sm90",
+    "gluon_splitk_sm90": "xgemm.kernels.gluon_splitk_sm90",
 }
 _entries: Dict[Tuple[str, str], "Entry"] = {}
 _source_hashes: Dict[str, str] = {}

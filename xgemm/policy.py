@@ -30,6 +30,9 @@ from .problem import Policy
 # op -> [(kernel name, "module:attribute")], most preferred first; reference is always last.
 _TABLE: Dict[str, List[Tuple[str, str]]] = {
     "gemm": [
+        # skinny M (<= 64) with K >= 1024 only (its supports() declines the rest): split-K over a
+        # cluster, where every cute_gemm_sm90 tile leaves SMs idle (see the kernel's notes)
+        ("gluon_splitk_sm90", "xgemm.kernels.gluon_splitk_sm90:KERNEL"),
         ("cute_gemm_sm90", "xgemm.kernels.cute_gemm_sm90:KERNEL"),
         # measured on the H200 behind cute_gemm_sm90 at every shape class it accepts (same dtypes,
         # no epilogue, no batch): reached when the CuTe kernel declines or by force()

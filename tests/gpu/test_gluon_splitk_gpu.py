@@ -1,0 +1,131 @@
+"""gluon_splitk_sm90 on an H200: through its kernel protocol at every split (forced policies), and
+through xgemm.matmul (torch eager) and jax.jit, where the dispatch table must pick it for skinny M.
+Integer inputs in [-5, 5]: products and fp32 sums are exact, so the float64 reference is exact and
+the only error allowed is the final rounding. Outputs are NaN-poisoned before every launch.
+Needs the prebuilt cubins (python -m xgemm build-cache)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from xgemm import interop  # noqa: E402
+from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand  # noqa: E402
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")]
+
+TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+REL = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -22}
+CASES = [  # (M, N, K, in dtype, out dtype, B layout, BN, split, alpha)
+    (1, 8, 1024, "bfloat16", "bfloat16", "row", 64, 2, 1.0),
+    (17, 200, 1032, "bfloat16", "bfloat16", "row", 64, 4, 1.0),      # ragged M, N tile, K tail
+    (64, 8192, 8192, "bfloat16", "bfloat16", "row", 64, 1, 1.0),     # the benchmark shape's pick
+    (64, 4096, 4096, "bfloat16", "bfloat16", "row", 128, 2, 1.0),
+    (64, 520, 4096, "float16", "float32", "col", 128, 8, 1.0),
+    (40, 1024, 2048, "float16", "float16", "col", 64, 1, 0.5),       # alpha
+    (64, 264, 136, "bfloat16", "float32", "row", 64, 8, 1.0),        # 3 K blocks over 8 CTAs: 5 idle
+    (100, 136, 1024, "bfloat16", "bfloat16", "row", 128, 4, -2.0),   # two tile rows (run() tiles any M)
+]
+
+
+def _view(t, dev):
+    return interop.ArrayView(obj=t, framework="torch", device=dev, ptr=t.data_ptr(), shape=tuple(t.shape),
+                             strides=tuple(t.stride()), dtype={v: k for k, v in TORCH_DT.items()}[t.dtype],
+                             itemsize=t.element_size(), readonly=False)
+
+
+def _operand(v):
+    major = interop.majorness(v.shape, v.strides)
+    return Operand(v.shape, v.strides, v.dtype, major, interop.alignment(v, major))
+
+
+def _ints(m, n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-5, 6, (m, k), generator=g).double(), torch.randint(-5, 6, (k, n), generator=g).double()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:3])) + f"-{c[3]}-{c[4]}-b{c[5]}-n{c[6]}-x{c[7]}")
+def test_exact_every_split(case):
+    from xgemm.kernels import gluon_splitk_sm90 as sk
+    m, n, k, dt, odt, lb, bn, split, alpha = case
+    dev = Device("cuda", torch.cuda.current_device(), torch.cuda.get_device_capability())
+    a64, b64 = _ints(m, n, k, m * 31 + n)
+    a = a64.to(TORCH_DT[dt]).cuda()
+    b = (b64.t().contiguous().to(TORCH_DT[dt]).cuda().t() if lb == "col" else b64.to(TORCH_DT[dt]).cuda())
+    out = torch.full((m, n), float("nan"), dtype=TORCH_DT[odt], device="cuda")
+    va, vb, vo = _view(a, dev), _view(b, dev), _view(out, dev)
+    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=_operand(va), b=_operand(vb), c=None,
+                       epilogue=Epilogue(alpha=alpha, out_dtype=odt), framework="torch", device=dev)
+    assert prob.b.majorness == (COL if lb == "col" else ROW)
+    pol = sk.policy_of(sk.Config(dt, odt, bn, *sk._tile(bn, split), split, lb == "col"))
+    sk.KERNEL.run(prob, pol, (va, vb, None), vo, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    ref = alpha * (a64 @ b64)
+    got = out.double().cpu()
+    assert not torch.isnan(got).any(), "elements left unwritten"
+    err = ((got - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
+    assert err <= REL[odt], err
+
+
+def test_repeat_calls_are_deterministic():
+    """The split-K sum adds the CTAs' partials in a fixed order: bitwise equal results."""
+    from xgemm.kernels import gluon_splitk_sm90 as sk
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randn(64, 8192, device="cuda", generator=g).bfloat16()
+    b = torch.randn(8192, 4096, device="cuda", generator=g).bfloat16()
+    dev = Device("cuda", torch.cuda.current_device(), torch.cuda.get_device_capability())
+    outs = []
+    for _ in range(3):
+        out = torch.full((64, 4096), float("nan"), dtype=torch.float32, device="cuda")
+        va, vb, vo = _view(a, dev), _view(b, dev), _view(out, dev)
+        prob = GemmProblem(m=64, n=4096, k=8192, batch=(), a=_operand(va), b=_operand(vb), c=None,
+                           epilogue=Epilogue(out_dtype="float32"), framework="torch", device=dev)
+        pol = sk.policy_of(sk.Config("bfloat16", "float32", 64, *sk._tile(64, 4), 4, False))
+        sk.KERNEL.run(prob, pol, (va, vb, None), vo, torch.cuda.current_stream().cuda_stream)
+        outs.append(out)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+    ref = a.double() @ b.double()
+    assert ((outs[0].double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 8192, 8192), (8, 4096, 2048), (48, 1024, 4096)])
+def test_matmul_picks_it_for_skinny_m(m, n, k):
+    import xgemm
+    a64, b64 = _ints(m, n, k, 7)
+    a, b = a64.bfloat16().cuda(), b64.bfloat16().cuda()
+    plan = xgemm.explain(a, b)
+    assert plan.kernel_name == "gluon_splitk_sm90", str(plan)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    for _ in range(2):              # the second call takes the bound fast path
+        out.fill_(float("nan"))
+        xgemm.matmul(a, b, out=out)
+        got = xgemm.matmul(a, b)
+    torch.cuda.synchronize()
+    ref = a64 @ b64
+    for y in (out, got):
+        assert not torch.isnan(y).any()
+        assert ((y.double().cpu() - ref).abs() / ref.abs().clamp_min(1.0)).max().item() <= REL["bfloat16"]
+
+
+def test_jit_uses_it():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import numpy as np
+    import xgemm
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("jax has no GPU here")
+    a64, b64 = _ints(32, 2048, 4096, 11)
+    a = jnp.asarray(a64.numpy(), dtype=jnp.bfloat16)
+    b = jnp.asarray(b64.numpy(), dtype=jnp.bfloat16)
+    f = jax.jit(lambda a, b: xgemm.matmul(a, b))
+    hlo = f.lower(a, b).as_text()
+    assert "xgemm" in hlo
+    got = np.asarray(f(a, b).astype(jnp.float32), dtype=np.float64)
+    ref = (a64 @ b64).numpy()
+    assert np.max(np.abs(got - ref) / np.maximum(np.abs(ref), 1.0)) <= REL["bfloat16"]

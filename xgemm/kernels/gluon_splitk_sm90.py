@@ -1,0 +1,449 @@
+"""gluon_splitk_sm90: D = alpha * A @ B for skinny M (M <= 64 per tile row) as a Gluon kernel whose
+K is split over the CTAs of a cluster and summed through distributed shared memory; prebuilt to
+cubins.
+
+Contract
+  op        out = alpha * A @ B, A (M, K), B (K, N); fp32 accumulate and fp32 split-K sum, rounded
+            once to the output dtype. No beta/C, no batch.
+  dtypes    A, B both float16 or both bfloat16; out float16 | bfloat16 (the inputs') | float32.
+  layout    A ROW (K-major); B ROW (N-major) or COL (K-major); out ROW. Anything else declines.
+  alignment cp.async 16-byte vectors: the three base pointers 16-byte aligned, K a multiple of 8
+            and every leading stride a multiple of 8 elements (out: of 16 bytes). M, N, K >= 1;
+            tails of M, N and K are zero-filled loads (cp.async src-size 0) and masked stores.
+  arch      sm_90a (wgmma, clusters, distributed shared memory): built by triton >= 3.8
+            (xgemm/gluon_cache.py), launched without triton (xgemm/launch.py eagerly, ffi/ under jit).
+  limits    M, N, K < 2**31 (the kernel tiles any M; the policy sends it M <= 64 with K >= 1024);
+            SPLIT (CTAs per cluster) in {1, 2, 4, 8}.
+
+Why (the shape class it serves)
+  At M = 64, N = K = 8192 the GEMM is a stream of B (128 MiB) past a 1 MiB A: cuBLAS runs at
+  ~3.9 TB/s. A 128 x N tile per SM wastes half of every wgmma on rows that do not exist, and with
+  one 128 x 128 tile per SM only 64 SMs have work (benchmarks/results/gemm_tc_small-h200.json:
+  every cute_gemm_sm90 tile 57-113 us against cuBLAS's 34). Here a 64-row tile is one warpgroup's
+  wgmma (m64), and SPLIT CTAs share each output tile, each streaming 1/SPLIT of K, so N / BN * SPLIT
+  CTAs keep every SM's copy engine busy without any workspace in global memory.
+
+Design
+  Grid: one cluster of SPLIT CTAs per (BM x BN) output tile (num_ctas = SPLIT, so the program id is
+  the cluster id). CTA r of the cluster (%cluster_ctarank) takes K blocks [r * per, (r + 1) * per).
+  Mainloop (one partition, one warpgroup): STAGES shared-memory slots filled by cp.async (16-byte
+  vectors, one commit group per K block, STAGES - 1 blocks ahead); per block: wait for its group,
+  fence.proxy.async (cp.async writes through the generic proxy, wgmma reads through the async
+  one), CTA barrier (every thread's copies have landed and the previous wgmma has retired in every
+  warp), refill the slot the previous wgmma read, then wgmma and wait for it.
+  Every register tensor of the mainloop has a broadcast CGA layout: the compiler treats the
+  accumulator as the same in every CTA, which is true of its shape and false of its values; it is
+  only ever written to the CTA's own shared memory, never stored from registers to global memory.
+  Split-K sum: each CTA stores its accumulator to a padded fp32 buffer in its shared memory;
+  cluster barrier (release / acquire); CTA r then owns rows [r * BM / SPLIT, (r + 1) * BM / SPLIT)
+  of the tile: a layout whose CGA bit puts dim 0 of [SPLIT, BM / SPLIT, BN] on the CTAs, so the
+  result is a real cluster-distributed tensor and each CTA stores its own rows. It reads those rows
+  from every CTA's buffer (mapa + ld.shared::cluster.v4.f32, inline asm), adds them in CTA order
+  (a fixed order: the sum is deterministic), scales by alpha, rounds and stores. A last cluster
+  barrier keeps every CTA's shared memory alive until its peers have read it.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import Dict, List, Optional, Tuple
+
+from ..problem import COL, ROW, Policy, sm90_half_gemm_reason
+
+NAME = "gluon_splitk_sm90"
+IN_DTYPES = ("float16", "bfloat16")
+_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+_LONG = {v: k for k, v in _SHORT.items()}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+BM = 64                 # one warpgroup's wgmma m64
+WARPS = 4
+RED_PAD = 8             # fp32 pad per buffer row: 2-way (minimal) bank conflicts on the acc store
+SMEM_LIMIT = 227 * 1024 - 1024
+MAX_M = 128             # declines taller problems: the tiled cute_gemm_sm90 fills the GPU there
+
+
+class Config(namedtuple("Config", "in_dtype out_dtype bn bk stages split b_kmajor")):
+    """One compiled variant: BN x BK tiles (BM = 64), STAGES slots, SPLIT CTAs per cluster."""
+    __slots__ = ()
+
+    @property
+    def key(self) -> str:
+        return (f"{NAME}/sm_90a-{_SHORT[self.in_dtype]}-{_SHORT[self.out_dtype]}/"
+                f"n{self.bn}-k{self.bk}-s{self.stages}-x{self.split}-b{int(self.b_kmajor)}")
+
+    @classmethod
+    def from_key(cls, key: str) -> "Config":
+        name, dts, rest = key.split("/")
+        if name != NAME:
+            raise ValueError(f"{key!r} is not a {NAME} entry key")
+        _, i, o = dts.split("-")
+        f = {p[0]: int(p[1:]) for p in rest.split("-")}
+        return cls(_LONG[i], _LONG[o], f["n"], f["k"], f["s"], f["x"], bool(f["b"]))
+
+    def smem_bytes(self) -> int:
+        # the split-K buffer is allocated after the stage slots are dead: the compiler overlays them
+        it = _ITEMSIZE[self.in_dtype]
+        return max(self.stages * (BM + self.bn) * self.bk * it, BM * (self.bn + RED_PAD) * 4)
+
+    def check(self) -> None:
+        if self.split not in (1, 2, 4, 8) or self.bn not in (32, 64, 128, 256) or self.bk not in (32, 64, 128, 256):
+            raise ValueError(f"{self}: split in 1/2/4/8, bn and bk in 32..256 (powers of two)")
+        if self.stages < 2 or self.smem_bytes() > SMEM_LIMIT:
+            raise ValueError(f"{self}: needs 2+ stages and at most {SMEM_LIMIT} bytes of shared memory")
+
+
+# ----------------------------------------------------------------------------------------------
+# The policy: tiles and split per problem
+# ----------------------------------------------------------------------------------------------
+# Tuned with `benchmarks/gemm_tc.py --sweep --sweep-set splitk` (every TUNE tile at every split,
+# bf16, B N-major, one process with cuBLAS; results/gemm_tc_splitk-h200.json), times in us:
+#   shape            cuBLAS  best here                 the rule below picks
+#   64x8192x8192     34.7    n64 k128 s4 x1   36.1     the same
+#   64x4096x4096     11.9    n64 k256 s3 x2   13.9     n64 k128 s4 x2   14.0
+#   64x2048x8192     14.6    n128 k64 s4 x8   16.7     n64 k64 s6 x4    18.2
+#   64x16384x4096    34.6    n64 k64 s6 x1    36.6     n128 k128 s4 x1  36.7
+#   16x4096x8192     21.6    n64 k256 s3 x2   22.0     n64 k128 s4 x2   22.8
+# What decides: about one CTA per SM (every winner runs ~128 CTAs; a second wave or a second CTA
+# per SM loses) and many bytes in flight per CTA (deep K tiles). 4- and 8-CTA clusters must fit in
+# one GPC: at one CTA per SM (over 113 KB of shared memory) only 30 4-CTA / 15 8-CTA clusters are
+# resident at once, against 62 / 30 at two CTAs per SM (cuOccupancyMaxActiveClusters, logged by
+# the sweep: results/gemm_tc_splitk_resident-h200.json). 32 4-CTA clusters of n128 k64 at
+# 64x4096x4096: 16.8 us with 4 stages (96 KB), 25.1 us with 6 (144 KB: a second wave). So those
+# splits take a tile of at most 96 KB.
+TUNE = ((128, 64, 4), (128, 128, 3), (128, 128, 4), (64, 64, 6), (64, 128, 4), (64, 128, 6), (32, 128, 6),
+        (64, 256, 3))
+SPLITS = (1, 2, 4, 8)
+TILES = {64: ((128, 4), (64, 6)), 128: ((128, 4), (64, 4))}   # bn -> ((bk, stages) for split <= 2, for 4/8)
+H200_SMS = 132
+
+
+def _tile(bn: int, split: int) -> Tuple[int, int]:
+    return TILES[bn][0 if split <= 2 else 1]
+
+
+def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool,
+           sms: int = H200_SMS) -> Config:
+    """BN 64 while its tiles fit one wave, else 128; then the largest split that keeps
+    tiles * split within the SMs and at least 4 K blocks per CTA."""
+    bn = 64 if -(-m // BM) * -(-n // 64) <= sms else 128
+    tiles = -(-m // BM) * -(-n // bn)
+    split = 1
+    while split < SPLITS[-1]:
+        s = 2 * split
+        if tiles * s > sms or k < 4 * s * _tile(bn, s)[0]:
+            break
+        split = s
+    return Config(in_dtype, out_dtype, bn, *_tile(bn, split), split, b_kmajor)
+
+
+# ----------------------------------------------------------------------------------------------
+# Gluon source (imported only to compile)
+# ----------------------------------------------------------------------------------------------
+
+def _define():
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+
+    @gluon.jit
+    def _load_stage(a_ptr, b_ptr, a_slot, b_slot, am, ak, bn, bk, M, N, K, lda, ldb, k0, valid,
+                    B_KMAJOR: gl.constexpr):
+        # one K block of A [BM, BK] and B ([BK, BN], or [BN, BK] when K-major) into a slot;
+        # masked lanes (tails, or a block past this CTA's range) copy 0 bytes: zero fill
+        a_mask = (am < M)[:, None] & (ak + k0 < K)[None, :] & valid
+        async_copy.async_load(a_slot, a_ptr + am.to(gl.int64)[:, None] * lda + (ak + k0)[None, :], mask=a_mask)
+        if B_KMAJOR:
+            b_mask = (bn < N)[:, None] & (bk + k0 < K)[None, :] & valid
+            async_copy.async_load(b_slot, b_ptr + bn.to(gl.int64)[:, None] * ldb + (bk + k0)[None, :], mask=b_mask)
+        else:
+            b_mask = (bk + k0 < K)[:, None] & (bn < N)[None, :] & valid
+            async_copy.async_load(b_slot, b_ptr + (bk + k0).to(gl.int64)[:, None] * ldb + bn[None, :], mask=b_mask)
+
+    @gluon.jit
+    def xgemm_splitk_sm90(a_ptr, b_ptr, d_ptr, M, N, K, lda, ldb, ldd, alpha,
+                          BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
+                          B_KMAJOR: gl.constexpr, A_SMEM: gl.constexpr, B_SMEM: gl.constexpr,
+                          A_LOAD: gl.constexpr, B_LOAD: gl.constexpr, ACC: gl.constexpr,
+                          RED_SMEM: gl.constexpr, OUT: gl.constexpr):
+        BM: gl.constexpr = 64
+        RB: gl.constexpr = BM // SPLIT
+        PITCH: gl.constexpr = BN + 8            # RED_SMEM pads each row by 8 fp32
+        dtype: gl.constexpr = a_ptr.dtype.element_ty
+
+        tiles_m = gl.cdiv(M, BM)
+        pid = gl.program_id(0)                  # the cluster: one output tile
+        off_m = (pid % tiles_m) * BM
+        off_n = (pid // tiles_m) * BN
+        if SPLIT > 1:
+            rank = gl.inline_asm("mov.u32 $0, %cluster_ctarank;", "=r", [], gl.int32, is_pure=True)
+        else:
+            rank = 0
+        k_blocks = gl.cdiv(K, BK)
+        per = gl.cdiv(k_blocks, SPLIT)
+        kb0 = rank * per
+        n_local = gl.maximum(gl.minimum(k_blocks - kb0, per), 0)
+
+        a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], A_SMEM)
+        if B_KMAJOR:
+            b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], B_SMEM)
+            bn = off_n + gl.arange(0, BN, gl.SliceLayout(1, B_LOAD))
+            bk = gl.arange(0, BK, gl.SliceLayout(0, B_LOAD))
+        else:
+            b_smem = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], B_SMEM)
+            bk = gl.arange(0, BK, gl.SliceLayout(1, B_LOAD))
+            bn = off_n + gl.arange(0, BN, gl.SliceLayout(0, B_LOAD))
+        am = off_m + gl.arange(0, BM, gl.SliceLayout(1, A_LOAD))
+        ak = gl.arange(0, BK, gl.SliceLayout(0, A_LOAD))
+
+        for i in gl.static_range(STAGES - 1):
+            _load_stage(a_ptr, b_ptr, a_smem.index(i), b_smem.index(i), am, ak, bn, bk, M, N, K, lda, ldb,
+                        (kb0 + i) * BK, i < n_local, B_KMAJOR)
+            async_copy.commit_group()
+
+        acc = gl.zeros([BM, BN], gl.float32, ACC)
+        for i in range(n_local):
+            s = i % STAGES
+            async_copy.wait_group(STAGES - 2)   # this thread's copies of block i have landed
+            fence_async_shared()
+            gl.barrier()                        # everyone's have; wgmma i - 1 retired in every warp
+            j = i + STAGES - 1                  # refill the slot wgmma i - 1 read
+            sj = j % STAGES
+            _load_stage(a_ptr, b_ptr, a_smem.index(sj), b_smem.index(sj), am, ak, bn, bk, M, N, K, lda, ldb,
+                        (kb0 + j) * BK, j < n_local, B_KMAJOR)
+            async_copy.commit_group()
+            if B_KMAJOR:
+                b_op = b_smem.index(s).permute((1, 0))
+            else:
+                b_op = b_smem.index(s)
+            acc = warpgroup_mma(a_smem.index(s), b_op, acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(0, deps=[acc, a_smem.index(s), b_smem.index(s)])
+        async_copy.wait_group(0)                # no copy may land after the CTA's exit
+
+        # split-K sum through distributed shared memory (see the module notes)
+        # (the compiler may place this buffer over the drained stage slots: every warp's last
+        # wgmma has retired once all pass this barrier)
+        gl.barrier()
+        red = gl.allocate_shared_memory(gl.float32, [BM, BN], RED_SMEM)
+        red.store(acc)
+        gl.barrier(cluster=True)
+        rows_l: gl.constexpr = gl.SliceLayout(2, OUT)
+        o_s = gl.arange(0, SPLIT, gl.SliceLayout(1, rows_l))            # the owner CTA (the CGA dim)
+        o_r = gl.arange(0, RB, gl.SliceLayout(0, rows_l))
+        o_c = gl.arange(0, BN, gl.SliceLayout(0, gl.SliceLayout(1, OUT)))
+        row = (o_s * RB)[:, None] + o_r[None, :]                        # row within the tile
+        byte_off = (row[:, :, None] * PITCH + o_c[None, None, :]) * 4
+        total = gl.zeros([SPLIT, RB, BN], gl.float32, OUT)
+        for src in gl.static_range(SPLIT):
+            base = gl.inline_asm("mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", [red, src], gl.int32,
+                                 is_pure=False)
+            part = gl.inline_asm_elementwise("ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [$4];",
+                                             "=f,=f,=f,=f,r,r,r,r", [base + byte_off], dtype=gl.float32,
+                                             is_pure=False, pack=4)
+            total = total + part
+        rows = off_m + row
+        cols = off_n + o_c
+        mask = (rows < M)[:, :, None] & (cols < N)[None, None, :]
+        gl.store(d_ptr + rows.to(gl.int64)[:, :, None] * ldd + cols[None, None, :],
+                 (total * alpha).to(d_ptr.dtype.element_ty), mask=mask)
+        gl.barrier(cluster=True)                # peers are done reading this CTA's buffer
+
+    return xgemm_splitk_sm90
+
+
+# ----------------------------------------------------------------------------------------------
+# Compile arguments (gluon_cache plug-in)
+# ----------------------------------------------------------------------------------------------
+
+def _layouts(cfg: Config):
+    """(A, B shared; A, B cp.async; accumulator; split-K buffer; output) layouts. Everything of
+    the mainloop is broadcast over the cluster's CTAs (zero CGA bases); the output splits dim 0."""
+    from triton.experimental.gluon import language as gl
+    bits = cfg.split.bit_length() - 1
+    bcast = [[0, 0] for _ in range(bits)]
+    it = {"float16": gl.float16, "bfloat16": gl.bfloat16}[cfg.in_dtype]
+
+    def load(cols: int):     # cp.async of a 16-bit tile: 8-element (16-byte) vectors along cols
+        tpc = min(32, cols // 8)
+        return gl.BlockedLayout([1, 8], [32 // tpc, tpc], [WARPS, 1], [1, 0], cga_layout=bcast)
+
+    b_block = [cfg.bn, cfg.bk] if cfg.b_kmajor else [cfg.bk, cfg.bn]
+    a_smem = gl.NVMMASharedLayout.get_default_for([BM, cfg.bk], it, cga_layout=bcast)
+    b_smem = gl.NVMMASharedLayout.get_default_for(b_block, it, cga_layout=bcast)
+    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, cfg.bn, 16],
+                                    cga_layout=bcast)
+    red = gl.PaddedSharedLayout.with_identity_for([[cfg.bn, RED_PAD]], [BM, cfg.bn], [1, 0], cga_layout=bcast)
+    # [SPLIT, BM / SPLIT, BN]: CTA bits on dim 0; 4 consecutive fp32 per thread (one v4 load)
+    tpc = min(32, cfg.bn // 4)
+    out = gl.BlockedLayout([1, 1, 4], [1, 32 // tpc, tpc], [1, WARPS, 1], [2, 1, 0],
+                           cga_layout=[[1 << i, 0, 0] for i in range(bits)])
+    return a_smem, b_smem, load(cfg.bk), load(b_block[1]), acc, red, out
+
+
+def gluon_compile_args(key: str, arch: str):
+    cfg = Config.from_key(key)
+    if arch != "sm_90a":
+        raise ValueError(f"{key} is built for sm_90a only, not {arch}")
+    cfg.check()
+    a_smem, b_smem, a_load, b_load, acc, red, out = _layouts(cfg)
+    sig = {"a_ptr": f"*{_SHORT[cfg.in_dtype]}", "b_ptr": f"*{_SHORT[cfg.in_dtype]}",
+           "d_ptr": f"*{_SHORT[cfg.out_dtype]}", "M": "i32", "N": "i32", "K": "i32",
+           "lda": "i64", "ldb": "i64", "ldd": "i64", "alpha": "fp32"}
+    constexprs = {"BN": cfg.bn, "BK": cfg.bk, "STAGES": cfg.stages, "SPLIT": cfg.split,
+                  "B_KMAJOR": cfg.b_kmajor, "A_SMEM": a_smem, "B_SMEM": b_smem, "A_LOAD": a_load,
+                  "B_LOAD": b_load, "ACC": acc, "RED_SMEM": red, "OUT": out}
+    sig.update({k: "constexpr" for k in constexprs})
+    # 16-byte bases; N, K and the leading strides multiples of 8 elements: 16-byte cp.async vectors
+    # (the masks of N and K tails must be constant over each 8-element vector)
+    attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]],
+             (4,): [["tt.divisibility", 8]], (5,): [["tt.divisibility", 8]], (6,): [["tt.divisibility", 8]], (7,): [["tt.divisibility", 8]],
+             (8,): [["tt.divisibility", 8]]}
+    options = {"num_warps": WARPS, "num_ctas": cfg.split, "enable_fp_fusion": False}
+    return _define(), sig, constexprs, attrs, options
+
+
+def tune_configs(in_dtype: str, out_dtype: str, b_kmajor: bool) -> List[Config]:
+    cfgs = [Config(in_dtype, out_dtype, bn, bk, st, s, b_kmajor) for bn, bk, st in TUNE for s in SPLITS]
+    return [c for c in cfgs if c.smem_bytes() <= SMEM_LIMIT]
+
+
+def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
+    """sm_90a: {fp16, bf16} in x {same, fp32} out x B {N-major, K-major} x every (tile, split) the
+    policy can pick: 8 each, 64 in all (tune=True: every TUNE tile at every split); none for other
+    archs."""
+    if arch != "sm_90a":
+        return []
+    keys = []
+    for i in IN_DTYPES:
+        for o in (i, "float32"):
+            for bk in (False, True):
+                if tune:
+                    keys += [c.key for c in tune_configs(i, o, bk)]
+                else:
+                    keys += [Config(i, o, bn, *_tile(bn, s), s, bk).key for bn in TILES for s in SPLITS]
+    return keys
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel protocol (policy.py)
+# ----------------------------------------------------------------------------------------------
+
+def cluster_capacity(cfg: Config, device: int = 0) -> int:
+    """Clusters of this config the device holds at once (cuOccupancyMaxActiveClusters on the
+    loaded cubin: a cluster must fit in one GPC)."""
+    from .. import driver, gluon_cache, launch
+    entry = gluon_cache.lookup(cfg.key)
+    launcher = launch.get_launcher(entry.cubin, entry.meta, device)
+    config = driver.launch_config(32 * WARPS, launcher.shared, cfg.split)
+    config.gridDimX = cfg.split * 1024
+    return driver.max_active_clusters(launcher._func, config, device)
+
+
+def _sm_count(device: int) -> int:
+    try:
+        from .. import driver
+        return driver.sm_count(device)
+    except Exception:       # lowering for cuda on a machine without one: the H200's count
+        return H200_SMS
+
+
+class GluonSplitkSm90:
+    name = NAME
+
+    def __init__(self):
+        self._launchers: Dict[tuple, object] = {}
+
+    def supports(self, problem) -> Optional[str]:
+        why = sm90_half_gemm_reason(problem)
+        if why:
+            return why
+        a, b, ep = problem.a, problem.b, problem.epilogue
+        if ep.reads_c:
+            return "beta/C epilogue is not supported"
+        m, n, k = problem.m, problem.n, problem.k
+        if m > BM:
+            return f"M = {m} > {BM}: the tiled kernels fill the GPU there"
+        if k < 1024:
+            return f"K = {k} < 1024: too little K to split (the tiled kernels serve)"
+        if min(m, n, k) < 1 or max(m, n, k) >= 2 ** 31:
+            return f"shape {m}x{n}x{k} out of range"
+        if a.majorness != ROW or b.majorness not in (ROW, COL):
+            return "A must be ROW (K-major) and B ROW or COL"
+        if n % 8 or k % 8 or a.alignment < 16 or b.alignment < 16:
+            return "16-byte cp.async vectors need N and K multiples of 8 and 16-byte aligned A and B"
+        cfg = choose(m, n, k, a.dtype, ep.out_dtype, b.majorness == COL, _sm_count(problem.device.index))
+        from .. import gluon_cache
+        return gluon_cache.available(cfg.key)
+
+
+    @staticmethod
+    def _dtypes_of(problem) -> Tuple[str, str, bool]:
+        i = problem.a.dtype if problem.a.dtype in IN_DTYPES else "bfloat16"
+        o = problem.epilogue.out_dtype
+        return i, (o if o in (i, "float32") else "float32"), problem.b.majorness == COL
+
+    def policy(self, problem) -> Policy:
+        return policy_of(choose(problem.m, problem.n, problem.k, *self._dtypes_of(problem),
+                                sms=_sm_count(problem.device.index)))
+
+    def candidate_policies(self, problem) -> List[Policy]:
+        """Every TUNE tile at every split (benchmarks/gemm_tc.py --sweep-set splitk times them)."""
+        return [policy_of(c) for c in tune_configs(*self._dtypes_of(problem))]
+
+    # -- run / bind ------------------------------------------------------------------------------
+    def run(self, problem, policy, operands, out, stream) -> None:
+        launcher, grid, args = self._resolve(problem, policy, operands[0], operands[1], out)
+        launcher(grid, stream, operands[0].ptr, operands[1].ptr, out.ptr, *args)
+
+    def bind(self, problem, policy, operands, out):
+        """go(a, b, c, d, stream) on torch tensors laid out as the views: the launch run() makes."""
+        launcher, grid, args = self._resolve(problem, policy, operands[0], operands[1], out)
+
+        def go(a, b, c, d, stream: int) -> None:
+            launcher(grid, stream, a.data_ptr(), b.data_ptr(), d.data_ptr(), *args)
+        return go
+
+    def _resolve(self, problem, policy, a, b, out):
+        """(launcher, clusters, the scalar args after the three pointers)."""
+        cfg = config_of(policy, a.dtype, out.dtype, problem.b.majorness == COL)
+        m, n, k = problem.m, problem.n, problem.k
+        ldb = b.strides[-1] if cfg.b_kmajor else b.strides[-2]
+        strides = (a.strides[-2], ldb, out.strides[-2])
+        if a.strides[-1] != 1 or (b.strides[-2] if cfg.b_kmajor else b.strides[-1]) != 1 or out.strides[-1] != 1 \
+                or any(s % 8 for s in strides) or (a.ptr | b.ptr | out.ptr) & 15:
+            raise ValueError(f"{NAME}: A {a.strides}, B {b.strides}, out {out.strides} (16-byte bases "
+                             f"{a.ptr & 15 == 0}/{b.ptr & 15 == 0}/{out.ptr & 15 == 0}): needs unit inner strides, "
+                             f"leading strides multiples of 8 and 16-byte aligned bases")
+        key = (cfg, a.device.index)
+        launcher = self._launchers.get(key)
+        if launcher is None:
+            from .. import gluon_cache, launch
+            entry = gluon_cache.lookup(cfg.key)
+            launcher = self._launchers[key] = launch.get_launcher(entry.cubin, entry.meta, a.device.index)
+        clusters = -(-m // BM) * -(-n // cfg.bn)
+        return launcher, clusters, (m, n, k, *strides, float(problem.epilogue.alpha))
+
+    # -- jax.jit -----------------------------------------------------------------------------------
+    def jax_launch(self, problem, policy):
+        """The same cubin under jit: xgemm/ffi's handler launches it on XLA's stream."""
+        from .. import gluon_cache, jax_ffi
+        cfg = config_of(policy, problem.a.dtype, problem.epilogue.out_dtype, problem.b.majorness == COL)
+        entry = gluon_cache.lookup(cfg.key)
+        P = jax_ffi.Param
+        m, n, k = problem.m, problem.n, problem.k
+        ldb = problem.b.strides[-1] if cfg.b_kmajor else problem.b.strides[-2]
+        args = (P.input(0), P.input(1), P.output(0), P.i32(m), P.i32(n), P.i32(k),
+                P.i64(problem.a.strides[-2]), P.i64(ldb), P.i64(n), P.f32(float(problem.epilogue.alpha)))
+        return jax_ffi.triton_launch(entry.cubin, entry.meta, -(-m // BM) * -(-n // cfg.bn), args)
+
+
+def policy_of(cfg: Config) -> Policy:
+    return Policy(tile=(BM, cfg.bn, cfg.bk), stages=cfg.stages, cluster=(cfg.split, 1), warps=WARPS,
+                  split_k=cfg.split, notes=("split-K over the cluster (DSMEM sum)",))
+
+
+def config_of(policy: Policy, in_dtype: str, out_dtype: str, b_kmajor: bool) -> Config:
+    _, bn, bk = policy.tile
+    return Config(in_dtype, out_dtype, bn, bk, policy.stages, policy.split_k, b_kmajor)
+
+
+KERNEL = GluonSplitkSm90()
