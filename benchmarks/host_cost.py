@@ -121,9 +121,40 @@ def gpu_breakdown(n: int, repeats: int) -> None:
              ("softmax: bound launch go(...)",
               us(lambda: go(x, y, torch._C._cuda_getCurrentRawStream(0))) if go is not None else float("nan")),
              ("softmax: torch.softmax (peer)", us(lambda: torch.softmax(x, -1)))]
+    rows += _driver_rows(us, x, y)
     print(f"{'host time per call on ' + torch.cuda.get_device_name():<48} us")
     for name, v in rows:
         print(f"{name:<48} {v:7.2f}")
+
+
+def _driver_rows(us, x, y):
+    """The softmax kernel's launch below the Launcher: the driver call with the prebuilt parameter
+    block (cuLaunchKernelEx, and the legacy cuLaunchKernel where the kernel needs no cluster), and
+    a no-op ctypes call into libcuda: what the launcher's own Python costs on top."""
+    import ctypes
+    from xgemm import driver
+    from xgemm.kernels import gluon_softmax as gs
+    lau = next(iter(gs.KERNEL._launchers.values()))[0]
+    stream = torch._C._cuda_getCurrentRawStream(0)
+    lau(1, stream, x.data_ptr(), y.data_ptr(), 64, 1024, 1024, 1024)          # packs the block
+    cfg = lau._config
+    rows = [("softmax: launcher(...) alone", us(lambda: lau(1, stream, x.data_ptr(), y.data_ptr(), 64, 1024,
+                                                            1024, 1024))),
+            ("softmax: cuLaunchKernelEx, block prebuilt",
+             us(lambda: lau._launch(lau._config_ref, lau._func, lau._params_addr, None)))]
+    lib = ctypes.CDLL("libcuda.so.1")
+    legacy = lib.cuLaunchKernel
+    u = ctypes.c_uint
+    legacy.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    args = (lau._func, cfg.gridDimX, 1, 1, cfg.blockDimX, 1, 1, cfg.sharedMemBytes, stream, lau._params_addr, None)
+    if lau.num_ctas == 1:
+        rows.append(("softmax: cuLaunchKernel (legacy), same block", us(lambda: legacy(*args))))
+    count = ctypes.c_int()
+    get_count = driver._fn("cuDeviceGetCount")
+    rows.append(("ctypes call of cuDeviceGetCount (floor)", us(lambda: get_count(ctypes.byref(count)))))
+    torch.cuda.synchronize()
+    assert torch.allclose(y, torch.softmax(x, -1), atol=1e-6), "the timed launches left a wrong softmax"
+    return rows
 
 
 def main() -> None:
