@@ -114,3 +114,27 @@ def test_cuda_lowering_launches_the_cluster_cubin(built):
     (call,) = [line for line in text.splitlines() if "xgemm_cubin_launch_v1" in line]
     assert 'kernel = "xgemm_splitk_sm90"' in call and "cluster = dense<[2, 1, 1]>" in call
     assert "grid = dense<[128, 1, 1]>" in call           # 64 tiles x 2 CTAs
+
+
+def test_api_sends_an_out_it_cannot_write_elsewhere(built):
+    """xgemm.matmul(..., out=) with a column-major or misaligned out: the split-K kernel declines
+    (the Epilogue says where D goes) instead of failing in run(); a plain call still takes it."""
+    torch = pytest.importorskip("torch")
+    import xgemm
+    from xgemm import api
+    from fake_cuda import Fake
+    a = torch.randn(64, 4096).bfloat16()
+    b = torch.randn(4096, 4096).bfloat16()
+    col = torch.empty(4096, 64, dtype=torch.bfloat16).t()
+    odd = torch.empty(64 * 4096 + 1, dtype=torch.bfloat16)[1:].view(64, 4096)     # 2-byte aligned
+    with Fake(keep=True):
+        assert api._prepare_gemm("matmul", a, b, None, 1.0, 0.0, None).plan.kernel_name == sk.NAME
+        assert api._prepare_gemm("matmul", a, b, None, 1.0, 0.0, torch.empty(64, 4096, dtype=torch.bfloat16)
+                                 ).plan.kernel_name == sk.NAME
+        for out in (col, odd):
+            prep = api._prepare_gemm("matmul", a, b, None, 1.0, 0.0, out)
+            assert prep.plan.kernel_name != sk.NAME
+            assert "row-major, 16-byte aligned" in dict(prep.plan.declined)[sk.NAME]
+        xgemm.matmul(a, b, out=col)                  # reaches a (recorded) launch without raising
+        # no tensor-core kernel writes a misaligned D: the framework's own op does
+        assert api._prepare_gemm("matmul", a, b, None, 1.0, 0.0, odd).plan.kernel_name == "reference"

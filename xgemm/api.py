@@ -228,7 +228,16 @@ def _prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: A
         a2v = va if not a_vec else interop.view(a2, "a", fn)
         bv2 = vb if not b_vec else interop.view(b2, "b", fn)
         cv2 = vc
-    epilogue = Epilogue(alpha=alpha, beta=beta, has_c=cv2 is not None, out_dtype=out_dtype)
+    # where the GPU kernel writes D: out itself when it can take it in place, else a compact result
+    target_v = None
+    if on_gpu and out is not None:
+        cand = _batched(_promote_out(out, a_vec, b_vec), batch)
+        target_v = interop.view(cand, "out", fn) if cand is not None else None
+        if target_v is not None and interop.majorness(target_v.shape, target_v.strides) == STRIDED:
+            target_v = None
+    out_op = _operand(target_v) if target_v is not None else None
+    epilogue = Epilogue(alpha=alpha, beta=beta, has_c=cv2 is not None, out_dtype=out_dtype,
+                        out_majorness=out_op.majorness if out_op else ROW, out_alignment=out_op.alignment if out_op else 16)
     problem = GemmProblem(m=m, n=n, k=k, batch=batch, a=_operand(a2v), b=_operand(bv2),
                           c=_operand(cv2) if cv2 is not None else None, epilogue=epilogue,
                           framework=owner, device=va.device)
@@ -248,16 +257,11 @@ def _prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: A
         return _Prepared(plan, operands, out2, finish)
 
     # GPU kernel: it writes a contiguous (L, M, N) or (M, N) result; out is written in place when it can be.
-    target = None
-    if out is not None:
-        cand = _batched(_promote_out(out, a_vec, b_vec), batch)
-        cand_v = interop.view(cand, "out", fn) if cand is not None else None
-        if cand_v is not None and interop.majorness(cand_v.shape, cand_v.strides) != STRIDED:
-            target = cand
+    target = target_v.obj if target_v is not None else None
     result = interop.empty(owner, full, out_dtype, va.device, a) if target is None else None
     if target is None and out is not None:
         plan.copies.append(f"out: strided {vout.strides} -> result written to a temporary, then copied into out")
-    kernel_out = cand_v if target is not None else interop.view(_batched(result, batch), "out", fn)
+    kernel_out = target_v if target is not None else interop.view(_batched(result, batch), "out", fn)
 
     def finish(r):
         if out is None:

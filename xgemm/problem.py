@@ -72,6 +72,10 @@ class Epilogue:
     beta: float = 0.0
     has_c: bool = False
     out_dtype: str = "float32"
+    # the array the kernel writes D into: a fresh compact result (ROW, 16-byte aligned), or the
+    # caller's out= when the API writes it in place (any majorness but STRIDED)
+    out_majorness: str = ROW
+    out_alignment: int = 16
 
     @property
     def reads_c(self) -> bool:

@@ -129,3 +129,25 @@ def test_jit_uses_it():
     got = np.asarray(f(a, b).astype(jnp.float32), dtype=np.float64)
     ref = (a64 @ b64).numpy()
     assert np.max(np.abs(got - ref) / np.maximum(np.abs(ref), 1.0)) <= REL["bfloat16"]
+
+
+@pytest.mark.parametrize("kind", ["col", "misaligned"])
+def test_out_it_cannot_write_goes_elsewhere(kind):
+    """out= column-major or 2-byte aligned: another kernel writes it (the split-K kernel declines
+    through the Epilogue's out_majorness / out_alignment), with the right values and nothing
+    written outside out."""
+    import xgemm
+    a64, b64 = _ints(64, 4096, 4096, 5)
+    a, b = a64.bfloat16().cuda(), b64.bfloat16().cuda()
+    if kind == "col":
+        buf = torch.full((4096, 64), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out = buf.t()
+    else:
+        buf = torch.full((64 * 4096 + 2,), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out = buf[1:-1].view(64, 4096)
+    assert xgemm.matmul(a, b, out=out) is out
+    torch.cuda.synchronize()
+    ref = a64 @ b64
+    assert ((out.double().cpu() - ref).abs() / ref.abs().clamp_min(1.0)).max().item() <= REL["bfloat16"]
+    if kind == "misaligned":
+        assert torch.isnan(buf[0]) and torch.isnan(buf[-1]), "wrote outside out"

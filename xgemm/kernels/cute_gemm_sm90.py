@@ -788,6 +788,8 @@ class _Sm90Kernel:
         if problem.n * _ITEMSIZE[ep.out_dtype] % 16:
             # the API allocates D row-major; TMA needs its row stride in 16-byte units
             return f"N={problem.n}: D's row stride is not a multiple of 16 bytes (TMA)"
+        if ep.out_alignment < 16:
+            return "D (out=) is not 16-byte aligned (TMA needs 16-byte base and strides)"
         ops = [("A", problem.a), ("B", problem.b)]
         if ep.reads_c and problem.c is not None:
             if problem.c.dtype not in _OUT_DTYPES:

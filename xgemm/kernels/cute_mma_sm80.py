@@ -530,6 +530,8 @@ class _Sm80Kernel:
             return f"beta={ep.beta:g}: mma.sync path adds C with beta 0 or 1 only"
         if min(problem.m, problem.n, problem.k) < 1:
             return "empty problem (M, N or K is 0)"
+        if ep.out_alignment < 16:
+            return "D (out=) is not 16-byte aligned (128-bit vector stores)"
         for label, op in (("A", problem.a), ("B", problem.b)):
             why = _vec_ok(op.shape, op.strides, _ITEMSIZE[op.dtype], 0)
             if why or op.alignment < 16:

@@ -496,6 +496,8 @@ class GluonMatmulSm90:
         a, b = problem.a, problem.b
         if getattr(problem, "c", None) is not None or not _plain_epilogue(problem):
             return "alpha/beta/C epilogue is not supported"
+        if problem.epilogue.out_majorness != ROW or problem.epilogue.out_alignment < 16:
+            return "writes a row-major, 16-byte aligned result only (out= is not)"
         if a.majorness != ROW or b.majorness not in (ROW, COL):
             return "A must be ROW (K-major) and B ROW or COL"
         m, n, k = problem.m, problem.n, problem.k

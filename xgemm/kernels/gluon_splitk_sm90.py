@@ -359,6 +359,8 @@ class GluonSplitkSm90:
         a, b, ep = problem.a, problem.b, problem.epilogue
         if ep.reads_c:
             return "beta/C epilogue is not supported"
+        if ep.out_majorness != ROW or ep.out_alignment < 16:
+            return "writes a row-major, 16-byte aligned result only (out= is not)"
         m, n, k = problem.m, problem.n, problem.k
         if m > BM:
             return f"M = {m} > {BM}: the tiled kernels fill the GPU there"
