@@ -41,6 +41,27 @@ def have(module: str) -> bool:
         return False
 
 
+@pytest.fixture(scope="module")
+def gluon_cache_dir(tmp_path_factory):
+    """A fresh XGEMM_CACHE_DIR for one test module's Gluon compiles (the old one restored after;
+    the in-process entry and availability memos are cleared on both sides)."""
+    from xgemm import gluon_cache
+    root = tmp_path_factory.mktemp("xgemm_cache")
+    old = os.environ.get("XGEMM_CACHE_DIR")
+    os.environ["XGEMM_CACHE_DIR"] = str(root)
+    gluon_cache._entries.clear()
+    gluon_cache._availability.clear()
+    try:
+        yield root
+    finally:
+        gluon_cache._entries.clear()
+        gluon_cache._availability.clear()
+        if old is None:
+            os.environ.pop("XGEMM_CACHE_DIR", None)
+        else:
+            os.environ["XGEMM_CACHE_DIR"] = old
+
+
 def to_f64(x) -> np.ndarray:
     """Any framework's array -> float64 NumPy (bf16 included)."""
     mod = type(x).__module__

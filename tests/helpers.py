@@ -65,3 +65,28 @@ def _to_framework(v: np.ndarray, framework: str, dtype: str):
 def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
     """float64 values rounded through `dtype`, as float64."""
     return np.asarray(values, np.float64).astype(np_dtype(dtype)).astype(np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Driving one kernel through its protocol (tests/gpu): the views and operands the API would build
+
+def hopper() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def kernel_view(t):
+    """interop.ArrayView of a torch tensor, as the API hands operands to a kernel's run()."""
+    from xgemm import interop
+    return interop.view(t, "t", "test")
+
+
+def kernel_operand(v):
+    """The problem's Operand of a view (majorness and 16-byte alignment class as the API sets them)."""
+    from xgemm import interop
+    from xgemm.problem import Operand
+    major = interop.majorness(v.shape, v.strides)
+    return Operand(v.shape, v.strides, v.dtype, major, interop.alignment(v, major))

@@ -4,7 +4,6 @@ tensordesc_meta), the sm_100a 2-CTA tcgen05 variant, and the host-side TMA map p
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
@@ -24,24 +23,10 @@ B_2CTA = gm.pick_config("bfloat16", "bfloat16", b_kmajor=False, arch="sm_100a")
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(gluon_cache_dir):
     """Each config compiled once through the cache: {cfg: (CompiledKernel, Entry)}."""
-    root = tmp_path_factory.mktemp("xgemm_cache")
-    old = os.environ.get("XGEMM_CACHE_DIR")
-    os.environ["XGEMM_CACHE_DIR"] = str(root)
-    gluon_cache._entries.clear()
-    out = {}
-    try:
-        for cfg in (H_F16, H_BF16_F32, B_2CTA):
-            ck = gluon_cache.compile_kernel(cfg.key, cfg.arch)[0]
-            out[cfg] = (ck, gluon_cache.lookup(cfg.key, cfg.arch))
-        yield out
-    finally:
-        gluon_cache._entries.clear()
-        if old is None:
-            os.environ.pop("XGEMM_CACHE_DIR", None)
-        else:
-            os.environ["XGEMM_CACHE_DIR"] = old
+    return {cfg: (gluon_cache.compile_kernel(cfg.key, cfg.arch)[0], gluon_cache.lookup(cfg.key, cfg.arch))
+            for cfg in (H_F16, H_BF16_F32, B_2CTA)}
 
 
 def _ops(ptx: str):

@@ -33,26 +33,12 @@ MBAR = gs.mbarrier_variant(TABLE65)                                          # s
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("xgemm_cache")
-    old = os.environ.get("XGEMM_CACHE_DIR")
-    os.environ["XGEMM_CACHE_DIR"] = str(root)
-    gluon_cache._entries.clear()
-    yield root
-    gluon_cache._entries.clear()
-    if old is None:
-        os.environ.pop("XGEMM_CACHE_DIR", None)
-    else:
-        os.environ["XGEMM_CACHE_DIR"] = old
-
-
-@pytest.fixture(scope="module")
-def compiled(cache_dir):
+def compiled(gluon_cache_dir):
     """Representative variants, compiled once: {cfg: (CompiledKernel, Entry)}."""
     out = {}
     for cfg in (MULTI, SHORT, ODD, ONLINE, MBAR):
         ck = gluon_cache.compile_kernel(cfg.key)[0]
-        entry = gluon_cache.lookup(cfg.key)          # compiles on first use into cache_dir
+        entry = gluon_cache.lookup(cfg.key)          # compiles on first use into gluon_cache_dir
         out[cfg] = (ck, entry)
     return out
 
@@ -142,7 +128,7 @@ def test_single_cta_variants_have_no_cluster_code(compiled):
     assert not any(".v" in o for o in odd_ops if o.startswith(("ld.global", "st.global"))), odd_ops
 
 
-def test_metadata(compiled, cache_dir):
+def test_metadata(compiled, gluon_cache_dir):
     for cfg, (ck, entry) in compiled.items():
         meta = entry.meta
         assert meta["key"] == cfg.key and meta["kernel"] == "gluon_softmax" and meta["arch"] == "sm_90a"
@@ -158,13 +144,13 @@ def test_metadata(compiled, cache_dir):
         assert meta["triton_version"] == triton.__version__
         assert Path(entry.cubin_path).read_bytes() == ck.asm["cubin"]
         # on disk: <root>/gluon/<kernel>-<source hash>-triton<ver>/sm_90a/<entry>.{cubin,json}
-        rel = Path(entry.cubin_path).relative_to(cache_dir)
+        rel = Path(entry.cubin_path).relative_to(gluon_cache_dir)
         assert rel.parts[0] == "gluon"
         assert rel.parts[1] == f"gluon_softmax-{gluon_cache.source_hash('gluon_softmax')}-triton{triton.__version__}"
         assert json.loads(Path(entry.cubin_path[:-6] + ".json").read_text()) == meta
 
 
-def test_cache_round_trip_and_misses(compiled, cache_dir, monkeypatch):
+def test_cache_round_trip_and_misses(compiled, gluon_cache_dir, monkeypatch):
     gluon_cache._entries.clear()
     again = gluon_cache.lookup(MULTI.key, compile=False)     # from disk, no compile
     assert again is not None and again.meta == compiled[MULTI][1].meta and again.cubin == compiled[MULTI][1].cubin
@@ -178,20 +164,20 @@ def test_cache_round_trip_and_misses(compiled, cache_dir, monkeypatch):
     assert "build-cache" in gluon_cache.unavailable_reason(missing)
     assert gluon_cache.unavailable_reason(MULTI.key) is None
     # another cache root sees nothing
-    monkeypatch.setenv("XGEMM_CACHE_DIR", str(cache_dir / "elsewhere"))
+    monkeypatch.setenv("XGEMM_CACHE_DIR", str(gluon_cache_dir / "elsewhere"))
     gluon_cache._entries.clear()
     assert gluon_cache.lookup(MULTI.key, compile=False) is None
     gluon_cache._entries.clear()
 
 
-def test_build_reuses_cached_entries(compiled, cache_dir):
+def test_build_reuses_cached_entries(compiled, gluon_cache_dir):
     before = {cfg: os.stat(e.cubin_path).st_mtime_ns for cfg, (_, e) in compiled.items()}
     entries = gluon_cache.build(kernels=[c.key for c in compiled], jobs=1)
     assert [e.key for e in entries] == [c.key for c in compiled]
     assert {cfg: os.stat(e.cubin_path).st_mtime_ns for cfg, e in zip(compiled, entries)} == before
 
 
-def test_fresh_process_reads_cache_without_triton(compiled, cache_dir):
+def test_fresh_process_reads_cache_without_triton(compiled, gluon_cache_dir):
     """A new interpreter (triton import blocked) finds the prebuilt entries, checks availability and
     builds the launch parameters, and never imports triton."""
     code = textwrap.dedent(f"""
@@ -222,7 +208,7 @@ def test_fresh_process_reads_cache_without_triton(compiled, cache_dir):
         assert not any(m == "triton" or m.startswith("triton.") for m in sys.modules), "triton imported"
         print("OK", fmt)
     """)
-    env = dict(os.environ, XGEMM_CACHE_DIR=str(cache_dir), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, XGEMM_CACHE_DIR=str(gluon_cache_dir), PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("OK <QQixxxxixxxxqqQQ"), r.stdout

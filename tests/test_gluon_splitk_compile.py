@@ -4,7 +4,6 @@ policy's split choice, what supports() declines, and that jax's cuda lowering of
 launches its cubin with the cluster attribute."""
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -23,20 +22,9 @@ F16_F32_X8 = sk.Config("float16", "float32", 128, *sk._tile(128, 8), 8, True)
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("xgemm_cache")
-    old = os.environ.get("XGEMM_CACHE_DIR")
-    os.environ["XGEMM_CACHE_DIR"] = str(root)
-    gluon_cache._entries.clear()
-    try:
-        yield {cfg: (gluon_cache.compile_kernel(cfg.key)[0], gluon_cache.lookup(cfg.key))
-               for cfg in (BF16_X2, F16_F32_X8)}
-    finally:
-        gluon_cache._entries.clear()
-        if old is None:
-            os.environ.pop("XGEMM_CACHE_DIR", None)
-        else:
-            os.environ["XGEMM_CACHE_DIR"] = old
+def built(gluon_cache_dir):
+    return {cfg: (gluon_cache.compile_kernel(cfg.key)[0], gluon_cache.lookup(cfg.key))
+            for cfg in (BF16_X2, F16_F32_X8)}
 
 
 @pytest.mark.parametrize("cfg", [BF16_X2, F16_F32_X8], ids=["bf16-x2-bN", "f16-f32-x8-bK"])

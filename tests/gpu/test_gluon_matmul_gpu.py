@@ -8,15 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from xgemm import interop  # noqa: E402
-from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand  # noqa: E402
+from helpers import hopper, kernel_operand, kernel_view  # noqa: E402
+from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem  # noqa: E402
 
 
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not hopper(), reason="needs a Hopper (sm_90) GPU")]
 
 TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 REL = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -22}
@@ -31,17 +27,6 @@ CASES = [  # (M, N, K, in dtype, out dtype, B layout)
 ]
 
 
-def _view(t, dev):
-    return interop.ArrayView(obj=t, framework="torch", device=dev, ptr=t.data_ptr(), shape=tuple(t.shape),
-                             strides=tuple(t.stride()), dtype={v: k for k, v in TORCH_DT.items()}[t.dtype],
-                             itemsize=t.element_size(), readonly=False)
-
-
-def _operand(v):
-    major = interop.majorness(v.shape, v.strides)
-    return Operand(v.shape, v.strides, v.dtype, major, interop.alignment(v, major))
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:3])) + f"-{c[3]}-{c[4]}-b{c[5]}")
 def test_exact(case):
     from xgemm.kernels.gluon_matmul_sm90 import KERNEL
@@ -53,8 +38,8 @@ def test_exact(case):
     a = a64.to(TORCH_DT[dt]).cuda()
     b = (b64.t().contiguous().to(TORCH_DT[dt]).cuda().t() if lb == "col" else b64.to(TORCH_DT[dt]).cuda())
     out = torch.full((m, n), float("nan"), dtype=TORCH_DT[odt], device="cuda")
-    va, vb, vo = _view(a, dev), _view(b, dev), _view(out, dev)
-    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=_operand(va), b=_operand(vb), c=None,
+    va, vb, vo = kernel_view(a), kernel_view(b), kernel_view(out)
+    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=kernel_operand(va), b=kernel_operand(vb), c=None,
                        epilogue=Epilogue(out_dtype=odt), framework="torch", device=dev)
     assert prob.b.majorness == (COL if lb == "col" else ROW)
     reason = KERNEL.supports(prob)

@@ -9,15 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from xgemm import interop  # noqa: E402
-from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand  # noqa: E402
+from helpers import hopper, kernel_operand, kernel_view  # noqa: E402
+from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem  # noqa: E402
 
 
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not hopper(), reason="needs a Hopper (sm_90) GPU")]
 
 TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 REL = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -22}
@@ -31,17 +27,6 @@ CASES = [  # (M, N, K, in dtype, out dtype, B layout, BN, split, alpha)
     (64, 264, 136, "bfloat16", "float32", "row", 64, 8, 1.0),        # 3 K blocks over 8 CTAs: 5 idle
     (100, 136, 1024, "bfloat16", "bfloat16", "row", 128, 4, -2.0),   # two tile rows (run() tiles any M)
 ]
-
-
-def _view(t, dev):
-    return interop.ArrayView(obj=t, framework="torch", device=dev, ptr=t.data_ptr(), shape=tuple(t.shape),
-                             strides=tuple(t.stride()), dtype={v: k for k, v in TORCH_DT.items()}[t.dtype],
-                             itemsize=t.element_size(), readonly=False)
-
-
-def _operand(v):
-    major = interop.majorness(v.shape, v.strides)
-    return Operand(v.shape, v.strides, v.dtype, major, interop.alignment(v, major))
 
 
 def _ints(m, n, k, seed):
@@ -58,8 +43,8 @@ def test_exact_every_split(case):
     a = a64.to(TORCH_DT[dt]).cuda()
     b = (b64.t().contiguous().to(TORCH_DT[dt]).cuda().t() if lb == "col" else b64.to(TORCH_DT[dt]).cuda())
     out = torch.full((m, n), float("nan"), dtype=TORCH_DT[odt], device="cuda")
-    va, vb, vo = _view(a, dev), _view(b, dev), _view(out, dev)
-    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=_operand(va), b=_operand(vb), c=None,
+    va, vb, vo = kernel_view(a), kernel_view(b), kernel_view(out)
+    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=kernel_operand(va), b=kernel_operand(vb), c=None,
                        epilogue=Epilogue(alpha=alpha, out_dtype=odt), framework="torch", device=dev)
     assert prob.b.majorness == (COL if lb == "col" else ROW)
     pol = sk.policy_of(sk.Config(dt, odt, bn, *sk._tile(bn, split), split, lb == "col"))
@@ -82,8 +67,8 @@ def test_repeat_calls_are_deterministic():
     outs = []
     for _ in range(3):
         out = torch.full((64, 4096), float("nan"), dtype=torch.float32, device="cuda")
-        va, vb, vo = _view(a, dev), _view(b, dev), _view(out, dev)
-        prob = GemmProblem(m=64, n=4096, k=8192, batch=(), a=_operand(va), b=_operand(vb), c=None,
+        va, vb, vo = kernel_view(a), kernel_view(b), kernel_view(out)
+        prob = GemmProblem(m=64, n=4096, k=8192, batch=(), a=kernel_operand(va), b=kernel_operand(vb), c=None,
                            epilogue=Epilogue(out_dtype="float32"), framework="torch", device=dev)
         pol = sk.policy_of(sk.Config("bfloat16", "float32", 64, *sk._tile(64, 4), 4, False))
         sk.KERNEL.run(prob, pol, (va, vb, None), vo, torch.cuda.current_stream().cuda_stream)
