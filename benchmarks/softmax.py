@@ -35,17 +35,18 @@ GIB = 1 << 30
 DT_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 # (block_m, warps, ctas, online) candidates per BLOCK_N for --tune. online=2 is the mbarrier-exchange
-# kernel: measured (H200, 2026-11-29) and the pick for BLOCK_N 32K-256K; the default cache holds the
-# picks and their siblings, --list-entries --tune lists the rest.
+# kernel: measured (H200, 2026-11-29) and the pick for BLOCK_N 32K-256K; online=3 is it in quack's
+# order without the exit cluster barrier (quack's own geometry: 8 warps, 2 / 8 CTAs). The default
+# cache holds the picks and their siblings, --list-entries --tune lists the rest.
 TUNE = {
     256: [(64, 8, 1, 0), (32, 8, 1, 0), (64, 16, 1, 0), (64, 8, 1, 1), (32, 8, 1, 1)],
     1024: [(4, 4, 1, 0), (8, 8, 1, 0), (16, 8, 1, 0), (8, 8, 1, 1), (4, 4, 1, 1)],
     4096: [(8, 16, 1, 0), (4, 8, 1, 0), (8, 16, 1, 1), (4, 8, 1, 1)],
     16384: [(1, 16, 1, 0), (1, 16, 1, 1), (1, 8, 2, 1), (1, 4, 4, 1)],
-    65536: [(1, 4, 4, 0), (1, 4, 4, 1), (1, 8, 4, 1), (1, 4, 8, 1), (1, 8, 2, 1), (1, 16, 2, 1), (1, 8, 8, 1),
-            (1, 4, 4, 2), (1, 8, 4, 2), (1, 4, 8, 2), (1, 8, 2, 2)],
-    262144: [(1, 4, 16, 0), (1, 4, 16, 1), (1, 8, 16, 1), (1, 8, 8, 1), (1, 16, 8, 1), (1, 16, 16, 1),
-             (1, 4, 16, 2), (1, 8, 16, 2), (1, 8, 8, 2)],
+    65536: [(1, 4, 4, 1), (1, 4, 4, 2), (1, 8, 2, 2), (1, 4, 4, 3), (1, 8, 4, 3), (1, 4, 8, 3), (1, 8, 2, 3),
+            (1, 4, 2, 3), (1, 16, 2, 3)],
+    262144: [(1, 4, 16, 1), (1, 4, 16, 2), (1, 8, 8, 2), (1, 4, 16, 3), (1, 8, 8, 3), (1, 8, 16, 3), (1, 16, 8, 3),
+             (1, 4, 8, 3)],
 }
 
 

@@ -30,13 +30,14 @@ ODD = gs.pick_config(1000, "bfloat16", "float16", aligned=False)           # una
 MULTI = TABLE65._replace(online=0)                                           # two cross-CTA reductions
 ONLINE = TABLE65._replace(online=1)                                          # one packed exchange
 MBAR = gs.mbarrier_variant(TABLE65)                                          # st.async + mbarrier exchange
+QUACK = MBAR._replace(online=3)                                              # quack's order, no exit barrier
 
 
 @pytest.fixture(scope="module")
 def compiled(gluon_cache_dir):
     """Representative variants, compiled once: {cfg: (CompiledKernel, Entry)}."""
     out = {}
-    for cfg in (MULTI, SHORT, ODD, ONLINE, MBAR):
+    for cfg in (MULTI, SHORT, ODD, ONLINE, MBAR, QUACK):
         ck = gluon_cache.compile_kernel(cfg.key)[0]
         entry = gluon_cache.lookup(cfg.key)          # compiles on first use into gluon_cache_dir
         out[cfg] = (ck, entry)
@@ -142,7 +143,8 @@ def test_metadata(compiled, gluon_cache_dir):
         assert meta["constexprs"]["BLOCK_N"] == cfg.block_n and meta["constexprs"]["BLOCK_M"] == cfg.block_m
         assert len(meta["constexprs"]["CGA"]) == cfg.ctas.bit_length() - 1
         assert meta["triton_version"] == triton.__version__
-        assert Path(entry.cubin_path).read_bytes() == ck.asm["cubin"]
+        # triton's cubin, except online=3's: reassembled from the patched PTX
+        assert (Path(entry.cubin_path).read_bytes() == ck.asm["cubin"]) == (cfg.online != 3)
         # on disk: <root>/gluon/<kernel>-<source hash>-triton<ver>/sm_90a/<entry>.{cubin,json}
         rel = Path(entry.cubin_path).relative_to(gluon_cache_dir)
         assert rel.parts[0] == "gluon"
@@ -264,21 +266,47 @@ def test_default_entries_are_distinct_and_valid():
         cfg = gs.Config.from_key(k)
         cfg.check()
         assert cfg.elems_per_thread <= 128, k
-    # the mbarrier kernel is the pick for BLOCK_N 32768 ... 262144 (every dtype pair, aligned or
-    # not) and its online=1 sibling is prebuilt with it; 524288 (16 CTAs, 8 warps) stays online=1
+    # the mbarrier kernel without the exit barrier (online=3) is the pick for BLOCK_N 32768 ...
+    # 262144 (every dtype pair, aligned or not) and the same kernel with it (online=2) is prebuilt
+    # as its sibling; 524288 (16 CTAs, 8 warps) stays online=1
     for i in gs.DTYPES:
         for o in gs.DTYPES:
             for aligned in (True, False):
                 for n in (32768, 65536, 131072, 262144):
                     cfg = gs.pick_config(n, i, o, aligned)
-                    assert cfg.online == 2 and cfg.key in keys, cfg
-                    assert cfg == gs.mbarrier_variant(cfg) and cfg.align == (cfg.vec if aligned else 1)
+                    assert cfg.online == 3 and cfg.key in keys, cfg
+                    assert cfg.align == (cfg.vec if aligned else 1)
                     sib = gs.sibling(cfg)
-                    assert sib.online == 1 and sib == cfg._replace(online=1) and sib.key in both, cfg
+                    assert sib == gs.mbarrier_variant(cfg) and sib.key in both, cfg
                     assert sib.key not in keys
                 assert gs.pick_config(16384, i, o, aligned).online == 0
                 assert gs.pick_config(524288, i, o, aligned).online == 1
-    assert {gs.Config.from_key(k).online for k in both} == {0, 1, 2}
+    assert {gs.Config.from_key(k).online for k in both} == {0, 1, 2, 3}
+
+
+def test_online3_meets_late_and_never_at_exit(compiled):
+    """online=3: the same exchange as online=2, its expect (hence the init-publishing cluster
+    barrier the compiler puts before the mbarrier's first use) after the local reduction, and the
+    cached cubin assembled from PTX without the exit cluster barrier."""
+    ptx = compiled[QUACK][0].asm["ptx"]             # as triton emitted it, before the patch
+    expect = _at(ptx, r"mbarrier\.arrive\.expect_tx\.shared")
+    relaxed = _at(ptx, r"barrier\.cluster\.arrive\.relaxed")
+    shuffles = _at(ptx, r"shfl\.sync")
+    st_async = _at(ptx, r"st\.async")
+    assert len(expect) == len(relaxed) == 1 and shuffles and shuffles[0] < relaxed[0] < expect[0] < st_async[0]
+    patched = gs.gluon_patch_ptx(QUACK.key, ptx)
+    assert len(_at(ptx, r"barrier\.cluster\.arrive")) == 2 and len(_at(patched, r"barrier\.cluster\.arrive")) == 1
+    assert re.search(r"barrier\.cluster\.wait\.aligned;\s*ret;", ptx)
+    assert not re.search(r"barrier\.cluster\.wait\.aligned;\s*ret;", patched)
+    assert gs.gluon_patch_ptx(MBAR.key, ptx) is ptx          # other configs: untouched
+    # the cache's cubin is the patched one: its SASS has one cluster-barrier arrive, online=2's two
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if cuobjdump.exists():
+        import subprocess
+        count = {cfg: subprocess.run([str(cuobjdump), "-sass", compiled[cfg][1].cubin_path], capture_output=True,
+                                     text=True, check=True).stdout.count("UCGABAR_ARV") for cfg in (MBAR, QUACK)}
+        assert count == {MBAR: 2, QUACK: 1}, count
+    assert gs.sibling(QUACK) == MBAR and gs.online_of_notes(gs.policy_of(QUACK).notes) == 3
 
 
 def test_mbarrier_config_round_trips_and_limits():

@@ -281,6 +281,14 @@ def compile_kernel(key: str, arch: str = DEFAULT_ARCH):
     return compiled, sig, constexprs, options
 
 
+def _assemble(ptx: str, compiled, options: dict, arch: str) -> bytes:
+    """PTX -> cubin with the ptxas and flags triton's own last stage uses."""
+    from triton.compiler.compiler import make_backend
+    backend = make_backend(_target(arch))
+    opt = backend.parse_options(dict(options))
+    return backend.make_cubin(ptx, {"name": compiled.metadata.name}, opt, _target(arch).arch)
+
+
 def compile_entry(key: str, arch: str = DEFAULT_ARCH) -> Entry:
     """Compile one entry and write <entry>.cubin + <entry>.json atomically into the cache."""
     import triton
@@ -294,6 +302,11 @@ def compile_entry(key: str, arch: str = DEFAULT_ARCH) -> Entry:
     if len(names) != len(ptx_types):
         raise RuntimeError(f"{key}: PTX entry has {len(ptx_types)} params, expected {names}")
     cubin = compiled.asm["cubin"]
+    patch = getattr(importlib.import_module(_KERNELS[kernel]), "gluon_patch_ptx", None)
+    if patch is not None:               # a kernel may edit its PTX (e.g. drop a barrier it proves needless)
+        ptx = patch(key, compiled.asm["ptx"])
+        if ptx != compiled.asm["ptx"]:
+            cubin = _assemble(ptx, compiled, options, arch)
     version = triton_version() or tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:3])
     meta = {
         "schema": SCHEMA, "key": key, "kernel": kernel, "name": name, "arch": arch,

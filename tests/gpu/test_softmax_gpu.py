@@ -57,7 +57,8 @@ def xgemm_softmax(x, out=None, out_dtype=None, mode="table"):
     mode "table": the picker's config; "sibling": the same config in another kernel (online <->
     two reductions; the mbarrier exchange -> online, for BLOCK_N 32768 ... 262144), so two kernels
     are checked at every size whatever the table prefers; "mbarrier": the st.async + mbarrier
-    exchange kernel (online=2, the pick for BLOCK_N 32768 ... 262144)."""
+    exchange kernel (online=2); "quack": the same in quack's order without the exit cluster
+    barrier (online=3)."""
     out_dtype = out_dtype or DT_NAME[x.dtype]
     if out is None:
         out = torch.empty(x.shape, dtype=TORCH_DT[out_dtype], device=x.device)
@@ -68,8 +69,9 @@ def xgemm_softmax(x, out=None, out_dtype=None, mode="table"):
     pol = gs.KERNEL.policy(p)
     if mode == "sibling":
         pol = gs.policy_of(gs.sibling(gs.config_from_policy(pol, DT_NAME[x.dtype], out_dtype, aligned=True)))
-    elif mode == "mbarrier":
-        pol = gs.policy_of(gs.mbarrier_variant(gs.config_from_policy(pol, DT_NAME[x.dtype], out_dtype, aligned=True)))
+    elif mode in ("mbarrier", "quack"):
+        cfg = gs.mbarrier_variant(gs.config_from_policy(pol, DT_NAME[x.dtype], out_dtype, aligned=True))
+        pol = gs.policy_of(cfg._replace(online=3) if mode == "quack" else cfg)
     gs.KERNEL.run(p, pol, (view(x),), view(out), torch.cuda.current_stream().cuda_stream)
     return out
 
@@ -141,27 +143,30 @@ def test_row_strides_and_offsets(cols, mode):
     check(xgemm_softmax(x3, mode=mode), x3, "3-d")
 
 
-# online=2, the picker's kernel for BLOCK_N 32768 ... 262144 (the tests above run it in "table"
-# mode and its online=1 sibling in "sibling" mode); here fp32 aligned, spelled out
+# online=2 / 3, the mbarrier-exchange kernels the picker uses for BLOCK_N 32768 ... 262144 (the
+# tests above run the pick in "table" mode and its sibling in "sibling" mode); here fp32 aligned,
+# both spelled out. online=3 has no exit cluster barrier: the repeated launches below would
+# expose a CTA that left while a peer still wrote into it.
 MBAR_LENGTHS = [32768, 40000, 65536, 100000, 131072, 200000, 262144]
 
 
+@pytest.mark.parametrize("mode", ["mbarrier", "quack"])
 @pytest.mark.parametrize("cols", MBAR_LENGTHS)
-def test_mbarrier_kernel(cols):
-    assert cols % 4 == 0 and gs.pick_config(cols, "float32", "float32", aligned=True).online == 2
+def test_mbarrier_kernel(cols, mode):
+    assert cols % 4 == 0 and gs.pick_config(cols, "float32", "float32", aligned=True).online in (2, 3)
     rows = max(3, min(2048, (1 << 22) // cols)) | 1       # several clusters, odd count
     x = randn(rows, cols, "float32", seed=7)
-    check(xgemm_softmax(x, mode="mbarrier"), x, f"{rows}x{cols} mbarrier")
+    check(xgemm_softmax(x, mode=mode), x, f"{rows}x{cols} {mode}")
     # padded rows (32-byte offset, still aligned), an output with its own row stride, stride-0 rows
     base = randn(37, cols + 24, "float32", seed=8)
     x = base[:, 8:8 + cols]
-    check(xgemm_softmax(x, mode="mbarrier"), x, "padded rows mbarrier")
+    check(xgemm_softmax(x, mode=mode), x, f"padded rows {mode}")
     outbuf = torch.full((37, cols + 40), 7.0, device="cuda")
     out = outbuf[:, 4:4 + cols]
-    check(xgemm_softmax(x, out=out, mode="mbarrier"), x, "strided out mbarrier")
+    check(xgemm_softmax(x, out=out, mode=mode), x, f"strided out {mode}")
     assert (outbuf[:, :4] == 7).all() and (outbuf[:, 4 + cols:] == 7).all(), "wrote outside out"
     x = base[:5, :cols].clone()[2:3].expand(37, cols)
-    check(xgemm_softmax(x, mode="mbarrier"), x, "stride-0 rows mbarrier")
+    check(xgemm_softmax(x, mode=mode), x, f"stride-0 rows {mode}")
     # special values, as test_special_values
     inf, nan = float("inf"), float("nan")
     x = randn(8, cols, "float32", seed=9)
@@ -174,8 +179,8 @@ def test_mbarrier_kernel(cols):
     x[4, -1] = 1e4
     x[5] = torch.linspace(-60000, 60000, cols)
     x[6] = -1e30
-    y = xgemm_softmax(x, mode="mbarrier")
-    check(y, x, f"specials mbarrier {cols}")
+    y = xgemm_softmax(x, mode=mode)
+    check(y, x, f"specials {mode} {cols}")
     assert torch.isnan(y[:3]).all() and not torch.isnan(y[3:]).any()
     assert (y[3, : cols // 2] == 0).all()
 

@@ -33,7 +33,8 @@ Design (from triton's python/tutorials/gluon/14-multicta.py multi-CTA softmax)
   - xgemm_softmax_online (online=1): [BLOCK_M, CTAS, SLICE] tile; each CTA reduces its slice to
     (max, sum of exp(x - max)), packs the pair into one int64 and a single cross-CTA gl.reduce
     with the online-softmax combine finishes the row: 2 cluster barriers. Chosen for 524288.
-  - xgemm_softmax_mbarrier (online=2): quack's exchange, chosen for BLOCK_N 32768 ... 262144.
+  - xgemm_softmax_mbarrier (online=2 / 3): quack's exchange; online=3, chosen for BLOCK_N
+    32768 ... 262144, is the same source in quack's order without the exit barrier (below).
     [1, CTAS, R, warps, 32 * VEC] tile (the same 16-byte accesses); each warp reduces its part to
     a packed (max, sum) with shuffles only, lane d of every warp st.async's it
     (st.async...mbarrier::complete_tx::bytes) into CTA d's buffer [1, 1, CTAS, warps] and each CTA
@@ -43,6 +44,12 @@ Design (from triton's python/tutorials/gluon/14-multicta.py multi-CTA softmax)
     (placed after the x loads are issued, so it overlaps them) and the one it puts before the exit
     of every multi-CTA kernel. The kernel is not persistent, so both still come once per row block
     (per CTA). 3 bar.sync (triton's shared-memory hazard analysis around init / expect / st.async).
+    online=3 moves the expect (and with it that init barrier) after the local reduction, and its
+    cubin is assembled from PTX without the exit barrier (gluon_patch_ptx): that barrier (a
+    MEMBAR.ALL.GPU + cluster arrive/wait in SASS) made every CTA wait for its 64 KB of stores to be
+    acknowledged and for all its peers before leaving, so a finished CTA's slot never overlapped
+    the next cluster's loads. Nothing needs it: a CTA reads no peer's shared memory and leaves only
+    after every byte sent to it has landed (its own mbarrier wait).
   Tried and dropped (H200, 2026-11-29): a persistent grid-stride variant that issued the next
   row block's loads before reducing the current one was 5-80% slower at every size -- the
   barriers (bar.sync / barrier.cluster.arrive, release semantics) wait for those loads.
@@ -51,18 +58,18 @@ Config picker (pick_config) by BLOCK_N = next_pow2(max(cols, 16)); elements/thre
 BLOCK_M * BLOCK_N / (CTAS * 32 * warps), the fp32 values a thread holds (~1.3 registers each).
 Measured on the H200 with 1 GiB fp32 inputs (benchmarks/softmax.py --tune; copy = 4210-4250 GB/s;
 benchmarks/results/softmax-h200.md has every online 0/1 candidate). 65536 and 262144 were re-swept
-with online=2 on 2026-11-29 (GPU 0 of an nvidia-h200-x2 host, `benchmarks/softmax.py --tune --sizes
-65536,262144 --peers quack`, CUDA-graph timing, outputs verified; not in softmax-h200.md):
+with online=2, then online=3 (`benchmarks/softmax.py --tune --sizes 65536,262144 --peers quack`,
+CUDA-graph timing, outputs verified; results/softmax-o3-tune.json for online=3):
     BLOCK_N        CTAS  warps  BLOCK_M           online  elems/thread  GB/s (N = BLOCK_N)
     16 ... 512     1     8      16384 / BLOCK_N   0       64            4173 (256) [1]
     1024, 2048     1     8      8192 / BLOCK_N    0       32            4172 (1024)
     4096           1     16     8                 0       64            4175
     8192           1     16     2                 0       32            (not swept)
     16384          1     16     1                 0       32            4144
-    32768          2     4      1                 2       128           (not swept)
-    65536          4     4      1                 2       128           4025 (online=1 3865, quack 4107)
-    131072         8     4      1                 2       128           (not swept)
-    262144         16    4      1                 2       128           3736 (online=1 3618, quack 3817)
+    32768          2     4      1                 3       128           (not swept)
+    65536          4     8      1                 3       64            4179 [2]
+    131072         8     4      1                 3       128           (not swept)
+    262144         16    4      1                 3       128           4122 [2]
     524288         16    8      1                 1       128           (not swept)    = non-portable
 Why: single-CTA rows run at copy speed with either kernel; in a cluster every row pays cluster
 barriers, so fewer warps (more CTAs resident per SM to overlap them) and the one-exchange kernel
@@ -75,6 +82,10 @@ later run; copy 4246, quack 4119 / 3825) kept the picks: 64K w4c4 4041 vs w16c4 
 w2c8 3986, w2c16 3862, w16c2 3675; 256K w4c16 3756 vs w16c16 2913, w4c8 2837. 32768 and 131072
 take online=2 by analogy with their neighbours, not swept; 524288 (16 CTAs, non-portable, 8 warps)
 stays online=1, not measured with online=2.
+[2] online=3, one run (copy 4241 / 4249, quack 4127 / 3843): 64K w8c4 4179, w16c2 4155, w8c2 4151,
+w4c8 4150, w4c4 4127 (online=2 w4c4 4045, w8c2 3687; online=1 3876), w4c2 2933; 256K w4c16 4122
+(online=2 3758, online=1 3641), w8c16 4014, w8c8 3801 (online=2 3065), w16c8 3619, w4c8 2922. 32768
+and 131072 keep their geometry and take online=3 by analogy (+2% / +10% at the measured sizes).
 [1] Re-swept 2026-11-29 (softmax.py --tune --sizes 256 --peers quack; copy 4254, quack 4256): the
 pick 4200; m32w8 4161, m64w16 4173, m64w8 online 4191, m128w8 3985, m128w16 4174, m32w4 4123,
 m16w4 4149. No candidate closes the last 1.3% to quack.
@@ -101,10 +112,10 @@ _TABLE: Dict[int, Tuple[int, int, int, int]] = {
     4096: (1, 16, 8, 0),
     8192: (1, 16, 2, 0),
     16384: (1, 16, 1, 0),
-    32768: (2, 4, 1, 2),
-    65536: (4, 4, 1, 2),
-    131072: (8, 4, 1, 2),
-    262144: (16, 4, 1, 2),
+    32768: (2, 4, 1, 3),
+    65536: (4, 8, 1, 3),
+    131072: (8, 4, 1, 3),
+    262144: (16, 4, 1, 3),
     524288: (16, 8, 1, 1),
 }
 _SHORT_ROW_WARPS = 8
@@ -134,7 +145,11 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
     online   1: each CTA reduces its slice to (max, sum of exp) and one exchange of the packed pair
              finishes the row (2 cluster barriers a row instead of 4); 0: two cross-CTA reductions;
              2: every warp st.async's its packed pair into every CTA's buffer and each CTA waits on
-             its own mbarrier (no cluster barrier per row; needs ctas >= 2, block_m == 1)
+             its own mbarrier (no cluster barrier per row; needs ctas >= 2, block_m == 1);
+             3: kernel 2 as quack orders it: its mbarrier's expect (and so the cluster barrier
+             that publishes the mbarrier's init) after the local reduction, and without the exit
+             cluster barrier triton adds (gluon_patch_ptx): with st.async every byte a CTA
+             receives has landed before it passes its own wait, so no CTA can exit under a peer
     """
     __slots__ = ()
 
@@ -167,7 +182,7 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
         # [r * cols_per_cta, (r + 1) * cols_per_cta). Built on the host, passed as a constexpr.
         # The online kernel views a row as [ctas, cols_per_cta]: the CTA bits go on that dim.
         # The mbarrier kernel views it as [block_m, ctas, r, warps, 32 * vec] (CTA bits on dim 1).
-        if self.online == 2:
+        if self.online >= 2:
             return tuple((0, 1 << i, 0, 0, 0) for i in range(self.ctas.bit_length() - 1))
         if self.online:
             return tuple((0, 1 << i, 0) for i in range(self.ctas.bit_length() - 1))
@@ -199,8 +214,8 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
         assert self.in_dtype in DTYPES and self.out_dtype in DTYPES, self
         assert all(pow2(v) for v in (self.block_n, self.block_m, self.warps, self.ctas, self.vec)), self
         assert self.ctas <= MAX_CLUSTER and self.warps <= 16 and self.cols_per_cta >= self.vec, self
-        assert self.align in (1, self.vec) and self.online in (0, 1, 2), self
-        if self.online == 2:
+        assert self.align in (1, self.vec) and self.online in (0, 1, 2, 3), self
+        if self.online >= 2:
             # one row per cluster, lanes and warps all along the row, >= 2 CTAs (st.async needs a
             # cluster) and at most 32 (lane d sends to CTA d)
             assert self.ctas >= 2 and self.block_m == 1 and self.tpw_n == 32 and self.wpc_m == 1, self
@@ -235,9 +250,9 @@ def _fit(cfg: Config) -> Config:
 
 
 def sibling(cfg: Config) -> Config:
-    """The same config in another kernel (online <-> two-reduction, mbarrier -> online); both are
-    in the cache."""
-    return cfg._replace(online=1 if cfg.online == 2 else 1 - cfg.online)
+    """The same config in another kernel (online <-> two-reduction, mbarrier -> online, quack's
+    order -> mbarrier); both are in the cache."""
+    return cfg._replace(online={0: 1, 1: 0, 2: 1, 3: 2}[cfg.online])
 
 
 def mbarrier_variant(cfg: Config) -> Config:
@@ -245,7 +260,7 @@ def mbarrier_variant(cfg: Config) -> Config:
     return cfg._replace(online=2)
 
 
-ONLINE_NOTES = {0: (), 1: ("online",), 2: ("online", "mbarrier")}
+ONLINE_NOTES = {0: (), 1: ("online",), 2: ("online", "mbarrier"), 3: ("online", "mbarrier", "no exit barrier")}
 
 
 def policy_of(cfg: Config) -> Policy:
@@ -263,7 +278,7 @@ def config_from_policy(policy: Policy, in_dtype: str, out_dtype: str, aligned: b
 
 def online_of_notes(notes) -> int:
     """Config.online from Policy.notes (policy_of's ONLINE_NOTES)."""
-    return 2 if "mbarrier" in notes else 1 if "online" in notes else 0
+    return 3 if "no exit barrier" in notes else 2 if "mbarrier" in notes else 1 if "online" in notes else 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -360,7 +375,7 @@ def _define_kernels():
                                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, VEC: gl.constexpr,
                                TPW_M: gl.constexpr, TPW_N: gl.constexpr, WPC_M: gl.constexpr,
                                WPC_N: gl.constexpr, CTAS: gl.constexpr, CGA: gl.constexpr,
-                               CGA_SEND: gl.constexpr, CGA_BUF: gl.constexpr):
+                               CGA_SEND: gl.constexpr, CGA_BUF: gl.constexpr, LATE_EXPECT: gl.constexpr):
         # quack's exchange: every warp reduces its part of the row to a packed (max, sum) with
         # shuffles only, and lane d of each warp st.async's it into CTA d's buffer, completing
         # bytes on CTA d's mbarrier; each CTA waits on its own mbarrier, then combines all
@@ -401,8 +416,11 @@ def _define_kernels():
         buf = gl.allocate_shared_memory(gl.int64, [CTAS, BLOCK_M, CTAS, W], buf_l)
         bar = mbarrier.allocate_mbarrier()
         mbarrier.init(bar, count=1)
-        # arrive.expect_tx: the phase completes once BLOCK_M * CTAS * W partials (8 B each) land
-        mbarrier.expect(bar, BLOCK_M * CTAS * W * 8)
+        # arrive.expect_tx: the phase completes once BLOCK_M * CTAS * W partials (8 B each) land.
+        # The compiler's cluster barrier that publishes the init goes before this first use: late
+        # (LATE_EXPECT, quack's order), the CTAs meet there only after their local reductions.
+        if not LATE_EXPECT:
+            mbarrier.expect(bar, BLOCK_M * CTAS * W * 8)
 
         m_w = gl.max(gl.max(x, axis=2), axis=3)             # [M, C, W]
         shift = gl.where(m_w == -float("inf"), 0.0, m_w)    # all -inf part: sum 0, not NaN
@@ -416,6 +434,8 @@ def _define_kernels():
                                             cga_layout=CGA_SEND)
         part = gl.convert_layout(part, gl.SliceLayout(0, ls))
         send = part[None, :, :, :] + gl.zeros([CTAS, BLOCK_M, CTAS, W], gl.int64, ls)
+        if LATE_EXPECT:
+            mbarrier.expect(bar, BLOCK_M * CTAS * W * 8)
         hopper.async_store(buf, send, bar)
         mbarrier.wait(bar, 0, deps=[buf])
 
@@ -442,17 +462,18 @@ def gluon_compile_args(key: str, arch: str):
     """(jit function, signature, constexprs, attrs, options) for triton.compile; used by gluon_cache."""
     cfg = Config.from_key(key)
     cfg.check()
-    fn = _define_kernels()[cfg.online]
+    fn = _define_kernels()[min(cfg.online, 2)]
     sig = {"x_ptr": f"*{_SHORT[cfg.in_dtype]}", "y_ptr": f"*{_SHORT[cfg.out_dtype]}", "n_rows": "i32",
            "n_cols": "i32", "x_row_stride": "i64", "y_row_stride": "i64"}
     constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "VEC": cfg.vec, "TPW_M": cfg.tpw_m,
                   "TPW_N": cfg.tpw_n, "WPC_M": cfg.wpc_m, "WPC_N": cfg.wpc_n, "CTAS": cfg.ctas, "CGA": cfg.cga}
-    if cfg.online == 2:
+    if cfg.online >= 2:
         # [dest, block_m, source, warps]: the sent tensor has the CTA bits on the source dim,
         # the receive buffer (and its loads) on the destination dim
         bits = range(cfg.ctas.bit_length() - 1)
         constexprs["CGA_SEND"] = tuple((0, 0, 1 << i, 0) for i in bits)
         constexprs["CGA_BUF"] = tuple((1 << i, 0, 0, 0) for i in bits)
+        constexprs["LATE_EXPECT"] = cfg.online == 3
     sig.update({k: "constexpr" for k in constexprs})
     attrs = {}
     if cfg.align > 1:
@@ -463,6 +484,19 @@ def gluon_compile_args(key: str, arch: str):
                  (5,): [["tt.divisibility", cfg.align]]}
     options = {"num_warps": cfg.warps, "num_ctas": cfg.ctas, "enable_fp_fusion": False}
     return fn, sig, constexprs, attrs, options
+
+
+def gluon_patch_ptx(key: str, ptx: str) -> str:
+    """online=3: the PTX without the cluster barrier triton puts before the kernel's one `ret`
+    (gluon_cache reassembles it with triton's ptxas). Other configs: unchanged."""
+    if Config.from_key(key).online != 3:
+        return ptx
+    import re
+    patched, count = re.subn(r"barrier\.cluster\.arrive\.aligned;\s*barrier\.cluster\.wait\.aligned;\s*(ret;)",
+                             r"\1", ptx)
+    if count != 1:
+        raise RuntimeError(f"{key}: expected one exit cluster barrier before ret, found {count}")
+    return patched
 
 
 def gluon_entries(arch: str = "sm_90a", siblings: bool = True) -> List[str]:
