@@ -319,7 +319,7 @@ def test_mbarrier_config_round_trips_and_limits():
     assert len(cfg.cga) == cfg.ctas.bit_length() - 1 and all(len(b) == 5 and b[1] for b in cfg.cga)
     # st.async needs a cluster of >= 2 CTAs; the kernel stacks no rows per cluster
     for bad in (gs.pick_config(4096, "float32", "float32", True)._replace(online=2),
-                gs.pick_config(1024, "float32", "float32", True)._replace(online=2, ctas=2)):
+                gs.pick_config(1024, "float32", "float32", True)._replace(online=2, ctas=2, block_m=8)):
         with pytest.raises(AssertionError):
             bad.check()
 

@@ -61,8 +61,8 @@ benchmarks/results/softmax-h200.md has every online 0/1 candidate). 65536 and 26
 with online=2, then online=3 (`benchmarks/softmax.py --tune --sizes 65536,262144 --peers quack`,
 CUDA-graph timing, outputs verified; results/softmax-o3-tune.json for online=3):
     BLOCK_N        CTAS  warps  BLOCK_M           online  elems/thread  GB/s (N = BLOCK_N)
-    16 ... 512     1     8      16384 / BLOCK_N   0       64            4173 (256) [1]
-    1024, 2048     1     8      8192 / BLOCK_N    0       32            4172 (1024)
+    16 ... 1024    1     4      1024 / BLOCK_N    0       8             4251 (256), 4254 (1024) [1]
+    2048           1     8      4                 0       32            (not swept)
     4096           1     16     8                 0       64            4175
     8192           1     16     2                 0       32            (not swept)
     16384          1     16     1                 0       32            4144
@@ -86,9 +86,12 @@ stays online=1, not measured with online=2.
 w4c8 4150, w4c4 4127 (online=2 w4c4 4045, w8c2 3687; online=1 3876), w4c2 2933; 256K w4c16 4122
 (online=2 3758, online=1 3641), w8c16 4014, w8c8 3801 (online=2 3065), w16c8 3619, w4c8 2922. 32768
 and 131072 keep their geometry and take online=3 by analogy (+2% / +10% at the measured sizes).
-[1] Re-swept 2026-11-29 (softmax.py --tune --sizes 256 --peers quack; copy 4254, quack 4256): the
-pick 4200; m32w8 4161, m64w16 4173, m64w8 online 4191, m128w8 3985, m128w16 4174, m32w4 4123,
-m16w4 4149. No candidate closes the last 1.3% to quack.
+[1] Re-swept 2026-11-29 with quack's geometry (softmax.py --tune --sizes 256,1024 --peers quack,
+one run, results/softmax-short-tune.json; copy 4246 / 4247, quack 4250 / 4184): 256: m4w4 4251,
+m2w2 4260, m8w4 4212, m4w2 4208 against the old pick m64w8 4193 (m32w8 4157, m16w4 4144, m8w8
+4174); 1024: m1w4 4254 against the old m8w8 4185 (m4w4 4188, m2w2 4186, m2w4 4138, m4w2 4122,
+m16w8 4145). Short rows want many small CTAs per SM, as quack runs them; the sizes between take
+the same rule by analogy.
 VEC is 16 bytes / input itemsize (4 for fp32, 8 for 16-bit): one 128-bit access per chunk.
 """
 from __future__ import annotations
@@ -118,14 +121,14 @@ _TABLE: Dict[int, Tuple[int, int, int, int]] = {
     262144: (16, 4, 1, 3),
     524288: (16, 8, 1, 1),
 }
-_SHORT_ROW_WARPS = 8
 _SHORT_ROW_ONLINE = 0
 
 
-def _short_row_elems(block_n: int) -> int:
-    """Elements per CTA for BLOCK_N <= 2048 (several rows per CTA): 64 KB of fp32 up to 512
-    columns, 32 KB above."""
-    return 16384 if block_n <= 512 else 8192
+def _short_row(block_n: int) -> Tuple[int, int]:
+    """(rows per CTA, warps) for BLOCK_N <= 2048: up to 1024 columns quack's geometry, small CTAs
+    of 4 warps and 1024 elements (many resident per SM, so one CTA's tail overlaps the others'
+    loads); 2048 keeps 8 warps and 8192 elements (not re-swept)."""
+    return (max(1, 1024 // block_n), 4) if block_n <= 1024 else (8192 // block_n, 8)
 
 
 def _next_pow2(n: int) -> int:
@@ -230,8 +233,7 @@ def pick_config(cols: int, in_dtype: str, out_dtype: str, aligned: bool) -> Conf
     if block_n in _TABLE:
         ctas, warps, block_m, online = _TABLE[block_n]
     elif block_n < min(_TABLE):
-        ctas, warps, block_m, online = 1, _SHORT_ROW_WARPS, max(1, _short_row_elems(block_n) // block_n), \
-            _SHORT_ROW_ONLINE
+        (block_m, warps), ctas, online = _short_row(block_n), 1, _SHORT_ROW_ONLINE
     else:
         raise ValueError(f"{NAME}: cols={cols} exceeds MAX_COLS={MAX_COLS}")
     return _fit(Config(in_dtype, out_dtype, block_n, block_m, warps, ctas, vec, vec if aligned else 1,
