@@ -17,9 +17,12 @@ cache is read with no triton at all (a machine with triton 3.6, or none, just ne
 `lookup` compiles a missing entry on first use into the same cache when it can, and otherwise
 raises CacheMissError telling the user to run `python -m xgemm build-cache`.
 
-A kernel module plugs in with two functions (see kernels/gluon_softmax.py):
+A kernel module plugs in with two functions (see kernels/gluon_softmax.py), and a third optional:
   gluon_entries(arch) -> [entry key]                    what build() makes by default
   gluon_compile_args(key, arch) -> (jit fn, signature, constexprs, attrs, options)
+  gluon_patch_ptx(key, ptx) -> ptx                      an edit of triton's PTX (e.g. a barrier
+                                                        the kernel proves needless); the cubin is
+                                                        then reassembled by triton's ptxas stage
 """
 from __future__ import annotations
 

@@ -7,9 +7,10 @@ Contract
             once to the output dtype. No beta/C, no batch.
   dtypes    A, B both float16 or both bfloat16; out float16 | bfloat16 (the inputs') | float32.
   layout    A ROW (K-major); B ROW (N-major) or COL (K-major); out ROW. Anything else declines.
-  alignment cp.async 16-byte vectors: the three base pointers 16-byte aligned, K a multiple of 8
-            and every leading stride a multiple of 8 elements (out: of 16 bytes). M, N, K >= 1;
-            tails of M, N and K are zero-filled loads (cp.async src-size 0) and masked stores.
+  alignment cp.async 16-byte vectors: the three base pointers 16-byte aligned, N and K multiples
+            of 8 and every leading stride a multiple of 8 elements (the API's Epilogue says whether
+            an out= qualifies). M, N, K >= 1; tails of M and of the last N / K tile are zero-filled
+            loads (cp.async src-size 0) and masked stores.
   arch      sm_90a (wgmma, clusters, distributed shared memory): built by triton >= 3.8
             (xgemm/gluon_cache.py), launched without triton (xgemm/launch.py eagerly, ffi/ under jit).
   limits    M, N, K < 2**31 (the kernel tiles any M; the policy sends it M <= 64 with K >= 1024);
