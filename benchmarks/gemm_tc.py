@@ -180,22 +180,11 @@ def impl_xgemm(x: Inputs, name: str = "xgemm"):
 def _problem(a, b, d):
     """GemmProblem + ArrayViews for D = A @ B on torch CUDA tensors (the kernel protocol's inputs)."""
     from xgemm import interop
-    from xgemm.problem import Device, Epilogue, GemmProblem, Operand
-    torch = _torch()
-    dev = Device("cuda", torch.cuda.current_device(), torch.cuda.get_device_capability())
-    names = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-
-    def view(t):
-        return interop.ArrayView(obj=t, framework="torch", device=dev, ptr=t.data_ptr(),
-                                 shape=tuple(t.shape), strides=tuple(t.stride()), dtype=names[t.dtype],
-                                 itemsize=t.element_size(), readonly=False)
-
-    def operand(v):
-        major = interop.majorness(v.shape, v.strides)
-        return Operand(v.shape, v.strides, v.dtype, major, interop.alignment(v, major))
-    va, vb, vd = view(a), view(b), view(d)
-    prob = GemmProblem(m=a.shape[0], n=b.shape[1], k=a.shape[1], batch=(), a=operand(va), b=operand(vb),
-                       c=None, epilogue=Epilogue(out_dtype=vd.dtype), framework="torch", device=dev)
+    from xgemm.problem import Epilogue, GemmProblem
+    va, vb, vd = (interop.view(t, name, "gemm_tc") for t, name in ((a, "a"), (b, "b"), (d, "out")))
+    prob = GemmProblem(m=a.shape[0], n=b.shape[1], k=a.shape[1], batch=(), a=interop.operand(va),
+                       b=interop.operand(vb), c=None, epilogue=Epilogue(out_dtype=vd.dtype), framework="torch",
+                       device=va.device)
     return prob, (va, vb, None), vd
 
 

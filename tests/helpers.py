@@ -82,11 +82,3 @@ def kernel_view(t):
     """interop.ArrayView of a torch tensor, as the API hands operands to a kernel's run()."""
     from xgemm import interop
     return interop.view(t, "t", "test")
-
-
-def kernel_operand(v):
-    """The problem's Operand of a view (majorness and 16-byte alignment class as the API sets them)."""
-    from xgemm import interop
-    from xgemm.problem import Operand
-    major = interop.majorness(v.shape, v.strides)
-    return Operand(v.shape, v.strides, v.dtype, major, interop.alignment(v, major))

@@ -235,11 +235,11 @@ def _prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: A
         target_v = interop.view(cand, "out", fn) if cand is not None else None
         if target_v is not None and interop.majorness(target_v.shape, target_v.strides) == STRIDED:
             target_v = None
-    out_op = _operand(target_v) if target_v is not None else None
+    out_op = interop.operand(target_v) if target_v is not None else None
     epilogue = Epilogue(alpha=alpha, beta=beta, has_c=cv2 is not None, out_dtype=out_dtype,
                         out_majorness=out_op.majorness if out_op else ROW, out_alignment=out_op.alignment if out_op else 16)
-    problem = GemmProblem(m=m, n=n, k=k, batch=batch, a=_operand(a2v), b=_operand(bv2),
-                          c=_operand(cv2) if cv2 is not None else None, epilogue=epilogue,
+    problem = GemmProblem(m=m, n=n, k=k, batch=batch, a=interop.operand(a2v), b=interop.operand(bv2),
+                          c=interop.operand(cv2) if cv2 is not None else None, epilogue=epilogue,
                           framework=owner, device=va.device)
     plan = _choose("gemm", problem, empty=(m * n * k * math.prod(batch) == 0))
     plan.copies.extend(copies)
@@ -278,12 +278,6 @@ def _choose(op: str, problem, *, empty: bool) -> policy.Plan:
         return policy.Plan(op=op, problem=problem, kernel=ref, policy=ref.policy(problem),
                            declined=[("all kernels", "empty problem (a zero-size dimension): nothing to launch")])
     return policy.choose(op, problem)
-
-
-def _operand(v: interop.ArrayView) -> Operand:
-    major = interop.majorness(v.shape, v.strides) if v.ndim >= 2 else ROW
-    return Operand(shape=v.shape, strides=v.strides, dtype=v.dtype, majorness=major,
-                   alignment=interop.alignment(v, major))
 
 
 def _broadcast_to(x: Any, shape: Tuple[int, ...], fw: str) -> Any:

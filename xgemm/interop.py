@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 from . import errors
-from .problem import COL, ROW, STRIDED, Device
+from .problem import COL, ROW, STRIDED, Device, Operand
 
 FRAMEWORKS = ("numpy", "torch", "jax", "cupy")
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -280,6 +280,12 @@ def alignment(v: ArrayView, major: str) -> int:
     while align > v.itemsize and any(val % align for val in values):
         align //= 2
     return align
+
+
+def operand(v: ArrayView) -> Operand:
+    """The problem's Operand of a view: its majorness (ROW below 2 dims) and alignment class."""
+    major = majorness(v.shape, v.strides) if v.ndim >= 2 else ROW
+    return Operand(shape=v.shape, strides=v.strides, dtype=v.dtype, majorness=major, alignment=alignment(v, major))
 
 
 # ---------------------------------------------------------------------------------------------

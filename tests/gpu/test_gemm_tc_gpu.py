@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 from xgemm import interop  # noqa: E402
 from xgemm.interop import ArrayView  # noqa: E402
-from xgemm.problem import Device, Epilogue, GemmProblem, Operand  # noqa: E402
+from xgemm.problem import Device, Epilogue, GemmProblem  # noqa: E402
 
 
 def _hopper() -> bool:
@@ -118,11 +118,6 @@ def view(t, device: Device) -> ArrayView:
                      readonly=False)
 
 
-def operand(v: ArrayView) -> Operand:
-    major = interop.majorness(v.shape, v.strides)
-    return Operand(v.shape, v.strides, v.dtype, major, interop.alignment(v, major))
-
-
 def build_case(case, device="cuda", seed=0):
     """Tensors + ArrayViews + GemmProblem for one case (device="cpu" builds the same layouts
     for prebuilding compile classes on a machine with no GPU)."""
@@ -145,8 +140,8 @@ def build_case(case, device="cuda", seed=0):
     va, vb, vo = view(a, dev), view(b, dev), view(out, dev)
     vc = view(c, dev) if c is not None else None
     ep = Epilogue(alpha=alpha, beta=beta, has_c=c is not None, out_dtype=out_dt)
-    prob = GemmProblem(m=m, n=n, k=k, batch=batch, a=operand(va), b=operand(vb),
-                       c=operand(vc) if vc is not None and beta != 0.0 else None, epilogue=ep,
+    prob = GemmProblem(m=m, n=n, k=k, batch=batch, a=interop.operand(va), b=interop.operand(vb),
+                       c=interop.operand(vc) if vc is not None and beta != 0.0 else None, epilogue=ep,
                        framework="torch", device=dev)
     return dict(a=a, b=b, c=c, out=out, views=(va, vb, vc), vout=vo, problem=prob)
 

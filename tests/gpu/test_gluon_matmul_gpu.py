@@ -8,7 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import hopper, kernel_operand, kernel_view  # noqa: E402
+from helpers import hopper, kernel_view  # noqa: E402
+from xgemm import interop  # noqa: E402
 from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def test_exact(case):
     b = (b64.t().contiguous().to(TORCH_DT[dt]).cuda().t() if lb == "col" else b64.to(TORCH_DT[dt]).cuda())
     out = torch.full((m, n), float("nan"), dtype=TORCH_DT[odt], device="cuda")
     va, vb, vo = kernel_view(a), kernel_view(b), kernel_view(out)
-    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=kernel_operand(va), b=kernel_operand(vb), c=None,
+    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=interop.operand(va), b=interop.operand(vb), c=None,
                        epilogue=Epilogue(out_dtype=odt), framework="torch", device=dev)
     assert prob.b.majorness == (COL if lb == "col" else ROW)
     reason = KERNEL.supports(prob)
