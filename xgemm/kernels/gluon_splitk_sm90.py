@@ -117,6 +117,16 @@ TILES = {64: ((128, 4), (64, 6)), 128: ((128, 4), (64, 4))}   # bn -> ((bk, stag
 H200_SMS = 132
 
 
+def _tiles(m: int, n: int, bn: int) -> int:
+    """Output tiles (= clusters launched) of a BM x bn tiling."""
+    return -(-m // BM) * -(-n // bn)
+
+
+def _ldb(b_strides, b_kmajor: bool) -> int:
+    """B's leading stride: between its columns when K-major, between its rows when N-major."""
+    return b_strides[-1] if b_kmajor else b_strides[-2]
+
+
 def _tile(bn: int, split: int) -> Tuple[int, int]:
     return TILES[bn][0 if split <= 2 else 1]
 
@@ -125,8 +135,8 @@ def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool
            sms: int = H200_SMS) -> Config:
     """BN 64 while its tiles fit one wave, else 128; then the largest split that keeps
     tiles * split within the SMs and at least 4 K blocks per CTA."""
-    bn = 64 if -(-m // BM) * -(-n // 64) <= sms else 128
-    tiles = -(-m // BM) * -(-n // bn)
+    bn = 64 if _tiles(m, n, 64) <= sms else 128
+    tiles = _tiles(m, n, bn)
     split = 1
     while split < SPLITS[-1]:
         s = 2 * split
@@ -409,8 +419,7 @@ class GluonSplitkSm90:
         """(launcher, clusters, the scalar args after the three pointers)."""
         cfg = config_of(policy, a.dtype, out.dtype, problem.b.majorness == COL)
         m, n, k = problem.m, problem.n, problem.k
-        ldb = b.strides[-1] if cfg.b_kmajor else b.strides[-2]
-        strides = (a.strides[-2], ldb, out.strides[-2])
+        strides = (a.strides[-2], _ldb(b.strides, cfg.b_kmajor), out.strides[-2])
         if a.strides[-1] != 1 or (b.strides[-2] if cfg.b_kmajor else b.strides[-1]) != 1 or out.strides[-1] != 1 \
                 or any(s % 8 for s in strides) or (a.ptr | b.ptr | out.ptr) & 15:
             raise ValueError(f"{NAME}: A {a.strides}, B {b.strides}, out {out.strides} (16-byte bases "
@@ -422,8 +431,7 @@ class GluonSplitkSm90:
             from .. import gluon_cache, launch
             entry = gluon_cache.lookup(cfg.key)
             launcher = self._launchers[key] = launch.get_launcher(entry.cubin, entry.meta, a.device.index)
-        clusters = -(-m // BM) * -(-n // cfg.bn)
-        return launcher, clusters, (m, n, k, *strides, float(problem.epilogue.alpha))
+        return launcher, _tiles(m, n, cfg.bn), (m, n, k, *strides, float(problem.epilogue.alpha))
 
     # -- jax.jit -----------------------------------------------------------------------------------
     def jax_launch(self, problem, policy):
@@ -433,10 +441,9 @@ class GluonSplitkSm90:
         entry = gluon_cache.lookup(cfg.key)
         P = jax_ffi.Param
         m, n, k = problem.m, problem.n, problem.k
-        ldb = problem.b.strides[-1] if cfg.b_kmajor else problem.b.strides[-2]
-        args = (P.input(0), P.input(1), P.output(0), P.i32(m), P.i32(n), P.i32(k),
-                P.i64(problem.a.strides[-2]), P.i64(ldb), P.i64(n), P.f32(float(problem.epilogue.alpha)))
-        return jax_ffi.triton_launch(entry.cubin, entry.meta, -(-m // BM) * -(-n // cfg.bn), args)
+        args = (P.input(0), P.input(1), P.output(0), P.i32(m), P.i32(n), P.i32(k), P.i64(problem.a.strides[-2]),
+                P.i64(_ldb(problem.b.strides, cfg.b_kmajor)), P.i64(n), P.f32(float(problem.epilogue.alpha)))
+        return jax_ffi.triton_launch(entry.cubin, entry.meta, _tiles(m, n, cfg.bn), args)
 
 
 def policy_of(cfg: Config) -> Policy:
