@@ -10,7 +10,8 @@ against a single-device reference, the HLO checked for no all-gather of the oper
 a K sum gathers its result, and tests/test_jax_sharding.py checks the operands stay sharded), and
 per-device TFLOP/s (GB/s) next to jnp.matmul / jax.nn.softmax under the same
 sharding and next to xgemm on one device, all in the same process. Timing: wall clock around
-`block_until_ready`, median of repeats after warm-up (the work per call is milliseconds).
+`block_until_ready` of a few async calls (MATMUL_CALLS, SOFTMAX_CALLS), median of repeats after
+warm-up, xgemm's and XLA's repeats interleaved.
 Writes multi_gpu-h200.json (the issue's record format) and prints a table.
 """
 from __future__ import annotations
@@ -25,17 +26,67 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+MATMUL_CALLS, SOFTMAX_CALLS = 3, 10       # async calls per timed sample (~20 ms of work either way)
 
 
-def median_s(fn, *args, warmup=2, reps=7):
-    for _ in range(warmup):
+def median_s(fn, *args, calls=1, warmup=2, reps=7):
+    return interleaved([fn], *args, calls=calls, warmup=warmup, reps=reps)[0]
+
+
+def interleaved(fns, *args, calls=1, warmup=2, reps=7):
+    """Median seconds per call of each fn: `calls` async calls then one block per sample, the
+    fns' samples interleaved (order flipped every round), so clock and power drift weighs on
+    every impl alike and the dispatch to every device and the final sync are amortized."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn(*args).block_until_ready()
+    times = [[] for _ in fns]
+    for r in range(reps):
+        order = list(range(len(fns)))[::(1 if r % 2 == 0 else -1)]
+        for i in order:
+            t = time.perf_counter()
+            for _ in range(calls):
+                y = fns[i](*args)
+            y.block_until_ready()
+            times[i].append((time.perf_counter() - t) / calls)
+    return [statistics.median(x) for x in times]
+
+
+def profile(fn, args, where: str) -> str:
+    """One call of fn under jax.profiler; returns a per-device timeline of the GPU ops (perfetto
+    trace), to see whether the ring's transfers run under the GEMMs."""
+    import glob
+    import gzip
+    import jax
+    os.makedirs(where, exist_ok=True)
+    with jax.profiler.trace(where, create_perfetto_trace=True):
         fn(*args).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn(*args).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    files = glob.glob(os.path.join(where, "**", "*.json.gz"), recursive=True)
+    if not files:
+        return "no perfetto trace written"
+    trace = json.loads(gzip.open(files[0]).read())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {(e.get("pid"), e.get("tid")): e["args"].get("name") for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    procs = {e.get("pid"): e["args"].get("name") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    ops = [e for e in events if e.get("ph") == "X" and "gpu" in str(procs.get(e.get("pid"), "")).lower()]
+    if not ops:
+        return "no GPU events in the trace (processes: %s)" % sorted(set(map(str, procs.values())))[:8]
+    t0 = min(e["ts"] for e in ops)
+    lines = []
+    for e in sorted(ops, key=lambda e: (e.get("pid"), e["ts"])):
+        lines.append(f"{procs.get(e.get('pid'))!s:.24} | {names.get((e.get('pid'), e.get('tid')))!s:.28} | "
+                     f"{e['ts'] - t0:10.1f} us +{e.get('dur', 0):9.1f} | {e.get('name', '')[:70]}")
+    return "\n".join(lines[:400])
+
+
+def jax_sharding_default(name: str):
+    """A jax_sharding constant read from its source (importing it would start jax before the
+    environment below is set)."""
+    import re
+    text = (ROOT / "xgemm" / "jax_sharding.py").read_text()
+    return int(re.search(rf"^{name} = (\d+)", text, re.M).group(1))
 
 
 def main() -> int:
@@ -47,7 +98,18 @@ def main() -> int:
     ap.add_argument("--cols", type=int, default=2 ** 16)
     ap.add_argument("--k-reductions", type=lambda v: [x for x in v.split(",") if x], default=[],
                     help="K-sharded matmul: also time these jax_sharding.K_REDUCTION strategies")
+    ap.add_argument("--cases", type=lambda v: v.split(","), default="rows,cols,k,k_to_rows,softmax".split(","),
+                    help="which of rows,cols,k,k_to_rows,softmax to run (all by default)")
+    ap.add_argument("--ring-sm-margin", type=int, default=jax_sharding_default("K_RING_SM_MARGIN"),
+                    help="jax_sharding.K_RING_SM_MARGIN: SMs the K ring's GEMMs leave to NCCL")
+    ap.add_argument("--nccl-max-ctas", type=int, default=0,
+                    help="set NCCL_MAX_CTAS / NCCL_MAX_NCHANNELS (every collective of the process, XLA's too)")
+    ap.add_argument("--profile", default="", help="a folder: profile one K-sharded xgemm call there "
+                                                  "and write its GPU timeline (timeline_<case>.txt)")
     args = ap.parse_args()
+    if args.nccl_max_ctas:    # confine NCCL's kernels (all collectives of this process, XLA's too)
+        for var in ("NCCL_MAX_CTAS", "NCCL_MAX_NCHANNELS"):
+            os.environ[var] = str(args.nccl_max_ctas)
     if args.smoke:
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
         os.environ["JAX_PLATFORMS"] = "cpu"
@@ -59,6 +121,7 @@ def main() -> int:
 
     import xgemm
     from xgemm import jax_sharding
+    jax_sharding.K_RING_SM_MARGIN = args.ring_sm_margin
 
     devices = jax.devices()
     n = len(devices)
@@ -89,7 +152,7 @@ def main() -> int:
     # values are checked on device 0 (the arrays are GiBs: no trip through NumPy)
     same = jax.jit(lambda x, y: jnp.array_equal(x.astype(jnp.float32), y.astype(jnp.float32)))
     ref = xla(a1, b1)
-    t1 = median_s(xg, a1, b1)
+    t1 = median_s(xg, a1, b1, calls=MATMUL_CALLS)
     ok1 = bool(same(xg(a1, b1), ref))
     dt = "fp32" if args.smoke else "bf16"
     record(f"matmul_{dt}_{s}^3_one_device", (s, s, s), dt, "xgemm", "TFLOP/s", flops / t1 / 1e12, ok1)
@@ -98,6 +161,8 @@ def main() -> int:
     for name, sa, sb, so in (("rows", P("d", None), P(), None), ("cols", P(), P(None, "d"), None),
                              ("k", P(None, "d"), P("d", None), None),
                              ("k_to_rows", P(None, "d"), P("d", None), P("d", None))):
+        if name not in args.cases:
+            continue
         a, b = put(A, sa), put(B, sb)
         outs = None if so is None else NamedSharding(mesh, so)
         fx = jax.jit(lambda a, b: xgemm.matmul(a, b), out_shardings=outs)
@@ -105,8 +170,7 @@ def main() -> int:
                      out_shardings=outs)
         hlo = fx.lower(a, b).compile().as_text()
         gathers = hlo.count("all-gather(") if name in ("rows", "cols") else None   # K sums gather the result
-        for impl, f in (("xgemm", fx), ("xla", fj)):
-            t = median_s(f, a, b)
+        for impl, f, t in zip(("xgemm", "xla"), (fx, fj), interleaved([fx, fj], a, b, calls=MATMUL_CALLS)):
             okf = bool(same(one(f(a, b)), ref))
             record(f"matmul_{dt}_{s}^3_sharded_{name}_per_device", (s, s, s), dt, impl, "TFLOP/s",
                    flops / t / n / 1e12, okf, all_gathers=gathers if impl == "xgemm" else None)
@@ -114,36 +178,41 @@ def main() -> int:
             default, jax_sharding.K_REDUCTION = jax_sharding.K_REDUCTION, strategy
             try:
                 fr = jax.jit(lambda a, b: xgemm.matmul(a, b), out_shardings=outs)   # lowered again
-                t = median_s(fr, a, b)
+                t = median_s(fr, a, b, calls=MATMUL_CALLS)
                 record(f"matmul_{dt}_{s}^3_sharded_{name}_per_device_{strategy}", (s, s, s), dt, "xgemm",
                        "TFLOP/s", flops / t / n / 1e12, bool(same(one(fr(a, b)), ref)))
             finally:
                 jax_sharding.K_REDUCTION = default
+        if args.profile and name.startswith("k"):
+            text = profile(fx, (a, b), os.path.join(args.profile, name))
+            Path(args.profile, f"timeline_{name}.txt").write_text(text)
         del a, b
     del a1, b1, ref
 
     # ---- softmax (fp32), rows sharded
-    r, c = args.rows, args.cols
-    X = jax.random.normal(jax.random.PRNGKey(1), (r, c), jnp.float32) * 3
-    xs = jax.jit(lambda x: xgemm.softmax(x))
-    js = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
-    nbytes = 2.0 * r * c * 4
-    x1 = one(X)
-    close = jax.jit(lambda y, r: jnp.allclose(y, r, rtol=1e-5, atol=1e-7))
-    ref = js(x1)
-    t1 = median_s(xs, x1)
-    record(f"softmax_fp32_{r}x{c}_one_device", (r, c), "fp32", "xgemm", "GB/s", nbytes / t1 / 1e9,
-           bool(close(xs(x1), ref)))
-    x = put(X, P("d", None))
-    gathers = xs.lower(x).compile().as_text().count("all-gather")
-    for impl, f in (("xgemm", xs), ("xla", js)):
-        t = median_s(f, x)
-        ok = bool(close(one(f(x)), ref))
-        record(f"softmax_fp32_{r}x{c}_sharded_rows_per_device", (r, c), "fp32", impl, "GB/s",
-               nbytes / t / n / 1e9, ok, all_gathers=gathers if impl == "xgemm" else None)
+    if "softmax" in args.cases:
+        r, c = args.rows, args.cols
+        X = jax.random.normal(jax.random.PRNGKey(1), (r, c), jnp.float32) * 3
+        xs = jax.jit(lambda x: xgemm.softmax(x))
+        js = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
+        nbytes = 2.0 * r * c * 4
+        x1 = one(X)
+        close = jax.jit(lambda y, r: jnp.allclose(y, r, rtol=1e-5, atol=1e-7))
+        ref = js(x1)
+        t1 = median_s(xs, x1, calls=SOFTMAX_CALLS)
+        record(f"softmax_fp32_{r}x{c}_one_device", (r, c), "fp32", "xgemm", "GB/s", nbytes / t1 / 1e9,
+               bool(close(xs(x1), ref)))
+        x = put(X, P("d", None))
+        gathers = xs.lower(x).compile().as_text().count("all-gather")
+        for impl, f, t in zip(("xgemm", "xla"), (xs, js), interleaved([xs, js], x, calls=SOFTMAX_CALLS)):
+            ok = bool(close(one(f(x)), ref))
+            record(f"softmax_fp32_{r}x{c}_sharded_rows_per_device", (r, c), "fp32", impl, "GB/s",
+                   nbytes / t / n / 1e9, ok, all_gathers=gathers if impl == "xgemm" else None)
 
     records.append({"meta": {"date": time.strftime("%Y-%m-%d"), "devices": [str(d) for d in devices],
-                             "jax": jax.__version__, "command": " ".join(sys.argv)}})
+                             "jax": jax.__version__, "command": " ".join(sys.argv),
+                             "ring_sm_margin": args.ring_sm_margin,
+                             "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}})
     print("| case | impl | value | verified |\n|---|---|---|---|\n" + "\n".join(rows))
     if not args.smoke:
         os.makedirs(args.out, exist_ok=True)

@@ -9,7 +9,8 @@ softmax by rows. Each split is run by xgemm and by
 torch (torch.matmul / torch.softmax) under the same split, and by xgemm on one device with the
 whole problem; values are checked on the GPU against torch on one device (integer-valued matmul
 operands, so every sum is exact and the check is equality). Per-device TFLOP/s and GB/s come from
-the wall time of launching every device's share and synchronizing all devices, median of repeats.
+the wall time of launching every device's share and synchronizing all devices, median of repeats,
+xgemm's repeats interleaved with torch's.
 Writes multi_gpu_torch-h200.json (the issues' record format) and prints a table.
 """
 from __future__ import annotations
@@ -38,9 +39,12 @@ def main() -> int:
     ap.add_argument("--k-sums", default="ring",
                     help="how the K split's partial products are summed, comma-separated, each timed: "
                          "ring (row blocks hop device to device, each transfer under the next block's "
-                         "GEMM; the cast row blocks are gathered on device 0) and/or reduce (every "
-                         "partial copied to device 0 and summed there, in --k-blocks row blocks)")
+                         "GEMM; the cast row blocks are gathered on device 0), ring_rows (the same, the "
+                         "result left row-split over the devices, as a reduce-scatter leaves it) and/or "
+                         "reduce (every partial copied to device 0 and summed there, in --k-blocks row "
+                         "blocks)")
     ap.add_argument("--k-blocks", type=int, default=4, help="row blocks of the reduce sum")
+    ap.add_argument("--k-chunks", type=int, default=2, help="row chunks per ring block")
     args = ap.parse_args()
     import torch
 
@@ -88,14 +92,15 @@ def main() -> int:
             for st in streams + copy_streams + [reduce_stream]:
                 st.synchronize()
 
-    def send(x, ready, src, dst):
-        """x (device src, ready after event `ready` on its compute stream) copied to device dst on
-        the two devices' copy streams -> (copy, event on dst's copy stream after it landed)."""
+    def send(x, ready, src, dst, into=None):
+        """x (device src, ready after event `ready` on its compute stream) copied to device dst
+        (into `into` when given) on the two devices' copy streams -> (copy, event on dst's copy
+        stream after it landed)."""
         if not cuda:
-            return x.clone(), None
+            return (x.clone() if into is None else into.copy_(x)), None
         with torch.cuda.stream(copy_streams[src]), torch.cuda.stream(copy_streams[dst]):
             copy_streams[src].wait_event(ready)
-            buf = torch.empty(x.shape, dtype=x.dtype, device=devices[dst])
+            buf = torch.empty(x.shape, dtype=x.dtype, device=devices[dst]) if into is None else into
             buf.copy_(x, non_blocking=True)     # runs on src's copy stream; dst's copy stream waits
             landed = torch.cuda.Event()
             landed.record(copy_streams[dst])
@@ -105,15 +110,22 @@ def main() -> int:
 
     def wall(step, reps):
         """Median wall seconds of step() (launches on every device) plus the synchronization."""
-        step()
-        sync()
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
+        return walls([step], reps)[0]
+
+    def walls(steps, reps):
+        """wall() of each step, their repeats interleaved (order flipped every round) so clock
+        and power drift weighs on every impl alike."""
+        for step in steps:
             step()
             sync()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
+        times = [[] for _ in steps]
+        for r in range(reps):
+            for i in (range(len(steps)) if r % 2 == 0 else reversed(range(len(steps)))):
+                t = time.perf_counter()
+                steps[i]()
+                sync()
+                times[i].append(time.perf_counter() - t)
+        return [statistics.median(x) for x in times]
 
     def split(x, dim, parts):
         return [c.contiguous() for c in torch.chunk(x, parts, dim=dim)]
@@ -140,7 +152,8 @@ def main() -> int:
         a_parts = [x.to(d) for x, d in zip(a_parts, devices)]
         b_parts = [x.to(d) for x, d in zip(b_parts, devices)]
         sync()
-        for impl in ("xgemm", "torch"):
+        def build(impl):
+            """impl's step() under this split and the list its last run leaves the result in."""
             outs = [None] * n
 
             def partial(i, a):
@@ -152,42 +165,73 @@ def main() -> int:
                     return torch.mm(a, b_parts[i], out_dtype=torch.float32)
                 return torch.mm(a.float(), b_parts[i].float())
 
-            def ring():
+            def hop(i, a, running, last, out=None):
+                """Device i: a @ b_parts[i] plus `running` (the fp32 sum the ring brought so far),
+                in fp32, or in the matmul dtype on the last hop (into `out` when given). xgemm takes
+                `running` as the kernel's C (beta = 1) and writes the last hop's dtype itself;
+                torch adds it with addmm and casts after."""
+                if impl == "xgemm":
+                    dst = out if out is not None else torch.empty(
+                        a.shape[0], s, device=devices[i], dtype=mm_dtype if last else torch.float32)
+                    return xgemm.gemm(a, b_parts[i], running, beta=0.0 if running is None else 1.0, out=dst)
+                if running is None:
+                    p = partial(i, a)
+                elif cuda:
+                    p = torch.addmm(running, a, b_parts[i], out_dtype=torch.float32)
+                else:
+                    p = running + a.float() @ b_parts[i].float()
+                if not last:
+                    return p
+                return out.copy_(p) if out is not None else p.to(mm_dtype)
+
+            def ring(gather):
                 """Row block b of the result is summed along a ring: at step t device d computes
-                its partial of block (d + t + 1) % n, adds what device d + 1 sent for that block,
-                and sends the sum on to d - 1 (the copy runs under d's next GEMM); after n - 1 hops
-                device d holds block d, which it casts; device 0 gathers the cast blocks."""
+                its partial of block (d + t + 1) % n plus what device d + 1 sent for that block, and
+                sends the sum on to d - 1 (a copy-engine transfer under d's next GEMM); after n - 1
+                hops device d holds block d in the matmul dtype, gathered on device 0 (or, without
+                gather, left there: the result row-sharded, as a reduce-scatter leaves it). Blocks
+                go in --k-chunks row chunks, step by step, so each chunk's transfer and gather has
+                the next chunk's GEMM to hide under."""
                 rows = s // n
-                recv, own = [None] * n, [None] * n
-                for t in range(n):
-                    sent = [None] * n
+                sub = rows // args.k_chunks
+                if gather:
+                    with on(0):
+                        total = torch.empty(s, s, device=dev0, dtype=mm_dtype)
+                else:
                     for d in range(n):
-                        blk = (d + t + 1) % n
-                        with on(d):
-                            p = partial(d, a_parts[d][blk * rows:(blk + 1) * rows])
-                            if recv[d] is not None:
-                                buf, landed = recv[d]
+                        outs[d] = []
+                recv = {}
+                for t in range(n):
+                    last, sent = t == n - 1, {}
+                    for j in range(args.k_chunks):
+                        for d in range(n):
+                            r0 = (d + t + 1) % n * rows + j * sub
+                            with on(d):
+                                running = None
+                                if (d, j) in recv:
+                                    running, landed = recv.pop((d, j))
+                                    if cuda:
+                                        streams[d].wait_event(landed)
+                                into = total[r0:r0 + sub] if gather and last and d == 0 else None
+                                p = hop(d, a_parts[d][r0:r0 + sub], running, last, into)
+                                ready = torch.cuda.Event() if cuda else None
                                 if cuda:
-                                    streams[d].wait_event(landed)
-                                p.add_(buf)
-                            if t == n - 1:
-                                own[d] = p.to(mm_dtype)
-                                continue
-                            ready = torch.cuda.Event() if cuda else None
-                            if cuda:
-                                ready.record()
-                        sent[(d - 1) % n] = send(p, ready, d, (d - 1) % n)
+                                    ready.record()
+                            if not last:
+                                sent[(d - 1) % n, j] = send(p, ready, d, (d - 1) % n)
+                            elif not gather:
+                                outs[d].append(p)
+                            elif d != 0:
+                                _, landed = send(p, ready, d, 0, into=total[r0:r0 + sub])
+                                if cuda:
+                                    streams[0].wait_event(landed)
                     recv = sent
-                with on(0):
-                    total = torch.empty(s, s, device=dev0, dtype=mm_dtype)
-                for d in range(n):
-                    with on(d), (torch.cuda.stream(streams[0]) if cuda else contextlib.nullcontext()):
-                        total[d * rows:(d + 1) * rows].copy_(own[d], non_blocking=True)
-                outs[0] = total
+                if gather:
+                    outs[0] = total
 
             def step():
-                if name == "k_ring":
-                    return ring()
+                if name in ("k_ring", "k_ring_rows"):
+                    return ring(gather=name == "k_ring")
                 if not name.startswith("k"):
                     for i in range(n):
                         with on(i):
@@ -219,15 +263,20 @@ def main() -> int:
                 if cuda:
                     streams[0].wait_stream(reduce_stream)
 
-            t = wall(step, args.reps)
-            sync()
-            if name.startswith("k"):
+            return step, outs
+
+        built = {impl: build(impl) for impl in ("xgemm", "torch")}
+        times = walls([step for step, _ in built.values()], args.reps)
+        for (impl, (_, outs)), t in zip(built.items(), times):
+            if name == "k_ring_rows":
+                got = torch.cat([x.to(dev0) for o in outs for x in o], dim=0)
+            elif name.startswith("k"):
                 got = outs[0]
             else:
                 got = torch.cat([o.to(dev0) for o in outs], dim=0 if name == "rows" else 1)
             record(f"matmul_{dt}_{s}^3_split_{name}_per_device", (s, s, s), dt, impl, "TFLOP/s",
                    flops / t / n / 1e12, torch.equal(got, ref))
-        del a_parts, b_parts, outs
+        del a_parts, b_parts, built, outs, got
     del A, B, ref, out1
 
     # ---- fp32 softmax, rows split
@@ -243,19 +292,22 @@ def main() -> int:
         record(f"softmax_fp32_{r}x{c}_one_device", (r, c), "fp32", "xgemm", "GB/s", nbytes / t1 / 1e9, close(y1))
     del y1
     x_parts = [x.to(d) for x, d in zip(split(X, 0, n), devices)]
-    for impl in ("xgemm", "torch"):
+    def softmax_step(impl):
         outs = [None] * n
 
         def step():
             for i in range(n):
                 with on(i):
                     outs[i] = xgemm.softmax(x_parts[i]) if impl == "xgemm" else torch.softmax(x_parts[i], dim=-1)
-        t = wall(step, args.reps)
-        sync()
+        return step, outs
+
+    built = {impl: softmax_step(impl) for impl in ("xgemm", "torch")}
+    for (impl, (_, outs)), t in zip(built.items(), walls([step for step, _ in built.values()], args.reps)):
         got = torch.cat([o.to(dev0) for o in outs], dim=0)
         record(f"softmax_fp32_{r}x{c}_split_rows_per_device", (r, c), "fp32", impl, "GB/s",
                nbytes / t / n / 1e9, close(got))
-        del outs, got
+        del got
+    del built, outs
 
     records.append({"meta": {"date": time.strftime("%Y-%m-%d"), "devices": [str(d) for d in devices],
                              "gpu": torch.cuda.get_device_name(0) if cuda else "cpu",

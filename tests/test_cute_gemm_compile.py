@@ -200,3 +200,16 @@ def test_no_c_variant_takes_no_c(ptx, tmp_path):
         with pytest.raises(Exception) as info:
             fn(x, x, x, 0)
         assert ("c: Tensor" in str(info.value)) == has_c, str(info.value)
+
+
+def test_sm_margin_shrinks_the_persistent_grid(monkeypatch):
+    """jax_sharding's ring asks for SMs left free: the class compiled for that many fewer SMs
+    (132 - 8 = 124 SMs: 62 2x1 clusters instead of 66)."""
+    pytest.importorskip("jax")
+    from xgemm import jax_cuda
+    seen = []
+    monkeypatch.setattr(K90, "compiled", lambda *spec: seen.append(spec) or (lambda *a: None))
+    p, pol = _problem(8192, 8192, 8192), K90.Config().policy()
+    for margin in (0, 8):
+        jax_cuda.cute_gemm_sm90_call(p, pol, sm_margin=margin)
+    assert seen[0][:-2] == seen[1][:-2] and (seen[0][-2], seen[1][-2]) == (66, 62)

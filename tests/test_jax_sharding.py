@@ -56,7 +56,7 @@ def check(tag, sa, sb, sc=None, *, collectives=(), local=None, ncalls=None, out=
     print("ok", tag, res.sharding.spec)
 
 # the sum over K shards, per K_REDUCTION: replicated result / result sharded over the K axis
-K_SUM = {"ring": ({"collective-permute", "all-gather"}, {"collective-permute"}),
+K_SUM = {"ring": ({"collective-permute"}, {"collective-permute"}),
          "scatter": ({"reduce-scatter", "all-gather"}, {"reduce-scatter"}),
          "all_reduce": ({"all-reduce"}, {"reduce-scatter"})}
 
@@ -71,6 +71,17 @@ def suite(tag, fake):
     check(tag + " rows+K, C", P("x", "y"), P("y", None), P("x", None), collectives=K_SUM["ring"][0],
           local=loc("f32[8,16]"), ncalls=2)
     check(tag + " rows x cols, C", P("x", None), P(None, "y"), P("x", "y"))
+    rows_min = jax_sharding.K_RING_MIN_ROWS
+    try:     # the ring in chunks: 32-row blocks -> two 16-row chunks per hop, each gathered apart
+        jax_sharding.K_RING_MIN_ROWS = 8
+        check(tag + " K-sharded, chunked ring", P(None, "y"), P("y", None), collectives=K_SUM["ring"][0],
+              local=loc("f32[16,16]"), ncalls=4)
+        check(tag + " K-sharded, chunked ring -> rows", P(None, "y"), P("y", None),
+              collectives=K_SUM["ring"][1], local=loc("f32[16,16]"), ncalls=4, out=P("y", None))
+        check(tag + " K-sharded, chunked ring, C", P(None, "y"), P("y", None), P(None, None),
+              collectives=K_SUM["ring"][0], local=loc("f32[16,16]"), ncalls=4)
+    finally:
+        jax_sharding.K_RING_MIN_ROWS = rows_min
     check(tag + " K over 8 devices", P(None, ("x", "y")), P(("x", "y"), None), collectives=K_SUM["ring"][0],
           local=loc("f32[8,4]"), ncalls=8)
     try:

@@ -180,7 +180,7 @@ def _hook_fn(kernel: Any, hook: str) -> Callable[..., Any]:
     return own if callable(own) else _ADAPTERS[kernel.name][1]
 
 
-def gemm_rule(ctx, a, b, *c, alpha, beta, out_dtype, has_c, a_major=ROW, b_major=ROW,
+def gemm_rule(ctx, a, b, *c, alpha, beta, out_dtype, has_c, a_major=ROW, b_major=ROW, sm_margin=0,
               target: str = jax_ffi.TARGET, tvm_target: Optional[str] = None):
     a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[1]
     c_aval = ctx.avals_in[2] if has_c else None
@@ -189,12 +189,12 @@ def gemm_rule(ctx, a, b, *c, alpha, beta, out_dtype, has_c, a_major=ROW, b_major
     if not _concrete(*shapes) or 0 in a_aval.shape + b_aval.shape:
         fn = lambda a, b, *c: reference_gemm(a, b, c[0] if c else None, **params)
         return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, *c)
-    fn = functools.partial(_gemm_kernel, a_major=a_major, b_major=b_major, target=target, tvm_target=tvm_target,
-                           portable=_for_export(ctx), **params)
+    fn = functools.partial(_gemm_kernel, a_major=a_major, b_major=b_major, sm_margin=sm_margin, target=target,
+                           tvm_target=tvm_target, portable=_for_export(ctx), **params)
     return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, *c)
 
 
-def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, target, tvm_target, portable):
+def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, target, tvm_target, portable):
     c = c[0] if c else None
     gs = gemm_shapes(a.shape, a.dtype, b.shape, c.shape if c is not None else None,
                      c.dtype if c is not None else None, alpha=alpha, beta=beta, out_dtype=out_dtype,
@@ -213,7 +213,10 @@ def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, target, tvm
     operands = [a2, b2] + ([c2] if c2 is not None else [])
     layouts = [_col_layout(a2.ndim) if a_major == COL else None,
                _col_layout(b2.ndim) if b_major == COL else None] + ([None] if c2 is not None else [])
-    made = _hook_fn(plan.kernel, hook)(p, plan.policy)
+    make = _hook_fn(plan.kernel, hook)
+    if sm_margin and make is cute_gemm_sm90_call:      # the persistent kernel: a smaller grid
+        make = functools.partial(make, sm_margin=sm_margin)
+    made = make(p, plan.policy)
     if made is None:                 # the hook declined this problem after all
         return reference_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype)
     if hook == "jax_launch":
@@ -324,9 +327,10 @@ def cute_sgemm_call(problem: GemmProblem, pol) -> Optional[jax_ffi.TvmFfiCall]:
     return jax_ffi.TvmFfiCall(fn, args)
 
 
-def cute_gemm_sm90_call(problem: GemmProblem, pol) -> jax_ffi.TvmFfiCall:
+def cute_gemm_sm90_call(problem: GemmProblem, pol, sm_margin: int = 0) -> jax_ffi.TvmFfiCall:
     """jax_tvm_ffi for kernels/cute_gemm_sm90.py (its run(): fn(a, b, d[, c], alpha[, beta], stream);
-    our buffers are already the (L,)rows,cols arrays its _as_kernel_arg would make)."""
+    our buffers are already the (L,)rows,cols arrays its _as_kernel_arg would make). sm_margin: SMs
+    its persistent grid leaves free (the class compiled for that many fewer)."""
     from . import compile as xcompile
     from .kernels import cute_gemm_sm90 as k
     a, b, c, out = _views(problem)
@@ -334,6 +338,7 @@ def cute_gemm_sm90_call(problem: GemmProblem, pol) -> jax_ffi.TvmFfiCall:
         sms = k._sm_count(problem.device.index)
     except Exception:                 # cross-lowering without a GPU: the H200's count
         sms = k.H200_SMS
+    sms = max(sms - sm_margin, 1)
     fn = k.compiled(*k.KERNEL.spec(problem, pol, (a, b, c), out, xcompile.arch_for(problem.device), sms))
     A, ep = jax_ffi.Arg, problem.epilogue
     scalars = (A.f64(ep.alpha), A.f64(ep.beta)) if c is not None else (A.f64(ep.alpha),)

@@ -5,8 +5,10 @@ One primitive per op, with static params (jax-triton's shape: one primitive, one
                  broadcast like numpy.matmul. params: alpha, beta (Python floats), out_dtype
                  (dtype name), has_c, a_major / b_major ("row" | "col": the XLA layout to ask
                  for; "col" when the operand is a transpose, so XLA makes that transpose a
-                 bitcast instead of a copy). D = alpha*(a @ b) + beta*c, accumulated in float32
-                 (float64 for float64) and cast last.
+                 bitcast instead of a copy), sm_margin (optional, default 0: SMs a persistent
+                 kernel leaves free for a collective running alongside, see jax_sharding's
+                 ring). D = alpha*(a @ b) + beta*c, accumulated in float32 (float64 for
+                 float64) and cast last.
   xgemm_softmax  x; param axis (non-negative). Math in float32 (float64 for float64).
 Lowering: `cuda` -> the kernel the dispatch table picks (jax_cuda.py: the native FFI in ffi/ or
 a CuTe cutlass_call); every other platform -> the embedded default, a jnp implementation (XLA's
@@ -40,7 +42,7 @@ def broadcast_batch(a_shape: Tuple[int, ...], b_shape: Tuple[int, ...]) -> Tuple
     return tuple(jnp.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])))
 
 
-def _gemm_abstract(a, b, *c, alpha, beta, out_dtype, has_c, a_major="row", b_major="row"):
+def _gemm_abstract(a, b, *c, alpha, beta, out_dtype, has_c, a_major="row", b_major="row", sm_margin=0):
     del alpha, beta, a_major, b_major
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
         raise ValueError(f"xgemm_gemm: a {a.shape} and b {b.shape} do not multiply")
@@ -103,7 +105,7 @@ def reference_softmax(x, *, axis: int):
     return (e / jnp.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
 
 
-def _gemm_reference_rule(ctx, a, b, *c, alpha, beta, out_dtype, has_c, a_major="row", b_major="row"):
+def _gemm_reference_rule(ctx, a, b, *c, alpha, beta, out_dtype, has_c, a_major="row", b_major="row", sm_margin=0):
     fn = lambda a, b, *c: reference_gemm(a, b, c[0] if c else None, alpha=alpha, beta=beta, out_dtype=out_dtype)
     return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, *c)
 

@@ -93,21 +93,40 @@ def _named(mesh, dims: Sequence[Axes]) -> NamedSharding:
 
 # How the K shards' partial products are summed (benchmarks/multi_gpu.py --k-reductions times each):
 #   "ring"        the output's row blocks travel a ring of collective-permutes: each device first
-#                 computes the block it sends, so every transfer can run under the next block's
-#                 GEMM; the device's own block is then cast and all-gathered in the output dtype.
+#                 computes the block it sends; the next device's kernel adds what it receives as
+#                 its C (beta = 1, no separate add), and the last hop writes the output dtype
+#                 directly. Blocks go in K_RING_CHUNKS row chunks so every transfer has a product
+#                 to run under; a replicated result is shared by more collective-permutes, each
+#                 chunk written into the result in place (no all-gather + concatenate pass).
 #   "scatter"     reduce-scatter of the fp32 partials, cast, all-gather in the output dtype.
 #   "all_reduce"  one all-reduce of the fp32 partials (what XLA does for a K-sharded dot).
 # All three add the same fp32 partials, so values agree; the first two move 3/4 of all_reduce's
 # bytes for a 16-bit output. nvidia-h200-x2, bf16 16384^3, per GPU (multi_gpu.py --k-reductions,
-# one run): ring 504.5, scatter 480.4, all_reduce 463.8 TFLOP/s, XLA's dot 474.1; with the result
-# asked row-sharded 578.6 / 546.3 / 552.4, XLA 558.0. One GPU: 765.7. The ring's transfer does
-# not yet hide under the GEMM, for reasons not found: XLA_FLAGS
-# --xla_gpu_enable_latency_hiding_scheduler and --xla_gpu_use_memcpy_local_p2p left it at
-# 498-508, and an optimization_barrier putting the sent block's product first at 495-500.
+# one run, session 3, before the C-fused chunked ring): ring 504.5, scatter 480.4, all_reduce
+# 463.8 TFLOP/s, XLA's dot 474.1; with the result asked row-sharded 578.6 / 546.3 / 552.4, XLA
+# 558.0. One GPU: 765.7.
 # When the caller asks for the output sharded along rows (or columns) over the K axes, only the
 # reduce-scatter part runs (half the bytes) and nothing is gathered.
 K_REDUCTIONS = ("ring", "scatter", "all_reduce")
 K_REDUCTION = "ring"
+K_RING_CHUNKS = 2          # row chunks per ring block (each hop of a chunk runs under the next one)
+K_RING_MIN_ROWS = 1024     # ... when each chunk keeps at least this many rows
+# SMs each ring product leaves free. XLA's collective-permute is an NCCL kernel, which needs SMs
+# of its own: beside a persistent GEMM holding every SM it waits for the GEMM to end (or, started
+# first, makes the GEMM's last CTAs wait), so the transfers serialize with the products (x2
+# profile, jax.profiler: 4096x16384x8192 chunk GEMMs 1.25 ms, each 256 MB SendRecv 1.05 ms after
+# them, a concurrent pair 2.3 ms each). With a margin the GEMM's grid leaves that many SMs free
+# and the transfer runs beside it. x2, bf16 16384^3, TFLOP/s per GPU, K-sharded / result asked
+# row-sharded, XLA's dot in the same process in brackets, one GPU 785-813:
+#   margin 0                                      493-502 (491-500) / 577-581 (571-590)
+#   margin 16                                     571 (498) / 612 (581)
+#   margin 8, 16 with NCCL_MAX_CTAS = the margin  474 (352), 541-543 (457-460) / 520 (470), 598-620
+# (NCCL confined to 8 CTAs moves ~125 GB/s, too slow to hide). Still short of one GPU's rate: XLA
+# starts the first chunk's transfer only after the second chunk's product (its scheduler sees the
+# custom calls as free; the _scheduling_group_id annotations that would pin the order do not
+# survive custom_partitioning's lowering, checked on CPU), a smaller grid costs the GEMM ~1/8,
+# and a replicated result ends with one chunk's transfer and the copies into place.
+K_RING_SM_MARGIN = 16
 
 
 def _axes_size(mesh, axes: Axes) -> int:
@@ -138,26 +157,28 @@ def _sum_k_shards(a, b, c, *, k, n_k, scatter, strategy, alpha, beta, out_dtype,
     scatter: the output dim left sharded over k (C arrives already sharded the same way), or None."""
     acc = acc_dtype(a.dtype)
     m = a.shape[-2]
-    product = lambda a_part: gemm_p.bind(a_part, b, alpha=alpha, beta=0.0, out_dtype=acc.name,
-                                         has_c=False, a_major=a_major, b_major=b_major)
     dim = scatter if scatter is not None else -2
     if scatter is None and (strategy == "all_reduce" or m % n_k):
-        part = jax.lax.psum(product(a), k)
+        part = jax.lax.psum(_product(a, b, None, alpha, acc.name, a_major, b_major), k)
         if c:
             part = part + jnp.asarray(beta, acc) * c[0].astype(acc)
         return part.astype(out_dtype)
     me = jax.lax.axis_index(k)
     if strategy == "ring" and dim == -2:
-        # step s computes row block (me + s + 1) % n and adds what the next device sent for it;
-        # after n - 1 hops each device holds the full sum of its own block `me`
-        rows = m // n_k
-        block = lambda s: product(jax.lax.dynamic_slice_in_dim(a, ((me + s + 1) % n_k) * rows, rows, axis=-2))
-        to_prev = [(d, (d - 1) % n_k) for d in range(n_k)]
-        own = block(0)
-        for s in range(1, n_k):
-            own = block(s) + jax.lax.ppermute(own, k, to_prev)
+        ring = dict(k=k, n_k=n_k, me=me, alpha=alpha, acc=acc.name, last_dtype=acc.name if c else out_dtype,
+                    a_major=a_major, b_major=b_major)
+        if scatter is None:                 # replicated result: each own chunk finished, then shared
+            def finish(x, r0):              # x: result rows r0.. of this device's block
+                if c:
+                    cc = c[0]
+                    if cc.ndim >= 2 and cc.shape[-2] != 1:
+                        cc = jax.lax.dynamic_slice_in_dim(cc, r0, x.shape[-2], axis=cc.ndim - 2)
+                    x = x + jnp.asarray(beta, acc) * cc.astype(acc)
+                return x.astype(out_dtype)
+            return _ring(a, b, **ring, finish=finish)
+        own = _ring(a, b, **ring, finish=None)
     else:
-        part = product(a)
+        part = _product(a, b, None, alpha, acc.name, a_major, b_major)
         own = jax.lax.psum_scatter(part, k, scatter_dimension=part.ndim + dim, tiled=True)
     if c:
         cc = c[0]
@@ -167,6 +188,50 @@ def _sum_k_shards(a, b, c, *, k, n_k, scatter, strategy, alpha, beta, out_dtype,
     out = own.astype(out_dtype)
     if scatter is None:
         out = jax.lax.all_gather(out, k, axis=out.ndim + dim, tiled=True)
+    return out
+
+
+def _product(a, b, running, alpha, out_dtype, a_major, b_major, sm_margin=0):
+    """alpha * a @ b (+ running, the partial sum so far, through the kernel's C: no extra pass)."""
+    margin = dict(sm_margin=sm_margin) if sm_margin else {}
+    if running is None:
+        return gemm_p.bind(a, b, alpha=alpha, beta=0.0, out_dtype=out_dtype, has_c=False,
+                           a_major=a_major, b_major=b_major, **margin)
+    return gemm_p.bind(a, b, running, alpha=alpha, beta=1.0, out_dtype=out_dtype, has_c=True,
+                       a_major=a_major, b_major=b_major, **margin)
+
+
+def _ring(a, b, *, k, n_k, me, alpha, acc, last_dtype, a_major, b_major, finish):
+    """The ring: row block (me + s + 1) % n at step s, its running sum from the next device fed to
+    the kernel as C; after n - 1 hops device `me` holds the whole sum of block `me`, in last_dtype.
+    Each block is cut into K_RING_CHUNKS row chunks, stepped chunk by chunk, so a chunk's transfer
+    has a product after it that does not need it. finish None: returns the own block. Else every
+    own chunk goes through finish(chunk, first row) and then to every device (n - 1 ring shifts,
+    each placed into the result in place); returns the whole result."""
+    rows = a.shape[-2] // n_k
+    chunks = K_RING_CHUNKS if rows % K_RING_CHUNKS == 0 and rows // K_RING_CHUNKS >= K_RING_MIN_ROWS else 1
+    sub = rows // chunks
+    shift = lambda by: [(d, (d + by) % n_k) for d in range(n_k)]
+    margin = K_RING_SM_MARGIN if chunks > 1 else 0   # one chunk: nothing to overlap
+    running, inbox, pieces = [None] * chunks, [None] * chunks, []
+    for s in range(n_k):
+        for j in range(chunks):
+            part = jax.lax.dynamic_slice_in_dim(a, ((me + s + 1) % n_k) * rows + j * sub, sub, axis=-2)
+            running[j] = _product(part, b, inbox[j], alpha, last_dtype if s == n_k - 1 else acc,
+                                  a_major, b_major, margin)
+            if s < n_k - 1:
+                inbox[j] = jax.lax.ppermute(running[j], k, shift(-1))
+            elif finish is not None:          # (first row, chunk) pairs of the result
+                x = finish(running[j], me * rows + j * sub)
+                pieces.append((me * rows + j * sub, x))
+                pieces += [((me - by) % n_k * rows + j * sub, jax.lax.ppermute(x, k, shift(by)))
+                           for by in range(1, n_k)]
+    if finish is None:
+        return running[0] if chunks == 1 else jnp.concatenate(running, axis=-2)
+    x = pieces[0][1]
+    out = jnp.zeros(x.shape[:-2] + (a.shape[-2],) + x.shape[-1:], x.dtype)
+    for r0, x in pieces:
+        out = jax.lax.dynamic_update_slice_in_dim(out, x, r0, axis=-2)
     return out
 
 
