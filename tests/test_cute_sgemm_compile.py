@@ -131,6 +131,9 @@ def test_ptx_rrr_vec(compiled):
     assert _count(ptx, r"ld\.shared\.v4") >= 8                          # 128-bit smem->register
     assert _count(ptx, r"st\.global\.v4") >= 1                          # interior tiles: 128-bit D
     assert "ld.local" not in ptx and "st.local" not in ptx             # no spilled fragments
+    # sm_90: programmatic dependent launch (wait before the first load, release before the epilogue)
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    assert ptx.index("griddepcontrol.wait") < ptx.index("cp.async")
 
 
 @needs_dsl
@@ -233,3 +236,11 @@ _CHILD_CTYPES = textwrap.dedent("""
     print(json.dumps(dict(kind=type(fn).__name__, tvm_ffi="tvm_ffi" in sys.modules,
                           cutlass="cutlass" in sys.modules, few_args=few)))
 """)
+
+
+@needs_dsl
+def test_no_pdl_before_sm90(tmp_path):
+    """griddepcontrol is sm_90+: an sm_80 build must not emit it."""
+    v, split = VARIANTS["unaligned_nested"]
+    ptx = S.compile_gemm(v, split, "sm_80", f"--keep-ptx --dump-dir={tmp_path}").__ptx__
+    assert "fma.rn.f32" in ptx and "griddepcontrol" not in ptx

@@ -14,6 +14,9 @@ Contract
 - split-K: small-M/N, large-K problems split K across CTAs into an fp32 workspace; a second
   kernel reduces the splits and applies alpha/beta/C (deterministic order, no atomics).
 - arch: sm_80 or newer (cp.async), compiled for the device's own arch (sm_90a on H100/H200).
+  On sm_90+ the GEMM kernel uses programmatic dependent launch (griddepcontrol): it may start
+  while the stream's previous kernel drains, and lets the next one start before its epilogue,
+  which hides most of a small GEMM's launch gap in a chain of calls (jax.jit, CUDA graphs).
 - limits: M, N, K < 2^31; grid: ceil(N/tile_n) <= 65535, batch * splits <= 65535.
 
 Design (from CUTLASS's CuTe-DSL Ampere SGEMM example, ported to nvidia-cutlass-dsl 4.8):
@@ -240,10 +243,11 @@ def _build_dsl():
     class SGemm:
         """Compile-time configuration of one variant; __call__ is the host entry."""
 
-        def __init__(self, v: Variant, split_mode: bool):
+        def __init__(self, v: Variant, split_mode: bool, pdl: bool = False):
             self.v = v
             self.cfg = v.cfg
             self.split_mode = split_mode
+            self.pdl = pdl          # programmatic dependent launch (sm_90+)
             self.bm, self.bn, self.bk = v.cfg.bm, v.cfg.bn, v.cfg.bk
             self.threads = v.cfg.threads
             # A/B smem is M/N-major; K-major operands are transposed in flight and padded
@@ -317,7 +321,7 @@ def _build_dsl():
             self.kernel(a, b, d, c, sA_layout, sB_layout, copy_a, copy_b, tiled_mma, alpha, beta,
                         k_tiles_per_split).launch(
                 grid=[m_tiles, n_tiles, batch * splits], block=[self.threads, 1, 1], stream=stream,
-                min_blocks_per_mp=self.cfg.min_blocks, preferred_smem_carveout=100)
+                min_blocks_per_mp=self.cfg.min_blocks, preferred_smem_carveout=100, use_pdl=self.pdl)
 
         @cute.kernel
         def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor, mC, sA_layout: cute.Layout,
@@ -397,6 +401,10 @@ def _build_dsl():
             # ---- prologue: fill stages-1 smem stages. Stage 0 gets the ragged k-tile; predicated-off
             # elements are zero-filled by cp.async (src-size 0), so the K residue adds nothing.
             k_pipe_max = cute.size(tAsA, mode=[3])
+            # programmatic dependent launch: this grid may start while the previous kernel in the
+            # stream finishes; wait for it (and its writes) before the first global access
+            if cutlass.const_expr(self.pdl):
+                cute.arch.griddepcontrol_wait()
             if k_tile_count > 0:
                 cute.copy(tiled_copy_A, tAgA[None, None, None, 0], tAsA[None, None, None, 0], pred=tApA_res)
                 cute.copy(tiled_copy_B, tBgB[None, None, None, 0], tBsB[None, None, None, 0], pred=tBpB_res)
@@ -459,6 +467,9 @@ def _build_dsl():
                             smem_pipe_read = Int32(0)
 
             cute.arch.cp_async_wait_group(0)
+            # the next kernel may launch now: its CTAs take free SMs and wait for this grid to end
+            if cutlass.const_expr(self.pdl):
+                cute.arch.griddepcontrol_launch_dependents()
 
             # ---- epilogue: D = alpha*acc + beta*C, 128-bit when the tile is interior
             residue_m = M - bM * bidx
@@ -584,13 +595,18 @@ def _gemm_fake_args(v: Variant, split_mode: bool):
     return fa, fb, fd, fc
 
 
+def _sm(arch: str) -> int:
+    """90 for "sm_90a" / "sm_90"."""
+    return int("".join(ch for ch in arch.split("_")[-1] if ch.isdigit()))
+
+
 def compile_gemm(v: Variant, split_mode: bool, arch: str, extra_options: str = ""):
     """cute.compile one GEMM variant against fake tensors (no GPU needed)."""
     import cutlass
     import cutlass.cute as cute
     _, _, SGemm, _ = _build_dsl()
     fa, fb, fd, fc = _gemm_fake_args(v, split_mode)
-    op = SGemm(v, split_mode)
+    op = SGemm(v, split_mode, pdl=_sm(arch) >= 90)
     stream = cute.runtime.make_fake_stream()
     opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
     return cute.compile(op.launch, fa, fb, fd, fc, cutlass.Float32(1.0), cutlass.Float32(0.0),
