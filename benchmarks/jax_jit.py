@@ -24,7 +24,7 @@ Cases (issue 5's acceptance), every peer in the same process:
           ("_cmdbuf" cases; --no-cmdbuf skips it): XLA_FLAGS += CMDBUF_FLAGS (custom calls may be
           captured under XLA's default flags too; these name the command types and graph size).
 JAX timing: wall clock around N async dispatches + one block, median of 7 (JAX runs on its own
-stream). Torch timing: CUDA-graph replay, events, median of 7. Every timed output is checked
+stream); the bf16 gemm runs 20 dispatches per sample, 21 samples, xgemm's interleaved with XLA's. Torch timing: CUDA-graph replay, events, median of 7. Every timed output is checked
 (verified=false marks a mismatch). meta.lowering says what each xgemm jit case lowered to:
 "ffi-cubin" (ffi/ handler launching a Gluon cubin), "ffi-tvm" (ffi/ handler calling the CuTe
 kernel's TVM-FFI function), "cutlass_call" (CuTe through cutlass.jax) or "xla" (XLA's own op).
@@ -76,6 +76,23 @@ class Bench:
             block(y)
             times.append((time.perf_counter() - t0) / calls)
         return median(times)
+
+    def walls(self, fns, *args, calls=10, reps=None):
+        """wall() for several fns with their repeats interleaved (order flipped every round), so
+        clock and power drift over the measurement weighs on each alike."""
+        block = self.jax.block_until_ready
+        for fn in fns:
+            block(fn(*args))
+        times = [[] for _ in fns]
+        for r in range(reps or self.reps):
+            for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
+                t0 = time.perf_counter()
+                y = None
+                for _ in range(calls):
+                    y = fns[i](*args)
+                block(y)
+                times[i].append((time.perf_counter() - t0) / calls)
+        return [median(t) for t in times]
 
     def graph(self, body, calls=1):
         """Median seconds per call of body() (which makes `calls` launches) replayed as a CUDA graph."""
@@ -207,13 +224,15 @@ class Bench:
             err = float(jnp.max(jnp.abs(d.astype(jnp.float32) - ref)))
             return err <= 1e-2 * scale
         flops = 2.0 * n ** 3
-        for impl, fn in (("xgemm", ours), ("xla", xla)):
-            t = self.wall(fn, a, b, calls=5)
+        # steady state: 20 calls (~30 ms) per repeat, 3x the repeats, xgemm's and XLA's interleaved
+        times = self.walls([ours, xla], a, b, calls=20, reps=3 * self.reps)
+        for impl, fn, t in zip(("xgemm", "xla"), (ours, xla), times):
             self.record(case, [n, n, n], "bf16", impl, "TFLOP/s", flops / t / 1e12, ok(fn(a, b)))
         ta = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         tb = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         tc = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-        t = self.graph(lambda: torch.matmul(ta, tb, out=tc))
+        # the same steady state as the jit timing above: 20 calls per graph replay
+        t = self.graph(lambda: [torch.matmul(ta, tb, out=tc) for _ in range(20)], calls=20)
         good = bool(torch.allclose(tc.float(), ta.float() @ tb.float(), rtol=2e-2, atol=2e-2 * n ** 0.5))
         self.record(case, [n, n, n], "bf16", "cublas", "TFLOP/s", flops / t / 1e12, good)
 
