@@ -100,6 +100,7 @@ def main() -> int:
                     help="K-sharded matmul: also time these jax_sharding.K_REDUCTION strategies")
     ap.add_argument("--cases", type=lambda v: v.split(","), default="rows,cols,k,k_to_rows,softmax".split(","),
                     help="which of rows,cols,k,k_to_rows,softmax to run (all by default)")
+    ap.add_argument("--k-reduction", default="", help="jax_sharding.K_REDUCTION for the main K-sharded runs")
     ap.add_argument("--ring-sm-margin", type=int, default=jax_sharding_default("K_RING_SM_MARGIN"),
                     help="jax_sharding.K_RING_SM_MARGIN: SMs the K ring's GEMMs leave to NCCL")
     ap.add_argument("--nccl-max-ctas", type=int, default=0,
@@ -122,6 +123,8 @@ def main() -> int:
     import xgemm
     from xgemm import jax_sharding
     jax_sharding.K_RING_SM_MARGIN = args.ring_sm_margin
+    if args.k_reduction:
+        jax_sharding.K_REDUCTION = args.k_reduction
 
     devices = jax.devices()
     n = len(devices)
@@ -211,7 +214,7 @@ def main() -> int:
 
     records.append({"meta": {"date": time.strftime("%Y-%m-%d"), "devices": [str(d) for d in devices],
                              "jax": jax.__version__, "command": " ".join(sys.argv),
-                             "ring_sm_margin": args.ring_sm_margin,
+                             "ring_sm_margin": args.ring_sm_margin, "k_reduction": jax_sharding.K_REDUCTION,
                              "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}})
     print("| case | impl | value | verified |\n|---|---|---|---|\n" + "\n".join(rows))
     if not args.smoke:

@@ -57,6 +57,7 @@ def check(tag, sa, sb, sc=None, *, collectives=(), local=None, ncalls=None, out=
 
 # the sum over K shards, per K_REDUCTION: replicated result / result sharded over the K axis
 K_SUM = {"ring": ({"collective-permute"}, {"collective-permute"}),
+         "gather": ({"all-to-all", "all-gather"}, {"all-to-all", "all-gather"}),
          "scatter": ({"reduce-scatter", "all-gather"}, {"reduce-scatter"}),
          "all_reduce": ({"all-reduce"}, {"reduce-scatter"})}
 
@@ -88,6 +89,8 @@ def suite(tag, fake):
         for strategy, (full, scattered) in K_SUM.items():
             jax_sharding.K_REDUCTION = strategy
             check(f"{tag} K-sharded {strategy}, C", P(None, "y"), P("y", None), P(None, None), collectives=full)
+            check(f"{tag} K over 8 devices, {strategy}", P(None, ("x", "y")), P(("x", "y"), None),
+                  collectives=full)
             check(f"{tag} K-sharded {strategy} -> rows", P(None, "y"), P("y", None), collectives=scattered,
                   out=P("y", None))
             check(f"{tag} K-sharded {strategy} -> cols, C", P(None, "y"), P("y", None), P(None, None),
