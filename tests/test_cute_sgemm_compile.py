@@ -244,3 +244,17 @@ def test_no_pdl_before_sm90(tmp_path):
     v, split = VARIANTS["unaligned_nested"]
     ptx = S.compile_gemm(v, split, "sm_80", f"--keep-ptx --dump-dir={tmp_path}").__ptx__
     assert "fma.rn.f32" in ptx and "griddepcontrol" not in ptx
+
+
+@needs_dsl
+def test_k_groups_shorten_each_threads_chain(tmp_path):
+    """32x32x32 with K over 4 thread groups: a quarter of the FFMAs per thread, partial sums
+    through shared memory, one more barrier."""
+    v = S.Variant(S.CONFIGS["32x32x32k4"], OC(ROW, True, 0), OC(ROW, True, 0), OC(ROW, True, 0), None, True)
+    one = S.Variant(S.CONFIGS["32x32x32"], OC(ROW, True, 0), OC(ROW, True, 0), OC(ROW, True, 0), None, True)
+    ptx4 = S.compile_gemm(v, False, "sm_90a", f"--keep-ptx --dump-dir={tmp_path}").__ptx__
+    ptx1 = S.compile_gemm(one, False, "sm_90a", f"--keep-ptx --dump-dir={tmp_path}").__ptx__
+    assert 4 * _count(ptx4, r"fma\.rn\.f32") == _count(ptx1, r"fma\.rn\.f32")
+    assert _count(ptx4, r"bar\.sync") == _count(ptx1, r"bar\.sync") + 1
+    assert _count(ptx4, r"st\.shared\.[bf]32") >= 16 and "ld.local" not in ptx4
+    assert S.CONFIGS["32x32x32k4"].threads == 256 and S.choose_config(128, 128, 128, 1) == (S.TINY, 1)

@@ -124,6 +124,11 @@ _case("policy_small", 128, 128, 128)
 _case("k_zero", 40, 50, 0, cm="r", beta=2.0)
 _case("k_zero_noc", 40, 50, 0)
 _case("random_floats", 300, 200, 700, am="c", random=True, cm="r", beta=0.3, alpha=1.1)
+# K split over thread groups inside the CTA (the tiny row): ragged K, batch, offsets, C
+_case("kgroups_batch_ragged_k", 33, 40, 1000, batch=(2,), cm="r", beta=0.5, tile="32x32x32k4")
+_case("kgroups_offset_all", 96, 96, 40, am="c", bm="c", dm="c", cm="r", a_off=2, b_off=1, c_off=3, d_off=1,
+      pad=1, alpha=1.5, beta=0.25, tile="32x32x32k4")
+_case("kgroups_random", 128, 128, 128, random=True, tile="32x32x32k2")
 # every tile config on a ragged, mixed-layout problem
 for cname in S.CONFIGS:
     _case(f"config_{cname}", 150, 170, 90, am="c", bm="r", dm="r", cm="r", beta=1.0, tile=cname)

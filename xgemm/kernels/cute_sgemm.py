@@ -57,15 +57,16 @@ class TileConfig:
     tn: int
     stages: int
     warp_tiles: bool = False    # lanes of a warp as 4x8 (8x4 for M-major D) threads: fewer smem wavefronts
-
+    k_groups: int = 1           # tm x tn thread groups that split each k-tile, summed through smem
 
     @property
     def threads(self) -> int:
-        return self.tm * self.tn
+        return self.tm * self.tn * self.k_groups
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}_t{self.threads}_s{self.stages}" + ("_w" if self.warp_tiles else "")
+        return (f"{self.bm}x{self.bn}x{self.bk}_t{self.threads}_s{self.stages}" + ("_w" if self.warp_tiles else "")
+                + (f"_k{self.k_groups}" if self.k_groups > 1 else ""))
 
     @property
     def min_blocks(self) -> int:
@@ -75,7 +76,8 @@ class TileConfig:
         return 65536 // (self.threads * 128) if per_thread >= 64 else 0
 
     def smem_bytes(self) -> int:
-        return 4 * self.bk * self.stages * ((self.bm + 4) + (self.bn + 4))
+        reduce = 4 * self.bm * self.bn * self.k_groups if self.k_groups > 1 else 0
+        return 4 * self.bk * self.stages * ((self.bm + 4) + (self.bn + 4)) + reduce
 
 
 # Named configs. Each thread owns an (bm/tm) x (bn/tn) block made of 4x4 sub-blocks
@@ -98,6 +100,10 @@ CONFIGS = {
     "64x64x16": TileConfig(64, 64, 16, 16, 16, 4),       # 4x4 per thread, 256 threads
     "32x64x32": TileConfig(32, 64, 32, 8, 16, 3),        # 4x4 per thread, 128 threads
     "32x32x32": TileConfig(32, 32, 32, 8, 8, 3),         # 4x4 per thread, 64 threads
+    # K of every k-tile split over 2 / 4 groups of 64 threads: a tiny GEMM's latency is one
+    # thread's FFMA chain (K x 16 FFMAs), which the split shortens
+    "32x32x32k2": TileConfig(32, 32, 32, 8, 8, 3, k_groups=2),
+    "32x32x32k4": TileConfig(32, 32, 32, 8, 8, 3, k_groups=4),
 }
 
 # The policy table. Tiles/splits measured on the H200 (benchmarks/gemm_sgemm.py --sweep; numbers
@@ -110,8 +116,9 @@ CONFIGS = {
 #                                                                               non-FFMA instructions
 #   large, short K   ... and K <= 512                   SKINNY_M        1       4 CTAs/SM overlap the
 #                                                                               short main loops
-#   tiny       M*N*L <= 256*256 and K <= 1024           32x32x32        1       latency bound: K in 1-2
-#                                                                               loads, 64-thread CTAs
+#   tiny       M*N*L <= 256*256 and K <= 1024           32x32x32k4      1       latency bound: K in 1-2
+#                                                                               loads, split over 4
+#                                                                               groups of 64 threads
 #   skinny M   M <= 64                                   SKINNY_M        fill    no M-waste; split fills
 #   skinny N   N <= 64                                   SKINNY_N        fill    (mirror image)
 #   mid        first of BIG, 64x64x8, 32x32x32 whose     that            fill    too few big tiles:
@@ -124,7 +131,13 @@ CONFIGS = {
 # bk=24 wins over 16 (fewer non-FFMA instructions per k) and over 32 (a loop body twice as long).
 # A 4th stage does not help (session 3, same run: 4096^3 x24 2856 us, x24 4 stages 2888, x32 4
 # stages 3154; 8192^3 22136 / 22970 / 24862; cuBLAS 2678 / 21485).
+# Tiny row, 32x32x32 with K over 4 thread groups (k4): one H200 run (gemm_sgemm.py --sweep,
+# rotating L2-cold inputs, results/sgemm-sweep-kgroups-h200.json) timed 32x32x32 / k2 / k4 alike,
+# 3.6 us at 128^3 and 5.6 us at 256^3 (cuBLAS 6.8 / 8.1). Where the operands sit in L2 (a jit
+# chain) the shorter FFMA chain shows: 128^3 in jax_jit.py's 100-call graph 2.69 us per call with
+# k4 vs 2.92-2.98 with 32x32x32 in earlier runs on other hosts (not the same run: re-time both).
 BIG = "128x128x24"
+TINY = "32x32x32k4"
 SKINNY_M = "64x128x16w"
 SKINNY_N = "128x64x16w"
 _NUM_SMS_DEFAULT = 132
@@ -156,7 +169,7 @@ def choose_config(m: int, n: int, k: int, batch: int, num_sms: int = _NUM_SMS_DE
     if _tiles(CONFIGS[BIG], m, n, batch) >= 2 * num_sms:
         return (BIG if k > 512 else SKINNY_M), 1
     if m * n * batch <= 256 * 256 and k <= 1024:
-        return "32x32x32", 1
+        return TINY, 1
     if m <= 64 < n:
         return SKINNY_M, _fill_split(CONFIGS[SKINNY_M], m, n, k, batch, num_sms)
     if n <= 64 < m:
@@ -274,9 +287,16 @@ def _build_dsl():
             return cute.make_tiled_copy_tv(atom, tl, vl)
 
         def _tiled_mma(self):
-            tm, tn = self.cfg.tm, self.cfg.tn
+            tm, tn, kg = self.cfg.tm, self.cfg.tn, self.cfg.k_groups
             row_d = self.v.d.major == ROW
-            if self.cfg.warp_tiles:
+            if kg > 1:
+                # thread = t + tm*tn*g: group g takes every kg-th k of each k-tile; the same t in
+                # every group owns the same D values
+                if row_d:
+                    atoms = cute.make_layout((tm, tn, kg), stride=(tn, 1, tm * tn))
+                else:
+                    atoms = cute.make_layout((tm, tn, kg), stride=(1, tm, tm * tn))
+            elif self.cfg.warp_tiles:
                 # thread id = lane + 32 * warp; a warp's 32 lanes cover 4 (M) x 8 (N) threads for
                 # an N-major D (8 x 4 for M-major), so one 128-bit LDS of A touches 4 (8) distinct
                 # 16-byte chunks and one of B 8 (4): a single smem wavefront each
@@ -471,9 +491,26 @@ def _build_dsl():
             if cutlass.const_expr(self.pdl):
                 cute.arch.griddepcontrol_launch_dependents()
 
+            # ---- K groups: every group's partial sums through smem; group 0 adds them and is the
+            # only one to store (the others see an empty tile: residue 0)
+            keep = Int32(1)
+            if cutlass.const_expr(self.cfg.k_groups > 1):
+                kg = self.cfg.k_groups
+                T = self.cfg.tm * self.cfg.tn
+                F = cute.size(tCrC)
+                sRed = smem.allocate_tensor(Float32, cute.make_layout((F, T, kg), stride=(T, 1, F * T)), 16)
+                t, g = tidx % T, tidx // T
+                for f in cutlass.range_constexpr(F):
+                    sRed[f, t, g] = tCrC[f]
+                cute.arch.sync_threads()
+                for gg in cutlass.range_constexpr(1, kg):
+                    for f in cutlass.range_constexpr(F):
+                        tCrC[f] = tCrC[f] + sRed[f, t, gg]
+                keep = 1 - cutlass.min(g, 1)
+
             # ---- epilogue: D = alpha*acc + beta*C, 128-bit when the tile is interior
-            residue_m = M - bM * bidx
-            residue_n = N - bN * bidy
+            residue_m = (M - bM * bidx) * keep
+            residue_n = (N - bN * bidy) * keep
             interior = cute.elem_less((bM - 1, bN - 1), (residue_m, residue_n))
             cD = cute.make_identity_tensor((bM, bN))
             tCcD = thr_mma.partition_C(cD)
@@ -669,16 +706,18 @@ def _num_sms(index: int) -> int:
 def policy_of(name: str, split: int = 1) -> Policy:
     """The Policy that names CONFIGS[name] (and a split-K factor)."""
     cfg = CONFIGS[name]
-    notes = (f"{cfg.bm // cfg.tm}x{cfg.bn // cfg.tn} per thread",) + (("warp tiles",) if cfg.warp_tiles else ())
+    notes = ((f"{cfg.bm // cfg.tm}x{cfg.bn // cfg.tn} per thread",) + (("warp tiles",) if cfg.warp_tiles else ())
+             + ((f"K over {cfg.k_groups} thread groups",) if cfg.k_groups > 1 else ()))
     return Policy(tile=(cfg.bm, cfg.bn, cfg.bk), stages=cfg.stages, warps=cfg.threads // 32, split_k=split,
                   notes=notes)
 
 
 def _config_for(policy: Policy) -> TileConfig:
     warp = "warp tiles" in policy.notes
+    groups = next((int(s.split()[2]) for s in policy.notes if s.startswith("K over ")), 1)
     for cfg in CONFIGS.values():
         if ((cfg.bm, cfg.bn, cfg.bk) == tuple(policy.tile[:3]) and (not policy.stages or cfg.stages == policy.stages)
-                and cfg.warp_tiles == warp):
+                and cfg.warp_tiles == warp and cfg.k_groups == groups):
             return cfg
     raise ValueError(f"{NAME}: no tile config {policy.tile} with {policy.stages} stages; "
                      f"known: {', '.join(CONFIGS)}")
@@ -887,7 +926,7 @@ def prebuild_classes(arch: str):
                 out.append(gemm_build(Variant(big, OperandClass(am, True, 0), OperandClass(bm, True, 0),
                                               OperandClass(dm, True, 0), None, True), False, arch))
     row = lambda nb: OperandClass(ROW, True, nb)  # noqa: E731
-    for name in (BIG, SKINNY_M, SKINNY_N, "64x64x8", "32x32x32"):
+    for name in (BIG, SKINNY_M, SKINNY_N, "64x64x8", "32x32x32", TINY):
         cfg = CONFIGS[name]
         for nb in (0, 1):
             for c in (None, row(nb)):
