@@ -375,6 +375,9 @@ def main(argv=None):
     ap.add_argument("--softmax-calls", type=int, default=40,
                     help="async jit calls per timed softmax sample (the start and the final block are shared)")
     ap.add_argument("--suffix", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--sgemm-tiny", default="",
+                    help="the cute_sgemm config of the policy's tiny row for this run (e.g. 32x32x32 or "
+                         "32x32x32k4): A/B the 128^3 chain in two runs on one machine")
     ap.add_argument("--prebuild", action="store_true", help="compile the kernels the GPU run needs, then exit")
     ap.add_argument("--carry", default="", help="with --prebuild: copy what the GPU run needs into this cache dir")
     ap.add_argument("--no-cmdbuf", action="store_true",
@@ -383,6 +386,11 @@ def main(argv=None):
     if args.prebuild:
         prebuild(args.carry)
         return 0
+    if args.sgemm_tiny:               # before anything is planned or lowered
+        from xgemm.kernels import cute_sgemm
+        if args.sgemm_tiny not in cute_sgemm.CONFIGS:
+            ap.error(f"--sgemm-tiny: one of {', '.join(cute_sgemm.CONFIGS)}")
+        cute_sgemm.TINY = args.sgemm_tiny
     bench = Bench(args)
     if not args.no_cmdbuf and "chain" in args.only and not args.suffix:
         bench.post = lambda: cmdbuf_variant(bench, args)
@@ -455,7 +463,8 @@ def cmdbuf_variant(bench, args):
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + CMDBUF_FLAGS).strip())
         cmd = [sys.executable, __file__, "--only", "chain", "--suffix", "_cmdbuf", "--out", tmp, "--name", "v",
-               "--no-cmdbuf"] + (["--quick"] if args.quick else [])
+               "--no-cmdbuf"] + (["--quick"] if args.quick else []) + (
+                  ["--sgemm-tiny", args.sgemm_tiny] if args.sgemm_tiny else [])
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         path = Path(tmp) / "v.json"
         if proc.returncode != 0 or not path.exists():
