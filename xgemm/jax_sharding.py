@@ -109,13 +109,15 @@ def _named(mesh, dims: Sequence[Axes]) -> NamedSharding:
 #                 same runs (bf16 16384^3, K-sharded / result row-sharded).
 #   "scatter"     reduce-scatter of the fp32 partials, cast, all-gather in the output dtype.
 #   "all_reduce"  one all-reduce of the fp32 partials (what XLA does for a K-sharded dot).
-# All three add the same fp32 partials, so values agree; the first two move 3/4 of all_reduce's
-# bytes for a 16-bit output. nvidia-h200-x2, bf16 16384^3, per GPU (multi_gpu.py --k-reductions,
-# one run, session 3, before the C-fused chunked ring): ring 504.5, scatter 480.4, all_reduce
-# 463.8 TFLOP/s, XLA's dot 474.1; with the result asked row-sharded 578.6 / 546.3 / 552.4, XLA
-# 558.0. One GPU: 765.7.
-# When the caller asks for the output sharded along rows (or columns) over the K axes, only the
-# reduce-scatter part runs (half the bytes) and nothing is gathered.
+# All four sum the same per-shard products in fp32, in different orders (results may differ in
+# the last bits; the tests use integer data, exact in any order). For a 16-bit output ring and
+# scatter move 3/4 of all_reduce's bytes. nvidia-h200-x2, bf16 16384^3, per GPU (multi_gpu.py
+# --k-reductions, one run, session 3, before the C-fused chunked ring): ring 504.5, scatter
+# 480.4, all_reduce 463.8 TFLOP/s, XLA's dot 474.1; with the result asked row-sharded 578.6 /
+# 546.3 / 552.4, XLA 558.0. One GPU: 765.7.
+# When the caller asks for the output sharded along rows over the K axes, each device keeps its
+# own block and nothing is shared afterwards (ring and gather skip their last step, scatter is a
+# reduce-scatter only); a column-sharded result is always a reduce-scatter.
 K_REDUCTIONS = ("ring", "gather", "scatter", "all_reduce")
 K_REDUCTION = "ring"
 K_RING_CHUNKS = 2          # row chunks per ring block (each hop of a chunk runs under the next one)
