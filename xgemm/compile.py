@@ -81,6 +81,13 @@ def arch_for(device: Any = None) -> str:
     return f"sm_{major}{minor}{suffix}"
 
 
+def arch_number(arch: str) -> int:
+    """arch_for's string back to its number: "sm_90a" -> 90, "sm_100a" -> 100, "sm_86" -> 86;
+    0 for anything that is not an sm_ target."""
+    found = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+    return int(found.group(1)) if found else 0
+
+
 def _device_capability(index: int) -> Tuple[int, int]:
     from . import driver                    # ctypes on libcuda; no framework needed
     try:

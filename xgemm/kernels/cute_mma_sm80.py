@@ -603,8 +603,8 @@ KERNEL = _Sm80Kernel()
 def prebuild_classes(arch: str):
     """(key, build) for the common classes: A, B, D row-major without C, bf16 and fp16,
     unbatched and batched."""
-    major = int(arch[3]) if arch.startswith("sm_") and arch[3:4].isdigit() else 0
-    if major not in (8, 9):
+    from ..compile import arch_number
+    if arch_number(arch) // 10 not in (8, 9):
         return []
     items = []
     for ab in _AB_DTYPES:

@@ -632,18 +632,14 @@ def _gemm_fake_args(v: Variant, split_mode: bool):
     return fa, fb, fd, fc
 
 
-def _sm(arch: str) -> int:
-    """90 for "sm_90a" / "sm_90"."""
-    return int("".join(ch for ch in arch.split("_")[-1] if ch.isdigit()))
-
-
 def compile_gemm(v: Variant, split_mode: bool, arch: str, extra_options: str = ""):
     """cute.compile one GEMM variant against fake tensors (no GPU needed)."""
     import cutlass
     import cutlass.cute as cute
     _, _, SGemm, _ = _build_dsl()
     fa, fb, fd, fc = _gemm_fake_args(v, split_mode)
-    op = SGemm(v, split_mode, pdl=_sm(arch) >= 90)
+    from ..compile import arch_number
+    op = SGemm(v, split_mode, pdl=arch_number(arch) >= 90)
     stream = cute.runtime.make_fake_stream()
     opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
     return cute.compile(op.launch, fa, fb, fd, fc, cutlass.Float32(1.0), cutlass.Float32(0.0),
