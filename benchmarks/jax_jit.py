@@ -65,21 +65,12 @@ class Bench:
     # -- timing ------------------------------------------------------------------------------
     def wall(self, fn, *args, calls=10):
         """Median seconds per call of a jitted fn: `calls` async dispatches then one block."""
-        block = self.jax.block_until_ready
-        block(fn(*args))
-        times = []
-        for _ in range(self.reps):
-            t0 = time.perf_counter()
-            y = None
-            for _ in range(calls):
-                y = fn(*args)
-            block(y)
-            times.append((time.perf_counter() - t0) / calls)
-        return median(times)
+        return self.walls([fn], *args, calls=calls)[0]
 
     def walls(self, fns, *args, calls=10, reps=None):
-        """wall() for several fns with their repeats interleaved (order flipped every round), so
-        clock and power drift over the measurement weighs on each alike."""
+        """Median seconds per call of each jitted fn (`calls` async dispatches then one block per
+        sample), the fns' samples interleaved (order flipped every round), so clock and power
+        drift over the measurement weighs on each alike."""
         block = self.jax.block_until_ready
         for fn in fns:
             block(fn(*args))

@@ -81,14 +81,6 @@ def profile(fn, args, where: str) -> str:
     return "\n".join(lines[:400])
 
 
-def jax_sharding_default(name: str):
-    """A jax_sharding constant read from its source (importing it would start jax before the
-    environment below is set)."""
-    import re
-    text = (ROOT / "xgemm" / "jax_sharding.py").read_text()
-    return int(re.search(rf"^{name} = (\d+)", text, re.M).group(1))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -101,8 +93,8 @@ def main() -> int:
     ap.add_argument("--cases", type=lambda v: v.split(","), default="rows,cols,k,k_to_rows,softmax".split(","),
                     help="which of rows,cols,k,k_to_rows,softmax to run (all by default)")
     ap.add_argument("--k-reduction", default="", help="jax_sharding.K_REDUCTION for the main K-sharded runs")
-    ap.add_argument("--ring-sm-margin", type=int, default=jax_sharding_default("K_RING_SM_MARGIN"),
-                    help="jax_sharding.K_RING_SM_MARGIN: SMs the K ring's GEMMs leave to NCCL")
+    ap.add_argument("--ring-sm-margin", type=int, default=None,
+                    help="jax_sharding.K_RING_SM_MARGIN: SMs the K ring's GEMMs leave to NCCL (default: its own)")
     ap.add_argument("--nccl-max-ctas", type=int, default=0,
                     help="set NCCL_MAX_CTAS / NCCL_MAX_NCHANNELS (every collective of the process, XLA's too)")
     ap.add_argument("--profile", default="", help="a folder: profile one K-sharded xgemm call there "
@@ -122,7 +114,8 @@ def main() -> int:
 
     import xgemm
     from xgemm import jax_sharding
-    jax_sharding.K_RING_SM_MARGIN = args.ring_sm_margin
+    if args.ring_sm_margin is not None:
+        jax_sharding.K_RING_SM_MARGIN = args.ring_sm_margin
     if args.k_reduction:
         jax_sharding.K_REDUCTION = args.k_reduction
 
@@ -214,7 +207,7 @@ def main() -> int:
 
     records.append({"meta": {"date": time.strftime("%Y-%m-%d"), "devices": [str(d) for d in devices],
                              "jax": jax.__version__, "command": " ".join(sys.argv),
-                             "ring_sm_margin": args.ring_sm_margin, "k_reduction": jax_sharding.K_REDUCTION,
+                             "ring_sm_margin": jax_sharding.K_RING_SM_MARGIN, "k_reduction": jax_sharding.K_REDUCTION,
                              "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}})
     print("| case | impl | value | verified |\n|---|---|---|---|\n" + "\n".join(rows))
     if not args.smoke:
