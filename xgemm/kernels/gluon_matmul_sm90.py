@@ -509,7 +509,6 @@ class GluonMatmulSm90:
         from .. import gluon_cache
         return gluon_cache.available(cfg.key)
 
-
     def policy(self, problem) -> Policy:
         return self.policy_of(pick_config(*self._dtypes_of(problem)))
 

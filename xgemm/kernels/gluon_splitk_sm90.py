@@ -59,7 +59,6 @@ BM = 64                 # one warpgroup's wgmma m64
 WARPS = 4
 RED_PAD = 8             # fp32 pad per buffer row: 2-way (minimal) bank conflicts on the acc store
 SMEM_LIMIT = 227 * 1024 - 1024
-MAX_M = 128             # declines taller problems: the tiled cute_gemm_sm90 fills the GPU there
 
 
 class Config(namedtuple("Config", "in_dtype out_dtype bn bk stages split b_kmajor")):
@@ -386,7 +385,6 @@ class GluonSplitkSm90:
         cfg = choose(m, n, k, a.dtype, ep.out_dtype, b.majorness == COL, _sm_count(problem.device.index))
         from .. import gluon_cache
         return gluon_cache.available(cfg.key)
-
 
     @staticmethod
     def _dtypes_of(problem) -> Tuple[str, str, bool]:
