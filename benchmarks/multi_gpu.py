@@ -95,6 +95,11 @@ def main() -> int:
     ap.add_argument("--k-reduction", default="", help="jax_sharding.K_REDUCTION for the main K-sharded runs")
     ap.add_argument("--ring-sm-margin", type=int, default=None,
                     help="jax_sharding.K_RING_SM_MARGIN: SMs the K ring's GEMMs leave to NCCL (default: its own)")
+    ap.add_argument("--ring-transport", default="", help="jax_sharding.K_RING_TRANSPORT for the main runs "
+                                                         "(auto | copy_engine | nccl; default: its own)")
+    ap.add_argument("--ring-transports", type=lambda v: [x for x in v.split(",") if x], default=[],
+                    help="K-sharded matmul: also time the ring with these K_RING_TRANSPORTs")
+    ap.add_argument("--ring-chunks", type=int, default=None, help="jax_sharding.K_RING_CHUNKS (default: its own)")
     ap.add_argument("--nccl-max-ctas", type=int, default=0,
                     help="set NCCL_MAX_CTAS / NCCL_MAX_NCHANNELS (every collective of the process, XLA's too)")
     ap.add_argument("--profile", default="", help="a folder: profile one K-sharded xgemm call there "
@@ -118,6 +123,10 @@ def main() -> int:
         jax_sharding.K_RING_SM_MARGIN = args.ring_sm_margin
     if args.k_reduction:
         jax_sharding.K_REDUCTION = args.k_reduction
+    if args.ring_transport:
+        jax_sharding.K_RING_TRANSPORT = args.ring_transport
+    if args.ring_chunks is not None:
+        jax_sharding.K_RING_CHUNKS = args.ring_chunks
 
     devices = jax.devices()
     n = len(devices)
@@ -170,15 +179,18 @@ def main() -> int:
             okf = bool(same(one(f(a, b)), ref))
             record(f"matmul_{dt}_{s}^3_sharded_{name}_per_device", (s, s, s), dt, impl, "TFLOP/s",
                    flops / t / n / 1e12, okf, all_gathers=gathers if impl == "xgemm" else None)
-        for strategy in (args.k_reductions if name.startswith("k") else ()):
-            default, jax_sharding.K_REDUCTION = jax_sharding.K_REDUCTION, strategy
+        variants = [("K_REDUCTION", v) for v in args.k_reductions] + \
+            [("K_RING_TRANSPORT", v) for v in args.ring_transports]
+        for knob, value in (variants if name.startswith("k") else ()):
+            default = getattr(jax_sharding, knob)
+            setattr(jax_sharding, knob, value)
             try:
                 fr = jax.jit(lambda a, b: xgemm.matmul(a, b), out_shardings=outs)   # lowered again
                 t = median_s(fr, a, b, calls=MATMUL_CALLS)
-                record(f"matmul_{dt}_{s}^3_sharded_{name}_per_device_{strategy}", (s, s, s), dt, "xgemm",
+                record(f"matmul_{dt}_{s}^3_sharded_{name}_per_device_{value}", (s, s, s), dt, "xgemm",
                        "TFLOP/s", flops / t / n / 1e12, bool(same(one(fr(a, b)), ref)))
             finally:
-                jax_sharding.K_REDUCTION = default
+                setattr(jax_sharding, knob, default)
         if args.profile and name.startswith("k"):
             text = profile(fx, (a, b), os.path.join(args.profile, name))
             Path(args.profile, f"timeline_{name}.txt").write_text(text)
@@ -208,6 +220,7 @@ def main() -> int:
     records.append({"meta": {"date": time.strftime("%Y-%m-%d"), "devices": [str(d) for d in devices],
                              "jax": jax.__version__, "command": " ".join(sys.argv),
                              "ring_sm_margin": jax_sharding.K_RING_SM_MARGIN, "k_reduction": jax_sharding.K_REDUCTION,
+                             "ring_transport": jax_sharding.K_RING_TRANSPORT, "ring_chunks": jax_sharding.K_RING_CHUNKS,
                              "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}})
     print("| case | impl | value | verified |\n|---|---|---|---|\n" + "\n".join(rows))
     if not args.smoke:

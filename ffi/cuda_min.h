@@ -17,6 +17,7 @@ typedef struct CUctx_st* CUcontext;
 typedef struct CUmod_st* CUmodule;
 typedef struct CUfunc_st* CUfunction;
 typedef struct CUstream_st* CUstream;
+typedef struct CUevent_st* CUevent;
 
 enum { CUDA_SUCCESS_ = 0 };
 
@@ -33,6 +34,8 @@ enum {
 };
 enum { CU_CLUSTER_SCHEDULING_POLICY_SPREAD_ = 1 };
 enum { CU_STREAM_CAPTURE_STATUS_NONE_ = 0 };
+enum { CU_STREAM_NON_BLOCKING_ = 1 };        // CUstream_flags
+enum { CU_EVENT_DISABLE_TIMING_ = 2 };       // CUevent_flags
 
 typedef union XgemmCUlaunchAttributeValue {
   char pad[64];
@@ -69,6 +72,13 @@ typedef CUresult (*PFN_cuStreamGetCtx)(CUstream, CUcontext*);
 typedef CUresult (*PFN_cuStreamIsCapturing)(CUstream, int*);
 typedef CUresult (*PFN_cuCtxPushCurrent)(CUcontext);
 typedef CUresult (*PFN_cuCtxPopCurrent)(CUcontext*);
+// The peer exchange (peer_exchange.h)
+typedef CUresult (*PFN_cuEventCreate)(CUevent*, unsigned int);
+typedef CUresult (*PFN_cuEventRecord)(CUevent, CUstream);
+typedef CUresult (*PFN_cuStreamWaitEvent)(CUstream, CUevent, unsigned int);
+typedef CUresult (*PFN_cuStreamCreate)(CUstream*, unsigned int);
+typedef CUresult (*PFN_cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+typedef CUresult (*PFN_cuCtxEnablePeerAccess)(CUcontext, unsigned int);
 
 }  // extern "C"
 

@@ -40,6 +40,7 @@
 #include <unordered_map>
 
 #include "cuda_min.h"
+#include "peer_exchange.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -119,6 +120,7 @@ struct Driver {
   PFN_cuStreamIsCapturing stream_is_capturing = nullptr;
   PFN_cuCtxPushCurrent ctx_push = nullptr;
   PFN_cuCtxPopCurrent ctx_pop = nullptr;
+  xgemm_exchange::Driver exchange;     // optional: only the peer exchange needs these
 };
 
 std::mutex g_driver_mu;
@@ -157,6 +159,16 @@ const Driver& GetDriver() {
               Sym(lib, "cuStreamIsCapturing", &drv->stream_is_capturing, &e) &&
               Sym(lib, "cuCtxPushCurrent_v2", &drv->ctx_push, &e) &&
               Sym(lib, "cuCtxPopCurrent_v2", &drv->ctx_pop, &e);
+    xgemm_exchange::Driver& x = drv->exchange;
+    x.stream_get_ctx = drv->stream_get_ctx;
+    x.ctx_push = drv->ctx_push;
+    x.ctx_pop = drv->ctx_pop;
+    x.event_create = reinterpret_cast<PFN_cuEventCreate>(dlsym(lib, "cuEventCreate"));
+    x.event_record = reinterpret_cast<PFN_cuEventRecord>(dlsym(lib, "cuEventRecord"));
+    x.stream_wait_event = reinterpret_cast<PFN_cuStreamWaitEvent>(dlsym(lib, "cuStreamWaitEvent"));
+    x.stream_create = reinterpret_cast<PFN_cuStreamCreate>(dlsym(lib, "cuStreamCreate"));
+    x.memcpy_async = reinterpret_cast<PFN_cuMemcpyAsync>(dlsym(lib, "cuMemcpyAsync"));
+    x.ctx_enable_peer_access = reinterpret_cast<PFN_cuCtxEnablePeerAccess>(dlsym(lib, "cuCtxEnablePeerAccess"));
   }
   g_driver.store(drv, std::memory_order_release);
   return *drv;
@@ -615,6 +627,127 @@ ffi::Error TvmCallHost(ffi::RemainingArgs args, ffi::RemainingRets rets, XGEMM_T
   return TvmCall(nullptr, args, rets, XGEMM_TVM_ATTRS, kDLCPU, 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The peer exchange (peer_exchange.h): a copy-engine collective-permute, fused with a TVM-FFI call
+// (function != 0: the GEMM runs on XLA's stream while the copy runs beside it) or alone.
+//   attrs    channel     the op's id (process-unique, from Python); the calls of one group meet on it
+//            group_size, devices, sources   the route (peer_exchange.h)
+//            exchange    [send, recv, block_bytes, chunk_offset, local_copy]: buffer indices (operands
+//                        first, then results); block_bytes 0: recv is the whole recv buffer; else the
+//                        bytes land at sources[rank] * block_bytes + chunk_offset in it (the sender's
+//                        rows of a result), and local_copy 1 also copies this rank's send to
+//                        rank * block_bytes + chunk_offset (its own rows)
+//            + the TVM-FFI call's attributes (function 0: no call)
+
+struct ExchangeAttrs {
+  int64_t channel, group_size;
+  ffi::Span<const int64_t> devices, sources, exchange;
+};
+
+xgemm_exchange::Route ToRoute(const ExchangeAttrs& x) {
+  xgemm_exchange::Route r;
+  r.channel = x.channel;
+  r.group_size = x.group_size;
+  r.devices = x.devices.begin();
+  r.n_devices = static_cast<int64_t>(x.devices.size());
+  r.sources = x.sources.begin();
+  r.n_sources = static_cast<int64_t>(x.sources.size());
+  return r;
+}
+
+ffi::Error RawBuffer(ffi::RemainingArgs& args, ffi::RemainingRets& rets, int64_t i, void** data, size_t* bytes) {
+  const int64_t na = static_cast<int64_t>(args.size());
+  if (i < 0 || i >= na + static_cast<int64_t>(rets.size()))
+    return ffi::Error::InvalidArgument("xgemm_exchange: buffer index out of range");
+  if (i < na) {
+    auto b = args.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return b.error();
+    *data = b->untyped_data(); *bytes = b->size_bytes();
+  } else {
+    auto r = rets.get<ffi::AnyBuffer>(i - na);
+    if (!r.has_value()) return r.error();
+    *data = (*r)->untyped_data(); *bytes = (*r)->size_bytes();
+  }
+  return ffi::Error::Success();
+}
+
+// Locates this device's group and rank and the send / recv buffers.
+ffi::Error PrepareExchange(ffi::RemainingArgs& args, ffi::RemainingRets& rets, const ExchangeAttrs& x,
+                           int32_t device, xgemm_exchange::Group** group, int64_t* rank, void** send, void** recv,
+                           size_t* bytes, void** local) {
+  if (x.exchange.size() != 5) return ffi::Error::InvalidArgument("xgemm_exchange: exchange needs 5 values");
+  if (std::string why = xgemm_exchange::Locate(ToRoute(x), device, group, rank); !why.empty())
+    return ffi::Error::InvalidArgument("xgemm_exchange: " + why);
+  size_t recv_bytes = 0;
+  if (ffi::Error e = RawBuffer(args, rets, x.exchange[0], send, bytes); e.failure()) return e;
+  if (ffi::Error e = RawBuffer(args, rets, x.exchange[1], recv, &recv_bytes); e.failure()) return e;
+  const int64_t block = x.exchange[2], chunk = x.exchange[3];
+  *local = nullptr;
+  if (block == 0) {
+    if (recv_bytes != *bytes) return ffi::Error::InvalidArgument("xgemm_exchange: send and recv differ in size");
+    return ffi::Error::Success();
+  }
+  const int64_t size = static_cast<int64_t>(*bytes), limit = static_cast<int64_t>(recv_bytes);
+  const int64_t at = x.sources[*rank] * block + chunk, own = *rank * block + chunk;
+  if (block < 0 || chunk < 0 || at + size > limit || (x.exchange[4] && own + size > limit))
+    return ffi::Error::InvalidArgument("xgemm_exchange: the rows to receive fall outside the result");
+  *recv = static_cast<char*>(*recv) + at;
+  if (x.exchange[4]) *local = static_cast<char*>(*recv) - at + own;
+  return ffi::Error::Success();
+}
+
+#define XGEMM_XCHG_PARAMS                                                                      \
+  int64_t channel, int64_t group_size, ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources, \
+      ffi::Span<const int64_t> exchange
+#define XGEMM_XCHG_ATTRS ExchangeAttrs{channel, group_size, devices, sources, exchange}
+
+ffi::Error ExchangeCallCuda(CUstream stream, int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                            XGEMM_TVM_PARAMS, XGEMM_XCHG_PARAMS) {
+  const Driver& drv = GetDriver();
+  if (!drv.ok) return ffi::Error::Internal("xgemm_exchange: " + drv.error);
+  if (!drv.exchange.ok())
+    return ffi::Error::Internal("xgemm_exchange: the CUDA driver lacks an event / stream / memcpy entry point");
+  xgemm_exchange::Group* group = nullptr;
+  int64_t rank = 0;
+  void *send = nullptr, *recv = nullptr, *local = nullptr;
+  size_t bytes = 0;
+  const ExchangeAttrs x = XGEMM_XCHG_ATTRS;
+  if (ffi::Error e = PrepareExchange(args, rets, x, device, &group, &rank, &send, &recv, &bytes, &local);
+      e.failure())
+    return e;
+  xgemm_exchange::CudaExchange ex(drv.exchange, stream, group, rank, x.sources.begin());
+  std::string error = ex.Begin(send, recv, bytes, local);
+  ffi::Error call = ffi::Error::Success();
+  if (error.empty() && function != 0) call = TvmCall(stream, args, rets, XGEMM_TVM_ATTRS, kDLCUDA, device);
+  const std::string end = ex.End();
+  if (!error.empty() || !end.empty()) return ffi::Error::Internal("xgemm_exchange: " + (error.empty() ? end : error));
+  return call;
+}
+
+ffi::Error ExchangeHost(int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets, XGEMM_XCHG_PARAMS) {
+  xgemm_exchange::Group* group = nullptr;
+  int64_t rank = 0;
+  void *send = nullptr, *recv = nullptr, *local = nullptr;
+  size_t bytes = 0;
+  const ExchangeAttrs x = XGEMM_XCHG_ATTRS;
+  if (ffi::Error e = PrepareExchange(args, rets, x, device, &group, &rank, &send, &recv, &bytes, &local);
+      e.failure())
+    return e;
+  if (std::string error = xgemm_exchange::HostExchange(group, rank, x.sources.begin(), send, recv, bytes, local);
+      !error.empty())
+    return ffi::Error::Internal("xgemm_exchange: " + error);
+  return ffi::Error::Success();
+}
+
+template <typename B>
+auto BindExchangeAttrs(B&& binding) {
+  return std::move(binding).template Attr<int64_t>("channel")
+      .template Attr<int64_t>("group_size")
+      .template Attr<ffi::Span<const int64_t>>("devices")
+      .template Attr<ffi::Span<const int64_t>>("sources")
+      .template Attr<ffi::Span<const int64_t>>("exchange");
+}
+
 template <typename B>
 auto BindTvmAttrs(B&& binding) {
   return std::move(binding).template Attr<int64_t>("function")
@@ -639,6 +772,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     BindTvmAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<CUstream>>().Ctx<ffi::DeviceOrdinal>()
                      .RemainingArgs().RemainingRets()),
     {ffi::Traits::kCmdBufferCompatible});
+
+// Not CUDA-graph compatible: the devices meet on the host at every call.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    XgemmExchangeCallExecute, ExchangeCallCuda,
+    BindExchangeAttrs(BindTvmAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<CUstream>>().Ctx<ffi::DeviceOrdinal>()
+                                       .RemainingArgs().RemainingRets())));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    XgemmExchangeHost, ExchangeHost,
+    BindExchangeAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>().RemainingArgs().RemainingRets()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(XgemmTvmFfiCallHost, TvmCallHost,
                               BindTvmAttrs(ffi::Ffi::Bind().RemainingArgs().RemainingRets()));

@@ -64,6 +64,7 @@ int main() {{
               (int){e("CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED")}, (int){e("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION")},
               (int){e("CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE")}, (int){e("CU_CLUSTER_SCHEDULING_POLICY_SPREAD")},
               (int){e("CU_STREAM_CAPTURE_STATUS_NONE")});
+  std::printf("%d %d\\n", (int){e("CU_STREAM_NON_BLOCKING")}, (int){e("CU_EVENT_DISABLE_TIMING")});
 }}
 """
 

@@ -33,7 +33,8 @@ put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
 
-def check(tag, sa, sb, sc=None, *, collectives=(), local=None, ncalls=None, out=None):
+def check(tag, sa, sb, sc=None, *, collectives=(), local=None, ncalls=None, out=None, exchanges=None,
+          placed=None):
     """collectives: exactly the collective ops the compiled HLO may hold. An operand gathered
     instead of partitioned shows up as an unexpected all-gather or as full-size local shapes."""
     args = [put(A, sa), put(B, sb)] + ([put(C, sc)] if sc is not None else [])
@@ -53,6 +54,11 @@ def check(tag, sa, sb, sc=None, *, collectives=(), local=None, ncalls=None, out=
         calls = [l for l in hlo.splitlines() if "custom-call(" in l and "xgemm_cubin_launch" in l]
         assert calls and all(local in l for l in calls), (tag, calls)
         assert ncalls is None or len(calls) == ncalls, (tag, calls)
+    if exchanges is not None:   # the copy-engine exchange's host variant moved the ring's blocks
+        moved = [l for l in hlo.splitlines() if "custom-call(" in l and "xgemm_exchange_host_test_v1" in l]
+        assert len(moved) == exchanges, (tag, moved)
+    if placed is not None:      # received pieces land in the result's rows: no update-slice pass
+        assert ("dynamic-update-slice" not in hlo) == placed, (tag, hlo)
     print("ok", tag, res.sharding.spec)
 
 # the sum over K shards, per K_REDUCTION: replicated result / result sharded over the K axis
@@ -147,9 +153,37 @@ def suite(tag, fake):
     assert "all-gather" in fu.lower(Xu).compile().as_text()
     print("ok", tag, "softmax over a sharded row")
 
+def copy_engine_suite():
+    """The ring with its blocks moved by xgemm's exchange (host variant: the devices meet on the
+    host, the copy a memcpy) instead of collective-permutes. Each send is one custom call, alone or
+    (on CUDA) fused with the next product; n shards, c chunks: (n-1) c partial sums moved, plus
+    (n-1) c result pieces when the result is replicated, received straight into the result's rows
+    when there is no C. rows+K: four groups of 2 on one channel."""
+    from xgemm import jax_ffi, jax_sharding
+    jax_ffi.register_exchange_host_test()
+    check("ce K-sharded", P(None, "y"), P("y", None), exchanges=2, placed=True)
+    check("ce rows+K, C", P("x", "y"), P("y", None), P("x", None), exchanges=2, placed=False)
+    check("ce K over 8 devices", P(None, ("x", "y")), P(("x", "y"), None), exchanges=14, placed=True)
+    check("ce K over 4 devices -> rows", P(None, "x"), P("x", None), exchanges=3, out=P("x", None))
+    rows_min = jax_sharding.K_RING_MIN_ROWS
+    try:
+        jax_sharding.K_RING_MIN_ROWS = 8
+        check("ce K-sharded, chunked ring", P(None, "y"), P("y", None), exchanges=4, placed=True)
+        check("ce K-sharded, chunked ring -> rows", P(None, "y"), P("y", None), exchanges=2, out=P("y", None))
+        check("ce K-sharded, chunked ring, C", P(None, "y"), P("y", None), P(None, None), exchanges=4,
+              placed=False)
+    finally:
+        jax_sharding.K_RING_MIN_ROWS = rows_min
+    jax_sharding.K_RING_TRANSPORT = "nccl"           # still selectable
+    try:
+        check("ce off: nccl", P(None, "y"), P("y", None), collectives=K_SUM["ring"][0], exchanges=0)
+    finally:
+        jax_sharding.K_RING_TRANSPORT = "auto"
+
 suite("xla", False)
 with jax_testing.fake_gpu():
     suite("ffi", True)
+copy_engine_suite()
 print("ALL OK")
 '''
 
@@ -157,6 +191,7 @@ print("ALL OK")
 def test_sharded_jit_partitions_the_call():
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               XGEMM_EXCHANGE_TIMEOUT_S="60",
                PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -50,7 +50,7 @@ from jax.interpreters import mlir
 
 from . import jax_ffi, policy
 from .problem import COL, ROW, Device, Epilogue, GemmProblem, Operand, SoftmaxProblem
-from .jax_primitives import reference_gemm, reference_softmax
+from .jax_primitives import reference_gemm, reference_softmax, split_exchange_operands
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,15 +194,27 @@ def gemm_rule(ctx, a, b, *c, alpha, beta, out_dtype, has_c, a_major=ROW, b_major
     return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, *c)
 
 
-def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, target, tvm_target, portable):
+def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, target, tvm_target, portable,
+                 route=None, into=None, has_dest=False):
+    """The GEMM's custom call; with `route` the trailing operands are an exchange's send buffer
+    [and dest] and the result is [d, recv] (one fused call when the kernel is a TVM-FFI one, else two)."""
+    send = dest = None
+    if route is not None:
+        (_, _, *c), send, dest = split_exchange_operands((a, b) + c, has_dest)
+        dest = dest[0] if dest else None
     c = c[0] if c else None
+    xkw = dict(into=into, dest=dest)
+
+    def plus_exchange(d):
+        return d if route is None else [d, jax_ffi.call_exchange(route, send, **xkw)[0]]
+
     gs = gemm_shapes(a.shape, a.dtype, b.shape, c.shape if c is not None else None,
                      c.dtype if c is not None else None, alpha=alpha, beta=beta, out_dtype=out_dtype,
                      a_major=a_major, b_major=b_major)
     plan = policy.choose("gemm", gs.problem)
     hook = _hook(plan.kernel, portable)
     if hook is None:
-        return reference_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype)
+        return plus_exchange(reference_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype))
     p = gs.problem
     # Broadcast batch dims materialize only where an operand lacks them (XLA buffers are dense);
     # folding L into M (B without batch dims) is a bitcast of row-major A.
@@ -218,7 +230,12 @@ def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, 
         make = functools.partial(make, sm_margin=sm_margin)
     made = make(p, plan.policy)
     if made is None:                 # the hook declined this problem after all
-        return reference_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype)
+        return plus_exchange(reference_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype))
+    if hook == "jax_tvm_ffi" and route is not None:     # the copy runs beside the kernel
+        _ensure_registered()
+        d, recv = jax_ffi.call_exchange(route, send, tc=made, operands=operands, out_avals=[out_aval],
+                                        in_layouts=layouts, **xkw)
+        return [d.reshape(gs.out_shape), recv]
     if hook == "jax_launch":
         _ensure_registered()
         (d,) = jax_ffi.call(made, operands, [out_aval], in_layouts=layouts, target=target)
@@ -227,7 +244,34 @@ def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, 
         (d,) = jax_ffi.call_tvm_ffi(made, operands, [out_aval], in_layouts=layouts, target=tvm_target)
     else:
         d = made(a2, b2, c2)
-    return d.reshape(gs.out_shape)
+    return plus_exchange(d.reshape(gs.out_shape))
+
+
+def gemm_exchange_rule(ctx, *args, route, into=None, has_dest=False, alpha, beta, out_dtype, has_c, a_major=ROW,
+                       b_major=ROW, sm_margin=0):
+    """xgemm_gemm_exchange: [d, recv]; the GEMM as gemm_rule picks it."""
+    _ensure_registered()
+    a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[1]
+    c_aval = ctx.avals_in[2] if has_c else None
+    params = dict(alpha=alpha, beta=beta, out_dtype=out_dtype)
+    if not _concrete(a_aval.shape, b_aval.shape, c_aval.shape if c_aval is not None else None) \
+            or 0 in a_aval.shape + b_aval.shape:
+        def fn(*args):
+            (a, b, *c), send, dest = split_exchange_operands(args, has_dest)
+            d = reference_gemm(a, b, c[0] if c else None, **params)
+            return [d, jax_ffi.call_exchange(route, send, into=into, dest=dest[0] if dest else None)[0]]
+    else:
+        fn = functools.partial(_gemm_kernel, a_major=a_major, b_major=b_major, sm_margin=sm_margin,
+                               target=jax_ffi.TARGET, tvm_target=None, portable=_for_export(ctx), route=route,
+                               into=into, has_dest=has_dest, **params)
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+
+def exchange_rule(ctx, send, *dest, route, into=None, has_dest=False):
+    """xgemm_exchange alone: the copy-engine collective-permute."""
+    _ensure_registered()
+    fn = lambda x, *d: jax_ffi.call_exchange(route, x, into=into, dest=d[0] if d else None)[0]    # noqa: E731
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, send, *dest)
 
 
 # ---------------------------------------------------------------------------------------------

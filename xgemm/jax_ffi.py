@@ -12,6 +12,10 @@ ffi/xgemm_ffi.cc has two handlers:
       that lowered them (a token check turns a stale handle into an error, never a crash).
       xgemm_tvm_ffi_call_graph_v1 is the same handler declared CUDA-graph compatible, so XLA may
       record it into its command buffers: the default ($XGEMM_JAX_TVM_GRAPH=0 picks the other).
+  xgemm_exchange_v1  (CUDA; execute) a collective-permute between the devices of this process by
+      the copy engines (ffi/peer_exchange.h), alone or fused with a TVM-FFI call that runs on
+      XLA's stream while the copy runs beside it. Describe it with `Route`; emit with
+      `call_exchange()`.
 
 Building needs only g++ and the XLA FFI headers jaxlib ships (`jax.ffi.include_dir()`); the .so
 goes to a cache dir keyed on the sources, the headers and the compiler, so CI builds it on CPU
@@ -37,6 +41,8 @@ HOST_TEST_TARGET = "xgemm_cubin_launch_host_test_v1"  # CPU, through a substitut
 TVM_TARGET = "xgemm_tvm_ffi_call_v1"                  # CUDA
 TVM_GRAPH_TARGET = "xgemm_tvm_ffi_call_graph_v1"      # CUDA, CUDA-graph compatible (the default)
 TVM_HOST_TEST_TARGET = "xgemm_tvm_ffi_call_host_test_v1"  # CPU (tests only)
+EXCHANGE_TARGET = "xgemm_exchange_v1"                 # CUDA, never in a CUDA graph (devices meet on the host)
+EXCHANGE_HOST_TEST_TARGET = "xgemm_exchange_host_test_v1"  # CPU (tests: fake devices of one process)
 TARGETS = (TARGET, TVM_TARGET)
 ABI_VERSION = 1
 _CXXFLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-w")
@@ -352,6 +358,94 @@ def call_tvm_ffi(tc: TvmFfiCall, operands: Sequence[Any], out_avals: Sequence[An
 
 
 # ---------------------------------------------------------------------------------------------
+# The peer exchange (copy-engine collective-permute)
+
+@dataclass(frozen=True)
+class Route:
+    """Who receives from whom: `groups` of local device ordinals, each in rank order (one group per
+    combination of the mesh's other axes), and per rank the rank it receives from. `channel` is
+    unique per op in the process: the calls of one group meet on it."""
+    channel: int
+    groups: Tuple[Tuple[int, ...], ...]
+    sources: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Into:
+    """An exchange that receives into rows of a 2-D (rows, N) result instead of a buffer of its own:
+    the sender's piece lands at sender_rank * block_rows + chunk_row and, with `local`, this rank's
+    own send at rank * block_rows + chunk_row (the ranks' blocks of rows, computed where the rank is
+    known: in the handler). The result is the `dest` operand updated in place (aliased) or, with no
+    dest, a new buffer whose other rows are unset until later exchanges fill them."""
+    rows: int
+    block_rows: int
+    chunk_row: int
+    local: bool
+
+
+def _exchange_attributes(route: Route, send_index: int, recv_index: int, into: Optional[Into],
+                         row_bytes: int) -> Dict[str, Any]:
+    import numpy as np
+    i64 = lambda xs: np.asarray(list(xs), dtype=np.int64)
+    where = [0, 0, 0] if into is None else [into.block_rows * row_bytes, into.chunk_row * row_bytes, int(into.local)]
+    return dict(channel=np.int64(route.channel), group_size=np.int64(len(route.sources)),
+                devices=i64(d for g in route.groups for d in g), sources=i64(route.sources),
+                exchange=i64([send_index, recv_index] + where))
+
+
+def exchange_result(send_shape: Sequence[int], into: Optional[Into]) -> Tuple[int, ...]:
+    """The shape an exchange returns: send's, or the (rows, N) result it receives into."""
+    if into is None:
+        return tuple(send_shape)
+    if len(send_shape) != 2:
+        raise ValueError(f"exchange into a result: send must be 2-D (rows, N), got {tuple(send_shape)}")
+    return (into.rows, send_shape[1])
+
+
+def call_exchange(route: Route, send: Any, *, into: Optional[Into] = None, dest: Any = None,
+                  tc: Optional[TvmFfiCall] = None, operands: Sequence[Any] = (), out_avals: Sequence[Any] = (),
+                  in_layouts=None, platform: str = "cuda") -> Tuple[Any, ...]:
+    """One custom call: what this rank receives (its source rank's `send`; see Into for receiving
+    into rows of a result, `dest` being that result so far) and, with `tc`, the TVM-FFI call's
+    outputs, computed on XLA's stream while the copy runs. Returns (*outs, received).
+    platform "cpu": the host test variant (exchange only)."""
+    import jax
+    import numpy as np
+    if dest is not None and into is None:
+        raise ValueError("call_exchange: dest needs into")
+    recv_aval = jax.ShapeDtypeStruct(exchange_result(send.shape, into), send.dtype)
+    row_bytes = int(send.shape[-1]) * np.dtype(send.dtype).itemsize if send.ndim else 0
+    operands = list(operands) + [send] + ([dest] if dest is not None else [])
+    out_avals = [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in out_avals]
+    n_in, n_out = len(operands), len(out_avals) + 1
+    send_index = n_in - 1 - (dest is not None)
+    attrs = _exchange_attributes(route, send_index, n_in + n_out - 1, into, row_bytes)
+    aliases = {n_in - 1: n_out - 1} if dest is not None else {}
+    if platform == "cpu":
+        if tc is not None:
+            raise ValueError("call_exchange: the host test variant exchanges only")
+        return tuple(jax.ffi.ffi_call(EXCHANGE_HOST_TEST_TARGET, [recv_aval], input_output_aliases=aliases)(
+            *operands, **attrs))
+    load()
+    n_extra = 1 + (dest is not None)
+    in_layouts = (list(in_layouts) if in_layouts is not None else [None] * (n_in - n_extra)) + [None] * n_extra
+    if tc is None:                   # exchange only: no function to call
+        zero = np.asarray([0, 0, 0], dtype=np.int64)
+        attrs.update(function=np.int64(0), token=np.int64(_TOKEN), args=zero, views=zero, buffers=zero,
+                     layouts=zero)
+        scratch = ()
+    else:
+        attrs.update(tvm_attributes(tc, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands],
+                                    out_avals + [recv_aval], in_layouts, [None] * n_out))
+        scratch = tc.scratch_bytes
+    results = out_avals + [recv_aval] + [jax.ShapeDtypeStruct((n,), np.uint8) for n in scratch]
+    outs = jax.ffi.ffi_call(EXCHANGE_TARGET, results, input_layouts=in_layouts,
+                            output_layouts=[None] * (n_out + len(scratch)),
+                            input_output_aliases=aliases)(*operands, **attrs)
+    return tuple(outs[:n_out])
+
+
+# ---------------------------------------------------------------------------------------------
 # Building and loading
 
 def source_dir() -> Path:
@@ -412,7 +506,8 @@ def build() -> Path:
     """Build (or find) the handler library; returns its path."""
     import jax.ffi
     src = source_dir()
-    return _build([src / "xgemm_ffi.cc", src / "cuda_min.h"], "xgemm_ffi", [jax.ffi.include_dir()], ["-ldl"])
+    return _build([src / "xgemm_ffi.cc", src / "cuda_min.h", src / "peer_exchange.h"], "xgemm_ffi",
+                  [jax.ffi.include_dir()], ["-ldl"])
 
 
 def build_fake_driver() -> Path:
@@ -437,7 +532,8 @@ def load() -> ctypes.CDLL:
             lib.XgemmFfiSetDriverPath.argtypes = [ctypes.c_char_p]
             lib.XgemmFfiSetProcessToken.argtypes = [ctypes.c_int64]
             for sym in ("XgemmCubinLaunchExecute", "XgemmCubinLaunchInitialize", "XgemmCubinLaunchHost",
-                        "XgemmTvmFfiCallExecute", "XgemmTvmFfiCallGraphExecute", "XgemmTvmFfiCallHost"):
+                        "XgemmTvmFfiCallExecute", "XgemmTvmFfiCallGraphExecute", "XgemmTvmFfiCallHost",
+                        "XgemmExchangeCallExecute", "XgemmExchangeHost"):
                 getattr(lib, sym).restype = ctypes.c_void_p
             if lib.XgemmFfiAbiVersion() != ABI_VERSION:
                 raise RuntimeError(f"xgemm FFI: library ABI {lib.XgemmFfiAbiVersion()} != {ABI_VERSION}; "
@@ -470,8 +566,27 @@ def register() -> None:
                                 api_version=1)
     jax.ffi.register_ffi_target(TVM_GRAPH_TARGET, jax.ffi.pycapsule(lib.XgemmTvmFfiCallGraphExecute),
                                 platform="CUDA", api_version=1, **_traits_cmd_buffer())
+    jax.ffi.register_ffi_target(EXCHANGE_TARGET, jax.ffi.pycapsule(lib.XgemmExchangeCallExecute),
+                                platform="CUDA", api_version=1)
     with _lock:
-        _registered.update((TARGET, TVM_TARGET, TVM_GRAPH_TARGET))
+        _registered.update((TARGET, TVM_TARGET, TVM_GRAPH_TARGET, EXCHANGE_TARGET))
+
+
+def register_exchange_host_test() -> None:
+    """Tests only: the peer exchange's host variant for XLA:CPU (fake devices of one process);
+    it needs no driver. After this, jax_sharding's ring may route K-shard sums through it."""
+    import jax.ffi
+    lib = load()
+    with _lock:
+        if EXCHANGE_HOST_TEST_TARGET in _registered:
+            return
+        jax.ffi.register_ffi_target(EXCHANGE_HOST_TEST_TARGET, jax.ffi.pycapsule(lib.XgemmExchangeHost),
+                                    platform="cpu", api_version=1)
+        _registered.add(EXCHANGE_HOST_TEST_TARGET)
+
+
+def exchange_host_test_registered() -> bool:
+    return EXCHANGE_HOST_TEST_TARGET in _registered
 
 
 def register_host_test() -> ctypes.CDLL:

@@ -10,6 +10,13 @@ One primitive per op, with static params (jax-triton's shape: one primitive, one
                  ring). D = alpha*(a @ b) + beta*c, accumulated in float32 (float64 for
                  float64) and cast last.
   xgemm_softmax  x; param axis (non-negative). Math in float32 (float64 for float64).
+  xgemm_exchange send [, dest] -> recv: the send buffer of another device of this process (param
+                 route, a jax_ffi.Route), moved by the copy engines; with param into (jax_ffi.Into)
+                 received into rows of a (rows, N) result: dest updated in place (has_dest) or a
+                 new one. jax_sharding's ring uses it instead of ppermute when every device is local.
+  xgemm_gemm_exchange  xgemm_gemm's operands + send [+ dest] -> (d, recv): the GEMM and an
+                 exchange in one custom call, the copy running beside the GEMM (gemm params +
+                 route, into, has_dest).
 Lowering: `cuda` -> the kernel the dispatch table picks (jax_cuda.py: the native FFI in ffi/ or
 a CuTe cutlass_call); every other platform -> the embedded default, a jnp implementation (XLA's
 own dot / reductions). Batching (custom_vmap), gradients (custom_vjp) and partitioning
@@ -29,6 +36,9 @@ from jax.interpreters import mlir
 
 gemm_p = Primitive("xgemm_gemm")
 softmax_p = Primitive("xgemm_softmax")
+exchange_p = Primitive("xgemm_exchange")
+gemm_exchange_p = Primitive("xgemm_gemm_exchange")
+gemm_exchange_p.multiple_results = True
 
 
 def acc_dtype(dtype: Any) -> np.dtype:
@@ -60,8 +70,31 @@ def _softmax_abstract(x, *, axis):
     return jax.core.ShapedArray(x.shape, x.dtype)
 
 
+def _exchange_abstract(send, *dest, route, into=None, has_dest=False):
+    from .jax_ffi import exchange_result
+    del route
+    shape = exchange_result(send.shape, into)
+    if len(dest) != int(has_dest) or (dest and (dest[0].shape != shape or dest[0].dtype != send.dtype)):
+        raise ValueError(f"xgemm_exchange: dest must be one {shape} {send.dtype} array when has_dest")
+    return jax.core.ShapedArray(shape, send.dtype)
+
+
+def split_exchange_operands(args, has_dest: bool):
+    """(gemm operands, send, dest list) of xgemm_gemm_exchange's operands."""
+    n = 1 + int(has_dest)
+    return args[:-n], args[-n], list(args[len(args) - n + 1:])
+
+
+def _gemm_exchange_abstract(*args, route, into=None, has_dest=False, **params):
+    gemm_args, send, dest = split_exchange_operands(args, has_dest)
+    return [_gemm_abstract(*gemm_args, **params),
+            _exchange_abstract(send, *dest, route=route, into=into, has_dest=has_dest)]
+
+
 gemm_p.def_abstract_eval(_gemm_abstract)
 softmax_p.def_abstract_eval(_softmax_abstract)
+exchange_p.def_abstract_eval(_exchange_abstract)
+gemm_exchange_p.def_abstract_eval(_gemm_exchange_abstract)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,6 +151,32 @@ mlir.register_lowering(gemm_p, _gemm_reference_rule)
 mlir.register_lowering(softmax_p, _softmax_reference_rule)
 
 
+# The exchange has no embedded default: jax_sharding uses it only where it runs (CUDA devices of
+# this process, or XLA:CPU fake devices once a test registered the host variant).
+def _exchange_cpu_rule(ctx, send, *dest, route, into=None, has_dest=False):
+    from . import jax_ffi
+
+    def fn(x, *d):
+        return jax_ffi.call_exchange(route, x, into=into, dest=d[0] if d else None, platform="cpu")[0]
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, send, *dest)
+
+
+def _gemm_exchange_cpu_rule(ctx, *args, route, into=None, has_dest=False, alpha, beta, out_dtype, has_c,
+                            a_major="row", b_major="row", sm_margin=0):
+    from . import jax_ffi
+
+    def fn(*args):
+        (a, b, *c), send, dest = split_exchange_operands(args, has_dest)
+        d = reference_gemm(a, b, c[0] if c else None, alpha=alpha, beta=beta, out_dtype=out_dtype)
+        return [d, jax_ffi.call_exchange(route, send, into=into, dest=dest[0] if dest else None,
+                                         platform="cpu")[0]]
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+
+mlir.register_lowering(exchange_p, _exchange_cpu_rule, platform="cpu")
+mlir.register_lowering(gemm_exchange_p, _gemm_exchange_cpu_rule, platform="cpu")
+
+
 def _gemm_cuda_rule(ctx, *args, **params):
     from . import jax_cuda
     return jax_cuda.gemm_rule(ctx, *args, **params)
@@ -130,5 +189,17 @@ def _softmax_cuda_rule(ctx, *args, **params):
 
 # The kernel is chosen when a module is lowered (the cache of lowerings is per module), so a
 # policy.force() or table change applies to the next jit trace, not to executables already compiled.
+def _exchange_cuda_rule(ctx, *args, **params):
+    from . import jax_cuda
+    return jax_cuda.exchange_rule(ctx, *args, **params)
+
+
+def _gemm_exchange_cuda_rule(ctx, *args, **params):
+    from . import jax_cuda
+    return jax_cuda.gemm_exchange_rule(ctx, *args, **params)
+
+
 mlir.register_lowering(gemm_p, _gemm_cuda_rule, platform="cuda")
 mlir.register_lowering(softmax_p, _softmax_cuda_rule, platform="cuda")
+mlir.register_lowering(exchange_p, _exchange_cuda_rule, platform="cuda")
+mlir.register_lowering(gemm_exchange_p, _gemm_exchange_cuda_rule, platform="cuda")

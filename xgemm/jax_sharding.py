@@ -17,14 +17,17 @@ around these functions, so vmap and grad never reach it.
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+import itertools
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from .jax_primitives import acc_dtype, gemm_p, softmax_p
+from . import jax_ffi
+from .jax_primitives import acc_dtype, exchange_p, gemm_exchange_p, gemm_p, softmax_p
 
 Axes = Tuple[str, ...]
 
@@ -138,6 +141,27 @@ K_RING_MIN_ROWS = 1024     # ... when each chunk keeps at least this many rows
 # survive custom_partitioning's lowering, checked on CPU), a smaller grid costs the GEMM ~1/8,
 # and a replicated result ends with one chunk's transfer and the copies into place.
 K_RING_SM_MARGIN = 16
+# How the ring's blocks move between devices:
+#   "copy_engine"  xgemm's own exchange (ffi/peer_exchange.h): a peer cuMemcpyAsync on a side
+#                  stream, fused into the next product's custom call, so the copy engines move the
+#                  block while that GEMM holds every SM (no SM margin, and XLA cannot reorder a
+#                  transfer behind the product it belongs under). A replicated result (no C, 2-D)
+#                  is assembled by the exchanges themselves: each piece lands in the result's rows
+#                  and the own chunk is copied there beside it (no zeros + update-slice pass).
+#                  Needs every device of the mesh in this process (one address space); not
+#                  inside CUDA graphs. x2, bf16 16384^3, per GPU, one process (multi_gpu.py
+#                  --cases k,k_to_rows --ring-transports nccl): K-sharded 747.4 vs nccl 572.6 and
+#                  XLA's dot 479.6, result row-sharded 774.8 vs 609.7 and 557.3; one GPU 793.4.
+#                  Timeline (--profile): each 256 MB hop (MemcpyP2P, ~370 GB/s) runs under the next
+#                  GEMM, which slows ~3-5%; left exposed: the last piece (128 MB, 0.37 ms), the
+#                  own-chunk copies (the D2D copies start only as the GEMM ends: they seem to need SMs) and
+#                  the slice of A's row blocks (0.13 ms).
+#   "nccl"         XLA's collective-permute (ppermute), with the SM margin above.
+#   "auto"         copy_engine where it can run (CUDA devices all local, or XLA:CPU fake devices
+#                  once a test registered the host variant), else nccl.
+K_RING_TRANSPORTS = ("auto", "copy_engine", "nccl")
+K_RING_TRANSPORT = "auto"
+_channels = itertools.count(1)
 
 
 def _axes_size(mesh, axes: Axes) -> int:
@@ -163,9 +187,10 @@ def _c_dims(c_shape, out_shape, out_dims: List[Axes]) -> List[Axes]:
     return [out_dims[i + off] if c_shape[i] == out_shape[i + off] else () for i in range(len(c_shape))]
 
 
-def _sum_k_shards(a, b, c, *, k, n_k, scatter, strategy, alpha, beta, out_dtype, a_major, b_major):
+def _sum_k_shards(a, b, c, *, k, n_k, scatter, strategy, alpha, beta, out_dtype, a_major, b_major, groups=None):
     """The local K-shard product summed over the K axes, plus beta*C, cast to out_dtype.
-    scatter: the output dim left sharded over k (C arrives already sharded the same way), or None."""
+    scatter: the output dim left sharded over k (C arrives already sharded the same way), or None.
+    groups: the ring's copy-engine route (_device_groups), or None."""
     acc = acc_dtype(a.dtype)
     m = a.shape[-2]
     dim = scatter if scatter is not None else -2
@@ -179,6 +204,8 @@ def _sum_k_shards(a, b, c, *, k, n_k, scatter, strategy, alpha, beta, out_dtype,
         how = _ring if strategy == "ring" else _gather_inputs
         kw = dict(k=k, n_k=n_k, me=me, alpha=alpha, acc=acc.name, last_dtype=acc.name if c else out_dtype,
                   a_major=a_major, b_major=b_major)
+        if strategy == "ring":
+            kw.update(groups=groups, plain=not c)
         if scatter is None:                 # replicated result: own rows finished, then shared
             def finish(x, r0):              # x: result rows r0.. of this device's block
                 if c:
@@ -213,33 +240,129 @@ def _product(a, b, running, alpha, out_dtype, a_major, b_major, sm_margin=0):
                        a_major=a_major, b_major=b_major, **margin)
 
 
-def _ring(a, b, *, k, n_k, me, alpha, acc, last_dtype, a_major, b_major, finish):
+def _device_groups(mesh, k: Axes) -> Optional[Tuple[Tuple[int, ...], ...]]:
+    """Local device ordinals of each group along the K axes (rank order = axis_index(k)), or None
+    when the copy-engine exchange cannot serve this mesh (K_RING_TRANSPORT, a device of another
+    process, a platform without the exchange)."""
+    if K_RING_TRANSPORT not in K_RING_TRANSPORTS:
+        raise ValueError(f"xgemm.jax_sharding.K_RING_TRANSPORT={K_RING_TRANSPORT!r}: expected one of "
+                         f"{K_RING_TRANSPORTS}")
+    if K_RING_TRANSPORT == "nccl":
+        return None
+    devices = np.asarray(mesh.devices)
+    flat = list(devices.flat)
+    platform = flat[0].platform
+    usable = all(d.process_index == jax.process_index() and d.platform == platform for d in flat) and (
+        platform == "gpu" or (platform == "cpu" and jax_ffi.exchange_host_test_registered()))
+    if not usable:
+        if K_RING_TRANSPORT == "copy_engine":
+            raise ValueError("xgemm.jax_sharding.K_RING_TRANSPORT='copy_engine' needs every device of the mesh "
+                             "in this process on CUDA; set it to 'auto' or 'nccl'")
+        return None
+    names = list(mesh.axis_names)
+    order = [i for i, name in enumerate(names) if name not in k] + [names.index(name) for name in k]
+    groups = np.transpose(devices, order).reshape(-1, _axes_size(mesh, k))
+    return tuple(tuple(int(d.local_hardware_id) for d in g) for g in groups)
+
+
+class _Mover:
+    """Moves ring blocks: ppermute at once (nccl), or queued to ride on the next product's custom
+    call (copy engine). send(key, x, by): device d's x goes to device d + by; take(key): what this
+    device received under that key. product(...): the next GEMM, carrying one queued send.
+    A send with `into` (copy engine only) lands in rows of one result threaded through all such
+    sends (self.result), so no pass assembles the result afterwards."""
+
+    def __init__(self, k: Axes, n_k: int, groups):
+        self.k, self.n_k, self.groups = k, n_k, groups
+        self.queued: List[Tuple[Any, Any, int, Optional[jax_ffi.Into]]] = []
+        self.received: Dict[Any, Any] = {}
+        self.result = None
+
+    def send(self, key, x, by: int, into: Optional[jax_ffi.Into] = None) -> None:
+        if self.groups is None:
+            self.received[key] = jax.lax.ppermute(x, self.k, [(d, (d + by) % self.n_k) for d in range(self.n_k)])
+        else:
+            self.queued.append((key, x, by, into))
+
+    def _exchange(self, x, by: int, into) -> Tuple[Dict[str, Any], Tuple[Any, ...]]:
+        """The exchange's params and its trailing operands (send [, the result so far])."""
+        route = jax_ffi.Route(next(_channels), self.groups, tuple((r - by) % self.n_k for r in range(self.n_k)))
+        dest = (self.result,) if into is not None and self.result is not None else ()
+        return dict(route=route, into=into, has_dest=bool(dest)), (x,) + dest
+
+    def _got(self, key, into, value) -> None:
+        if into is not None:
+            self.result = value
+        self.received[key] = value
+
+    def take(self, key):
+        for i, (queued_key, x, by, into) in enumerate(self.queued):   # not carried by a product: alone
+            if queued_key == key:
+                del self.queued[i]
+                params, operands = self._exchange(x, by, into)
+                self._got(key, into, exchange_p.bind(*operands, **params))
+                break
+        return self.received.pop(key)
+
+    def flush(self) -> None:
+        while self.queued:
+            self.take(self.queued[0][0])
+
+    def product(self, a, b, running, alpha, out_dtype, a_major, b_major, sm_margin):
+        if not self.queued:
+            return _product(a, b, running, alpha, out_dtype, a_major, b_major, sm_margin)
+        key, x, by, into = self.queued.pop(0)
+        params, operands = self._exchange(x, by, into)
+        c = () if running is None else (running,)
+        d, received = gemm_exchange_p.bind(
+            a, b, *c, *operands, alpha=alpha, beta=0.0 if running is None else 1.0, out_dtype=out_dtype,
+            has_c=running is not None, a_major=a_major, b_major=b_major, **params)
+        self._got(key, into, received)
+        return d
+
+
+def _ring(a, b, *, k, n_k, me, alpha, acc, last_dtype, a_major, b_major, finish, groups=None, plain=False):
     """The ring: row block (me + s + 1) % n at step s, its running sum from the next device fed to
     the kernel as C; after n - 1 hops device `me` holds the whole sum of block `me`, in last_dtype.
     Each block is cut into K_RING_CHUNKS row chunks, stepped chunk by chunk, so a chunk's transfer
     has a product after it that does not need it. finish None: returns the own block. Else every
     own chunk goes through finish(chunk, first row) and then to every device (n - 1 ring shifts,
-    each placed into the result in place); returns the whole result."""
+    each placed into the result in place); returns the whole result. groups: the copy-engine
+    route's device groups (_device_groups), or None for ppermute. plain: finish is only a cast to
+    last_dtype (no C); with the copy engine and 2-D operands the pieces then land straight in the
+    result's rows (jax_ffi.Into), each own chunk copied there beside its first send."""
     rows = a.shape[-2] // n_k
     chunks = K_RING_CHUNKS if rows % K_RING_CHUNKS == 0 and rows // K_RING_CHUNKS >= K_RING_MIN_ROWS else 1
     sub = rows // chunks
-    shift = lambda by: [(d, (d + by) % n_k) for d in range(n_k)]
-    margin = K_RING_SM_MARGIN if chunks > 1 else 0   # one chunk: nothing to overlap
-    running, inbox, pieces = [None] * chunks, [None] * chunks, []
+    # one chunk: nothing to overlap; copy engine: no NCCL kernel to leave SMs for
+    margin = K_RING_SM_MARGIN if chunks > 1 and groups is None else 0
+    assemble = finish is not None and plain and groups is not None and a.ndim == 2
+    move = _Mover(k, n_k, groups)
+    running, pieces = [None] * chunks, []
     for s in range(n_k):
         for j in range(chunks):
             part = jax.lax.dynamic_slice_in_dim(a, ((me + s + 1) % n_k) * rows + j * sub, sub, axis=-2)
-            running[j] = _product(part, b, inbox[j], alpha, last_dtype if s == n_k - 1 else acc,
-                                  a_major, b_major, margin)
+            inbox = move.take(("sum", j)) if s else None
+            running[j] = move.product(part, b, inbox, alpha, last_dtype if s == n_k - 1 else acc,
+                                      a_major, b_major, margin)
             if s < n_k - 1:
-                inbox[j] = jax.lax.ppermute(running[j], k, shift(-1))
+                move.send(("sum", j), running[j], -1)
+            elif assemble:
+                for by in range(1, n_k):
+                    move.send(("piece", j, by), running[j], by,
+                              jax_ffi.Into(a.shape[-2], rows, j * sub, local=by == 1))
             elif finish is not None:          # (first row, chunk) pairs of the result
                 x = finish(running[j], me * rows + j * sub)
                 pieces.append((me * rows + j * sub, x))
-                pieces += [((me - by) % n_k * rows + j * sub, jax.lax.ppermute(x, k, shift(by)))
-                           for by in range(1, n_k)]
+                for by in range(1, n_k):
+                    move.send(("piece", j, by), x, by)
     if finish is None:
         return running[0] if chunks == 1 else jnp.concatenate(running, axis=-2)
+    if assemble:
+        move.flush()
+        return move.result
+    pieces += [((me - by) % n_k * rows + j * sub, move.take(("piece", j, by)))
+               for j in range(chunks) for by in range(1, n_k)]
     x = pieces[0][1]
     out = jnp.zeros(x.shape[:-2] + (a.shape[-2],) + x.shape[-1:], x.dtype)
     for r0, x in pieces:
@@ -293,11 +416,13 @@ def _gemm_partition(alpha, beta, out_dtype, a_major, b_major, mesh, arg_shapes, 
     if strategy not in K_REDUCTIONS:
         raise ValueError(f"xgemm.jax_sharding.K_REDUCTION={strategy!r}: expected one of {K_REDUCTIONS}")
 
+    groups = _device_groups(mesh, k) if k and strategy == "ring" else None
+
     def lower_fn(a, b, *c):
         if not k:
             return gemm_p.bind(a, b, *c, alpha=alpha, beta=beta, out_dtype=out_dtype, has_c=has_c,
                                a_major=a_major, b_major=b_major)
-        return _sum_k_shards(a, b, c, k=k, n_k=n_k, scatter=scatter, strategy=strategy, alpha=alpha,
+        return _sum_k_shards(a, b, c, k=k, n_k=n_k, scatter=scatter, strategy=strategy, alpha=alpha, groups=groups,
                              beta=beta, out_dtype=out_dtype, a_major=a_major, b_major=b_major)
 
     arg_shardings = [_named(mesh, a_new), _named(mesh, b_new)] + ([_named(mesh, c_new)] if has_c else [])
