@@ -27,4 +27,4 @@ def test_jax_sharded_script_smoke():
 
 def test_torch_per_device_script_smoke():
     pytest.importorskip("torch")
-    assert _smoke("multi_gpu_torch.py").count("| True |") == 10
+    assert _smoke("multi_gpu_torch.py").count("| True |") == 13
