@@ -671,28 +671,35 @@ ffi::Error RawBuffer(ffi::RemainingArgs& args, ffi::RemainingRets& rets, int64_t
   return ffi::Error::Success();
 }
 
-// Locates this device's group and rank and the send / recv buffers.
+// One call's part of an exchange: its group and rank, where it sends from and receives to, and
+// where its own send is copied (null: no local copy).
+struct Prepared {
+  xgemm_exchange::Group* group = nullptr;
+  int64_t rank = 0;
+  void *send = nullptr, *recv = nullptr, *local = nullptr;
+  size_t bytes = 0;
+};
+
 ffi::Error PrepareExchange(ffi::RemainingArgs& args, ffi::RemainingRets& rets, const ExchangeAttrs& x,
-                           int32_t device, xgemm_exchange::Group** group, int64_t* rank, void** send, void** recv,
-                           size_t* bytes, void** local) {
+                           int32_t device, Prepared* p) {
   if (x.exchange.size() != 5) return ffi::Error::InvalidArgument("xgemm_exchange: exchange needs 5 values");
-  if (std::string why = xgemm_exchange::Locate(ToRoute(x), device, group, rank); !why.empty())
+  if (std::string why = xgemm_exchange::Locate(ToRoute(x), device, &p->group, &p->rank); !why.empty())
     return ffi::Error::InvalidArgument("xgemm_exchange: " + why);
   size_t recv_bytes = 0;
-  if (ffi::Error e = RawBuffer(args, rets, x.exchange[0], send, bytes); e.failure()) return e;
-  if (ffi::Error e = RawBuffer(args, rets, x.exchange[1], recv, &recv_bytes); e.failure()) return e;
+  if (ffi::Error e = RawBuffer(args, rets, x.exchange[0], &p->send, &p->bytes); e.failure()) return e;
+  if (ffi::Error e = RawBuffer(args, rets, x.exchange[1], &p->recv, &recv_bytes); e.failure()) return e;
   const int64_t block = x.exchange[2], chunk = x.exchange[3];
-  *local = nullptr;
   if (block == 0) {
-    if (recv_bytes != *bytes) return ffi::Error::InvalidArgument("xgemm_exchange: send and recv differ in size");
+    if (recv_bytes != p->bytes) return ffi::Error::InvalidArgument("xgemm_exchange: send and recv differ in size");
     return ffi::Error::Success();
   }
-  const int64_t size = static_cast<int64_t>(*bytes), limit = static_cast<int64_t>(recv_bytes);
-  const int64_t at = x.sources[*rank] * block + chunk, own = *rank * block + chunk;
+  const int64_t size = static_cast<int64_t>(p->bytes), limit = static_cast<int64_t>(recv_bytes);
+  const int64_t at = x.sources[p->rank] * block + chunk, own = p->rank * block + chunk;
   if (block < 0 || chunk < 0 || at + size > limit || (x.exchange[4] && own + size > limit))
     return ffi::Error::InvalidArgument("xgemm_exchange: the rows to receive fall outside the result");
-  *recv = static_cast<char*>(*recv) + at;
-  if (x.exchange[4]) *local = static_cast<char*>(*recv) - at + own;
+  char* base = static_cast<char*>(p->recv);
+  p->recv = base + at;
+  if (x.exchange[4]) p->local = base + own;
   return ffi::Error::Success();
 }
 
@@ -707,16 +714,11 @@ ffi::Error ExchangeCallCuda(CUstream stream, int32_t device, ffi::RemainingArgs 
   if (!drv.ok) return ffi::Error::Internal("xgemm_exchange: " + drv.error);
   if (!drv.exchange.ok())
     return ffi::Error::Internal("xgemm_exchange: the CUDA driver lacks an event / stream / memcpy entry point");
-  xgemm_exchange::Group* group = nullptr;
-  int64_t rank = 0;
-  void *send = nullptr, *recv = nullptr, *local = nullptr;
-  size_t bytes = 0;
   const ExchangeAttrs x = XGEMM_XCHG_ATTRS;
-  if (ffi::Error e = PrepareExchange(args, rets, x, device, &group, &rank, &send, &recv, &bytes, &local);
-      e.failure())
-    return e;
-  xgemm_exchange::CudaExchange ex(drv.exchange, stream, group, rank, x.sources.begin());
-  std::string error = ex.Begin(send, recv, bytes, local);
+  Prepared p;
+  if (ffi::Error e = PrepareExchange(args, rets, x, device, &p); e.failure()) return e;
+  xgemm_exchange::CudaExchange ex(drv.exchange, stream, p.group, p.rank, x.sources.begin());
+  std::string error = ex.Begin(p.send, p.recv, p.bytes, p.local);
   ffi::Error call = ffi::Error::Success();
   if (error.empty() && function != 0) call = TvmCall(stream, args, rets, XGEMM_TVM_ATTRS, kDLCUDA, device);
   const std::string end = ex.End();
@@ -725,15 +727,11 @@ ffi::Error ExchangeCallCuda(CUstream stream, int32_t device, ffi::RemainingArgs 
 }
 
 ffi::Error ExchangeHost(int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets, XGEMM_XCHG_PARAMS) {
-  xgemm_exchange::Group* group = nullptr;
-  int64_t rank = 0;
-  void *send = nullptr, *recv = nullptr, *local = nullptr;
-  size_t bytes = 0;
   const ExchangeAttrs x = XGEMM_XCHG_ATTRS;
-  if (ffi::Error e = PrepareExchange(args, rets, x, device, &group, &rank, &send, &recv, &bytes, &local);
-      e.failure())
-    return e;
-  if (std::string error = xgemm_exchange::HostExchange(group, rank, x.sources.begin(), send, recv, bytes, local);
+  Prepared p;
+  if (ffi::Error e = PrepareExchange(args, rets, x, device, &p); e.failure()) return e;
+  if (std::string error = xgemm_exchange::HostExchange(p.group, p.rank, x.sources.begin(), p.send, p.recv, p.bytes,
+                                                       p.local);
       !error.empty())
     return ffi::Error::Internal("xgemm_exchange: " + error);
   return ffi::Error::Success();
