@@ -90,6 +90,9 @@ CONFIGS = {
     "128x128x24": TileConfig(128, 128, 24, 16, 16, 3),
     "128x128x32": TileConfig(128, 128, 32, 16, 16, 3),
     "128x128x8w": TileConfig(128, 128, 8, 16, 16, 4, True),
+    "128x128x24s2": TileConfig(128, 128, 24, 16, 16, 2),
+    "128x128x24w": TileConfig(128, 128, 24, 16, 16, 3, True),
+    "128x128x24s2": TileConfig(128, 128, 24, 16, 16, 2),
     "128x64x8": TileConfig(128, 64, 8, 16, 8, 4),        # 8x8 per thread, 128 threads
     "128x64x16": TileConfig(128, 64, 16, 16, 8, 4),
     "128x64x16w": TileConfig(128, 64, 16, 16, 8, 4, True),
@@ -114,6 +117,7 @@ CONFIGS = {
 #   large      tiles(128x128) * L >= 2 * SMs, K > 512   BIG             1       >= 1 wave at 2 CTAs/SM;
 #                                                                               deep K tile: fewer
 #                                                                               non-FFMA instructions
+#              ... K <= 4096 and M*N*L <= 4096^2        BIG_SHORT       1       the same at 2 stages
 #   large, short K   ... and K <= 512                   SKINNY_M        1       4 CTAs/SM overlap the
 #                                                                               short main loops
 #   tiny       M*N*L <= 256*256 and K <= 1024           32x32x32k4      1       latency bound: K in 1-2
@@ -123,6 +127,7 @@ CONFIGS = {
 #   skinny N   N <= 64                                   SKINNY_N        fill    (mirror image)
 #   mid        first of BIG, 64x64x8, 32x32x32 whose     that            fill    too few big tiles:
 #              tiles * (K // 256) >= SMs (else 32x32x32)                         split K to fill the GPU
+#              (BIG_SHORT for BIG where the split is 1 and the large row's BIG_SHORT condition holds)
 #
 # Measured on the H200 (CUDA graphs, vs cuBLAS with TF32 off, same process; run of 2026-11-29):
 #   128^3 32x32x32 3.9 us (cuBLAS 7.1); 1024^3 128x128x24 split 4 56.6 us (61.8);
@@ -137,6 +142,12 @@ CONFIGS = {
 # chain) the shorter FFMA chain shows: 128^3 in jax_jit.py's 100-call graph 2.69 us per call with
 # k4 vs 2.92-2.98 with 32x32x32 in earlier runs on other hosts (not the same run: re-time both).
 BIG = "128x128x24"
+# Two stages instead of three: 1-2% faster up to 4096^3, much slower at 8192^3 (H200, gemm_sgemm.py
+# --sweep, us, cuBLAS in brackets; 4096^3 in three runs: 2816 / 2816 / 2823 vs 2839 / 2846 / 2845
+# for BIG (2684 / 2676 / 2676); 4096x4096x1024 725 vs 734 (696); 2048^3 363 vs 370 (343); 6144^3
+# 9337 vs 9309 (9084); 8192^3 25769 / 25053 vs 22331 / 22324 (21452 / 21500)). Through the policy
+# in a later run (another host): 4096^3 2840 (2702), 0.952x cuBLAS's rate.
+BIG_SHORT = "128x128x24s2"
 TINY = "32x32x32k4"
 SKINNY_M = "64x128x16w"
 SKINNY_N = "128x64x16w"
@@ -166,8 +177,9 @@ def _fill_split(cfg: "TileConfig", m: int, n: int, k: int, batch: int, sms: int)
 
 def choose_config(m: int, n: int, k: int, batch: int, num_sms: int = _NUM_SMS_DEFAULT) -> Tuple[str, int]:
     """(config name, split_k) for one problem: the table above, first matching row."""
+    short = k <= 4096 and m * n * batch <= 4096 * 4096
     if _tiles(CONFIGS[BIG], m, n, batch) >= 2 * num_sms:
-        return (BIG if k > 512 else SKINNY_M), 1
+        return ((BIG_SHORT if short else BIG) if k > 512 else SKINNY_M), 1
     if m * n * batch <= 256 * 256 and k <= 1024:
         return TINY, 1
     if m <= 64 < n:
@@ -178,7 +190,8 @@ def choose_config(m: int, n: int, k: int, batch: int, num_sms: int = _NUM_SMS_DE
         cfg = CONFIGS[name]
         if _tiles(cfg, m, n, batch) * max(1, k // 256) >= num_sms:
             break
-    return name, _fill_split(CONFIGS[name], m, n, k, batch, num_sms)
+    split = _fill_split(CONFIGS[name], m, n, k, batch, num_sms)
+    return (BIG_SHORT if name == BIG and split == 1 and short else name), split
 
 
 # --------------------------------------------------------------------------------------------
@@ -922,7 +935,7 @@ def prebuild_classes(arch: str):
                 out.append(gemm_build(Variant(big, OperandClass(am, True, 0), OperandClass(bm, True, 0),
                                               OperandClass(dm, True, 0), None, True), False, arch))
     row = lambda nb: OperandClass(ROW, True, nb)  # noqa: E731
-    for name in (BIG, SKINNY_M, SKINNY_N, "64x64x8", "32x32x32", TINY):
+    for name in (BIG, BIG_SHORT, SKINNY_M, SKINNY_N, "64x64x8", "32x32x32", TINY):
         cfg = CONFIGS[name]
         for nb in (0, 1):
             for c in (None, row(nb)):
