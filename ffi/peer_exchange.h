@@ -62,6 +62,7 @@ struct Route {
 };
 
 struct Slot {                  // one rank's part of the current exchange
+  int64_t run = 0;             // XLA's run id: every rank of one meeting must be in the same run
   const void* send = nullptr;
   void* recv = nullptr;
   size_t bytes = 0;
@@ -133,6 +134,16 @@ inline std::string Locate(const Route& r, int64_t ordinal, Group** group, int64_
   return "device ordinal " + std::to_string(ordinal) + " is not in this exchange's route";
 }
 
+// After the first meeting: the ranks that met are all in this run. Two executions of one program
+// reaching an exchange in a different order on different devices would otherwise pair buffers of
+// different runs; now every rank reports the error instead (NCCL would deadlock there).
+inline std::string SameRun(const Group& g, int64_t run) {
+  for (const Slot& s : g.slots)
+    if (s.run != run) return "the devices reached this exchange in different runs (executions of one program "
+                             "interleaved differently across devices)";
+  return "";
+}
+
 inline std::string CuFail(const char* what, CUresult rc) {
   return std::string(what) + " failed (CUresult " + std::to_string(rc) + ")";
 }
@@ -152,8 +163,8 @@ inline void EnablePeer(const Driver& drv, CUcontext mine, CUcontext peer) {
 // enqueues its own work on `stream`; End makes `stream` wait for the copies that concern it.
 class CudaExchange {
  public:
-  CudaExchange(const Driver& drv, CUstream stream, Group* g, int64_t rank, const int64_t* sources)
-      : drv_(drv), stream_(stream), g_(g), rank_(rank), sources_(sources) {}
+  CudaExchange(const Driver& drv, CUstream stream, Group* g, int64_t rank, const int64_t* sources, int64_t run)
+      : drv_(drv), stream_(stream), g_(g), rank_(rank), sources_(sources), run_(run) {}
 
   // local: where to copy this rank's own send (or null).
   std::string Begin(const void* send, void* recv, size_t bytes, void* local) {
@@ -170,6 +181,7 @@ class CudaExchange {
       if (rc == CUDA_SUCCESS_) rc = drv_.event_create(&me.done_local, CU_EVENT_DISABLE_TIMING_);
       if (rc != CUDA_SUCCESS_) return CuFail("creating the exchange's stream and events", rc);
     }
+    me.run = run_;
     me.send = send;
     me.recv = recv;
     me.bytes = bytes;
@@ -186,6 +198,7 @@ class CudaExchange {
     }
     if (!g_->Meet(Timeout())) return "a peer device never reached this exchange (timeout)";
     met_ = 1;
+    if (std::string why = SameRun(*g_, run_); !why.empty()) return why;
     const Slot& src = g_->slots[static_cast<size_t>(sources_[rank_])];
     if (src.bytes != bytes) return "send and receive buffers differ in size across devices";
     EnablePeer(drv_, ctx, src.ctx);
@@ -234,21 +247,24 @@ class CudaExchange {
   Group* g_;
   int64_t rank_;
   const int64_t* sources_;
+  int64_t run_;
   bool pushed_ = false;
   bool local_ = false;
   int met_ = 0;
 };
 
 // Host variant: the same two meetings; the copy is a memcpy between them.
-inline std::string HostExchange(Group* g, int64_t rank, const int64_t* sources, const void* send, void* recv,
-                                size_t bytes, void* local) {
+inline std::string HostExchange(Group* g, int64_t rank, const int64_t* sources, int64_t run, const void* send,
+                                void* recv, size_t bytes, void* local) {
   Slot& me = g->slots[static_cast<size_t>(rank)];
+  me.run = run;
   me.send = send;
   me.recv = recv;
   me.bytes = bytes;
   if (!g->Meet(Timeout())) return "a peer device never reached this exchange (timeout)";
   const Slot& src = g->slots[static_cast<size_t>(sources[rank])];
-  std::string error = src.bytes == bytes ? "" : "send and receive buffers differ in size across devices";
+  std::string error = SameRun(*g, run);
+  if (error.empty() && src.bytes != bytes) error = "send and receive buffers differ in size across devices";
   if (error.empty() && bytes) std::memcpy(recv, src.send, bytes);
   if (error.empty() && bytes && local) std::memcpy(local, send, bytes);
   if (!g->Meet(Timeout())) return "a peer device never finished this exchange (timeout)";

@@ -708,8 +708,8 @@ ffi::Error PrepareExchange(ffi::RemainingArgs& args, ffi::RemainingRets& rets, c
       ffi::Span<const int64_t> exchange
 #define XGEMM_XCHG_ATTRS ExchangeAttrs{channel, group_size, devices, sources, exchange}
 
-ffi::Error ExchangeCallCuda(CUstream stream, int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                            XGEMM_TVM_PARAMS, XGEMM_XCHG_PARAMS) {
+ffi::Error ExchangeCallCuda(CUstream stream, int32_t device, ffi::RunId run, ffi::RemainingArgs args,
+                            ffi::RemainingRets rets, XGEMM_TVM_PARAMS, XGEMM_XCHG_PARAMS) {
   const Driver& drv = GetDriver();
   if (!drv.ok) return ffi::Error::Internal("xgemm_exchange: " + drv.error);
   if (!drv.exchange.ok())
@@ -717,7 +717,7 @@ ffi::Error ExchangeCallCuda(CUstream stream, int32_t device, ffi::RemainingArgs 
   const ExchangeAttrs x = XGEMM_XCHG_ATTRS;
   Prepared p;
   if (ffi::Error e = PrepareExchange(args, rets, x, device, &p); e.failure()) return e;
-  xgemm_exchange::CudaExchange ex(drv.exchange, stream, p.group, p.rank, x.sources.begin());
+  xgemm_exchange::CudaExchange ex(drv.exchange, stream, p.group, p.rank, x.sources.begin(), run.run_id);
   std::string error = ex.Begin(p.send, p.recv, p.bytes, p.local);
   ffi::Error call = ffi::Error::Success();
   if (error.empty() && function != 0) call = TvmCall(stream, args, rets, XGEMM_TVM_ATTRS, kDLCUDA, device);
@@ -726,12 +726,13 @@ ffi::Error ExchangeCallCuda(CUstream stream, int32_t device, ffi::RemainingArgs 
   return call;
 }
 
-ffi::Error ExchangeHost(int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets, XGEMM_XCHG_PARAMS) {
+ffi::Error ExchangeHost(int32_t device, ffi::RunId run, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                        XGEMM_XCHG_PARAMS) {
   const ExchangeAttrs x = XGEMM_XCHG_ATTRS;
   Prepared p;
   if (ffi::Error e = PrepareExchange(args, rets, x, device, &p); e.failure()) return e;
-  if (std::string error = xgemm_exchange::HostExchange(p.group, p.rank, x.sources.begin(), p.send, p.recv, p.bytes,
-                                                       p.local);
+  if (std::string error = xgemm_exchange::HostExchange(p.group, p.rank, x.sources.begin(), run.run_id, p.send,
+                                                       p.recv, p.bytes, p.local);
       !error.empty())
     return ffi::Error::Internal("xgemm_exchange: " + error);
   return ffi::Error::Success();
@@ -775,11 +776,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     XgemmExchangeCallExecute, ExchangeCallCuda,
     BindExchangeAttrs(BindTvmAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<CUstream>>().Ctx<ffi::DeviceOrdinal>()
-                                       .RemainingArgs().RemainingRets())));
+                                       .Ctx<ffi::RunId>().RemainingArgs().RemainingRets())));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     XgemmExchangeHost, ExchangeHost,
-    BindExchangeAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>().RemainingArgs().RemainingRets()));
+    BindExchangeAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>().Ctx<ffi::RunId>().RemainingArgs().RemainingRets()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(XgemmTvmFfiCallHost, TvmCallHost,
                               BindTvmAttrs(ffi::Ffi::Bind().RemainingArgs().RemainingRets()));
