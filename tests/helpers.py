@@ -82,3 +82,18 @@ def kernel_view(t):
     """interop.ArrayView of a torch tensor, as the API hands operands to a kernel's run()."""
     from xgemm import interop
     return interop.view(t, "t", "test")
+
+
+def run_on_fake_devices(script: str, devices: int, timeout: int = 300, **env: str) -> str:
+    """Runs `script` in a fresh Python on `devices` fake XLA:CPU devices (the flag must be set
+    before jax starts, and other test modules share this process's jax) with this checkout on the
+    path; asserts it exits 0 and prints ALL OK; returns its stdout."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    full = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+                PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]), **env)
+    proc = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout

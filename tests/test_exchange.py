@@ -6,12 +6,9 @@ ring that uses the exchange is tested in test_jax_sharding.py; here the op is ca
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from helpers import run_on_fake_devices
 
 pytest.importorskip("jax")
 
@@ -84,9 +81,4 @@ print("ALL OK")
 
 
 def test_exchange_moves_and_fails_cleanly():
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-               XGEMM_EXCHANGE_TIMEOUT_S="2",
-               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_on_fake_devices(SCRIPT, 2, XGEMM_EXCHANGE_TIMEOUT_S="2")

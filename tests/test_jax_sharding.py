@@ -7,12 +7,9 @@ custom call XLA could not partition by itself, so shard-shaped custom calls prov
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from helpers import run_on_fake_devices
 
 pytest.importorskip("jax")
 
@@ -189,9 +186,4 @@ print("ALL OK")
 
 
 def test_sharded_jit_partitions_the_call():
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               XGEMM_EXCHANGE_TIMEOUT_S="60",
-               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_on_fake_devices(SCRIPT, 8, XGEMM_EXCHANGE_TIMEOUT_S="60")
