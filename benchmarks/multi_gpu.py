@@ -175,10 +175,16 @@ def main() -> int:
                      out_shardings=outs)
         hlo = fx.lower(a, b).compile().as_text()
         gathers = hlo.count("all-gather(") if name in ("rows", "cols") else None   # K sums gather the result
+        # how the K sum moved: xgemm's copy-engine exchanges vs XLA collective-permutes
+        moves = {"exchanges": hlo.count("xgemm_exchange_v1"), "collective_permutes": hlo.count("collective-permute-start")
+                 + hlo.count("collective-permute(")} if name.startswith("k") else {}
+        if moves:
+            print(f"{name}: {moves['exchanges']} exchange calls, {moves['collective_permutes']} collective-permutes")
         for impl, f, t in zip(("xgemm", "xla"), (fx, fj), interleaved([fx, fj], a, b, calls=MATMUL_CALLS)):
             okf = bool(same(one(f(a, b)), ref))
             record(f"matmul_{dt}_{s}^3_sharded_{name}_per_device", (s, s, s), dt, impl, "TFLOP/s",
-                   flops / t / n / 1e12, okf, all_gathers=gathers if impl == "xgemm" else None)
+                   flops / t / n / 1e12, okf, all_gathers=gathers if impl == "xgemm" else None,
+                   **(moves if impl == "xgemm" else {}))
         variants = [("K_REDUCTION", v) for v in args.k_reductions] + \
             [("K_RING_TRANSPORT", v) for v in args.ring_transports]
         for knob, value in (variants if name.startswith("k") else ()):

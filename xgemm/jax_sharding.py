@@ -154,8 +154,8 @@ K_RING_SM_MARGIN = 16
 #                  XLA's dot 479.6, result row-sharded 774.8 vs 609.7 and 557.3; one GPU 793.4.
 #                  Timeline (--profile): each 256 MB hop (MemcpyP2P, ~370 GB/s) runs under the next
 #                  GEMM, which slows ~3-5%; left exposed: the last piece (128 MB, 0.37 ms), the
-#                  own-chunk copies (the D2D copies start only as the GEMM ends: they seem to need SMs) and
-#                  the slice of A's row blocks (0.13 ms).
+#                  own-chunk copies (the D2D copies start only as the GEMM ends: they seem to
+#                  need SMs) and the slice of A's row blocks (0.13 ms).
 #   "nccl"         XLA's collective-permute (ppermute), with the SM margin above.
 #   "auto"         copy_engine where it can run (CUDA devices all local, or XLA:CPU fake devices
 #                  once a test registered the host variant), else nccl.
@@ -249,11 +249,13 @@ def _device_groups(mesh, k: Axes) -> Optional[Tuple[Tuple[int, ...], ...]]:
                          f"{K_RING_TRANSPORTS}")
     if K_RING_TRANSPORT == "nccl":
         return None
+    from .jax_cuda import _cuda_devices
     devices = np.asarray(mesh.devices)
     flat = list(devices.flat)
-    platform = flat[0].platform
-    usable = all(d.process_index == jax.process_index() and d.platform == platform for d in flat) and (
-        platform == "gpu" or (platform == "cpu" and jax_ffi.exchange_host_test_registered()))
+    local = all(d.process_index == jax.process_index() for d in flat)
+    cuda = set(_cuda_devices())                      # not ROCm: the exchange is a CUDA target
+    usable = local and (all(d in cuda for d in flat) or (
+        all(d.platform == "cpu" for d in flat) and jax_ffi.exchange_host_test_registered()))
     if not usable:
         if K_RING_TRANSPORT == "copy_engine":
             raise ValueError("xgemm.jax_sharding.K_RING_TRANSPORT='copy_engine' needs every device of the mesh "
