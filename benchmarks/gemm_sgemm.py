@@ -108,16 +108,19 @@ def rel_err(d, a, b) -> float:
     return float((d.double() - ref).norm() / ref.norm())
 
 
+def _view(t):
+    """The ArrayView the API hands a kernel for tensor t."""
+    from xgemm import interop
+    return interop.view(t, "t", "gemm_sgemm")
+
+
 def _kernel_call(a, b, d, policy=None):
     """cute_sgemm through its protocol, with the policy table's choice or a forced Policy."""
-    from xgemm.interop import ArrayView
     from xgemm.kernels import cute_sgemm as S
     from xgemm.problem import Device, Epilogue, GemmProblem, Operand, unit_stride_dim
     torch = _torch()
     dev = Device("cuda", torch.cuda.current_device(), torch.cuda.get_device_capability())
-
-    def v(t):
-        return ArrayView(t, "torch", dev, t.data_ptr(), tuple(t.shape), tuple(t.stride()), "float32", 4, False)
+    v = _view
 
     def op(t):
         return Operand(tuple(t.shape), tuple(t.stride()), "float32", unit_stride_dim(t.shape, t.stride()), 16)
@@ -157,11 +160,7 @@ def warm_classes(shapes, sweep: bool) -> None:
         cands = [None] + ([_policy(c, s) for c, s in SWEEP.get((m, n, k), [])] if sweep else [])
         for pol in cands:
             _, prob, pol = _kernel_call(a, b, d, pol)
-            from xgemm.interop import ArrayView
-            dev = prob.device
-            v = lambda t: ArrayView(t, "torch", dev, t.data_ptr(), tuple(t.shape), tuple(t.stride()),  # noqa: E731
-                                    "float32", 4, False)
-            for key, _ in S.KERNEL.required(prob, pol, (v(a), v(b), None), v(d)):
+            for key, _ in S.KERNEL.required(prob, pol, (_view(a), _view(b), None), _view(d)):
                 items.append(("xgemm.kernels.cute_sgemm", key))
     t0 = time.perf_counter()
     n = xcompile.warm(items, jobs=min(16, os.cpu_count() or 1))

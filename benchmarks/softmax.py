@@ -264,12 +264,11 @@ class Bench:
 
         # xgemm through the kernel protocol
         def xgemm_runner(policy=None):
-            from xgemm.interop import ArrayView
+            from xgemm import interop
             from xgemm.problem import ROW, Device, Operand, SoftmaxProblem
             dev = Device("cuda", 0, (9, 0))
             ys = [torch.empty_like(x) for x in xs]
-            view = lambda t: ArrayView(t, "torch", dev, t.data_ptr(), tuple(t.shape), tuple(t.stride()), dtype,
-                                       item, False)
+            view = lambda t: interop.view(t, "x", "softmax bench")          # noqa: E731
             p = SoftmaxProblem(m, n, (m, n), 1, Operand((m, n), (n, 1), dtype, ROW, 16), dtype, "torch", dev)
             assert gs.KERNEL.supports(p) is None, gs.KERNEL.supports(p)
             pol = policy or gs.KERNEL.policy(p)
@@ -373,13 +372,13 @@ class Bench:
                         raise ImportError("triton blocked")
             sys.meta_path.insert(0, Block())
             t0 = time.perf_counter()
-            from xgemm.interop import ArrayView
+            from xgemm import interop
             from xgemm.kernels import gluon_softmax as gs
             from xgemm.problem import ROW, Device, Operand, SoftmaxProblem
             t_import = time.perf_counter()
             cb = "cuda.bindings.driver" in sys.modules
             dev = Device("cuda", 0, (9, 0))
-            v = lambda t: ArrayView(t, "torch", dev, t.data_ptr(), tuple(t.shape), tuple(t.stride()), "float32", 4, False)
+            v = lambda t: interop.view(t, "x", "softmax bench")          # noqa: E731
             p = SoftmaxProblem(4096, 4096, (4096, 4096), 1, Operand((4096, 4096), (4096, 1), "float32", ROW, 16),
                                "float32", "torch", dev)
             assert gs.KERNEL.supports(p) is None
