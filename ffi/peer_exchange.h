@@ -67,7 +67,10 @@ struct Slot {                  // one rank's part of the current exchange
   void* recv = nullptr;
   size_t bytes = 0;
   CUcontext ctx = nullptr;
-  CUstream side = nullptr;     // per rank and group, created once
+  // Per (op, group, rank), created at its first call and never released: a process that compiles
+  // many distinct sharded programs holds 2 streams + 3 events per device for each exchange op.
+  // (Sharing one pair of side streams per device would bound that; not done: untested on a GPU.)
+  CUstream side = nullptr;
   CUstream side_local = nullptr;   // the local copy's stream (runs beside the peer copy)
   CUevent ready = nullptr;     // recorded on the caller's stream when the call starts
   CUevent done = nullptr;      // recorded on the side stream after the copy into recv
