@@ -154,6 +154,15 @@ def _find(key: str, arch: str) -> Optional[Entry]:
     return None
 
 
+def parse_key(key: str, kernel: str) -> Tuple[List[str], Dict[str, int]]:
+    """A kernel Config's entry key, '<kernel>/<dtypes>/<letter><int>-...' (e.g.
+    'gluon_softmax/f32-f32/n1024-m8-...'), as (the dash-separated dtype part, {letter: int})."""
+    name, dts, rest = key.split("/")
+    if name != kernel:
+        raise ValueError(f"{key!r} is not a {kernel} entry key")
+    return dts.split("-"), {p[0]: int(p[1:]) for p in rest.split("-")}
+
+
 def lookup(key: str, arch: str = DEFAULT_ARCH, compile: bool = True) -> Optional[Entry]:
     """The cached entry for `key` (e.g. "gluon_softmax/fp32-fp32/n4096-m2-w4-c1-v4-a4").
 

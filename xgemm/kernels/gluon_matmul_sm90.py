@@ -83,11 +83,8 @@ class Config(namedtuple("Config", "arch in_dtype out_dtype bm bn bk stages warps
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
-        name, dts, rest = key.split("/")
-        if name != NAME:
-            raise ValueError(f"{key!r} is not a {NAME} entry key")
-        arch, i, o = dts.split("-")
-        f = {p[0]: int(p[1:]) for p in rest.split("-")}
+        from ..gluon_cache import parse_key
+        (arch, i, o), f = parse_key(key, NAME)
         return cls(arch, _LONG[i], _LONG[o], f["m"], f["n"], f["k"], f["s"], f["w"], f["g"], bool(f["b"]))
 
     @property

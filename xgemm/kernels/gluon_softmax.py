@@ -205,11 +205,8 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
-        name, dts, rest = key.split("/")
-        if name != NAME:
-            raise ValueError(f"{key!r} is not a {NAME} entry key")
-        i, o = dts.split("-")
-        f = {p[0]: int(p[1:]) for p in rest.split("-")}
+        from ..gluon_cache import parse_key
+        (i, o), f = parse_key(key, NAME)
         return cls(_LONG[i], _LONG[o], f["n"], f["m"], f["w"], f["c"], f["v"], f["a"], f.get("o", 0))
 
     def check(self) -> None:

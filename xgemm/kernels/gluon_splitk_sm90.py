@@ -72,11 +72,8 @@ class Config(namedtuple("Config", "in_dtype out_dtype bn bk stages split b_kmajo
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
-        name, dts, rest = key.split("/")
-        if name != NAME:
-            raise ValueError(f"{key!r} is not a {NAME} entry key")
-        _, i, o = dts.split("-")
-        f = {p[0]: int(p[1:]) for p in rest.split("-")}
+        from ..gluon_cache import parse_key
+        (_, i, o), f = parse_key(key, NAME)
         return cls(_LONG[i], _LONG[o], f["n"], f["k"], f["s"], f["x"], bool(f["b"]))
 
     def smem_bytes(self) -> int:
