@@ -169,6 +169,11 @@ def copy_engine_suite():
         check("ce K-sharded, chunked ring -> rows", P(None, "y"), P("y", None), exchanges=2, out=P("y", None))
         check("ce K-sharded, chunked ring, C", P(None, "y"), P("y", None), P(None, None), exchanges=4,
               placed=False)
+        # 4-way ring, 16-row blocks in two 8-row chunks: 3 hops x 2 chunks of sums, 3 x 2 pieces
+        check("ce K over 4 devices, chunked", P(None, "x"), P("x", None), exchanges=12, placed=True)
+        check("ce K over 4 devices, chunked, C", P(None, "x"), P("x", None), P(None, None), exchanges=12,
+              placed=False)
+        check("ce K over 4 devices, chunked -> rows", P(None, "x"), P("x", None), exchanges=6, out=P("x", None))
     finally:
         jax_sharding.K_RING_MIN_ROWS = rows_min
     jax_sharding.K_RING_TRANSPORT = "nccl"           # still selectable
