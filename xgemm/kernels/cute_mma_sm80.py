@@ -28,12 +28,13 @@ import functools
 import math
 from typing import Optional, Tuple
 
+from ..dtypes import ITEMSIZE
 from ..problem import ROW, Policy, unit_stride_dim
 
 NAME = "cute_mma_sm80"
 _AB_DTYPES = ("float16", "bfloat16")
 _OUT_DTYPES = ("float16", "bfloat16", "float32")
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+_ITEMSIZE = ITEMSIZE
 TILE = (128, 128, 32)
 ATOMS = (2, 2, 1)
 STAGES = 4

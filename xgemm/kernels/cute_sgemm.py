@@ -90,9 +90,7 @@ CONFIGS = {
     "128x128x24": TileConfig(128, 128, 24, 16, 16, 3),
     "128x128x32": TileConfig(128, 128, 32, 16, 16, 3),
     "128x128x8w": TileConfig(128, 128, 8, 16, 16, 4, True),
-    "128x128x24s2": TileConfig(128, 128, 24, 16, 16, 2),
-    "128x128x24w": TileConfig(128, 128, 24, 16, 16, 3, True),
-    "128x128x24s2": TileConfig(128, 128, 24, 16, 16, 2),
+    "128x128x24s2": TileConfig(128, 128, 24, 16, 16, 2),    # BIG_SHORT
     "128x64x8": TileConfig(128, 64, 8, 16, 8, 4),        # 8x8 per thread, 128 threads
     "128x64x16": TileConfig(128, 64, 16, 16, 8, 4),
     "128x64x16w": TileConfig(128, 64, 16, 16, 8, 4, True),

@@ -58,13 +58,13 @@ import threading
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
+from ..dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
 from ..problem import ROW, COL, Policy, sm90_half_gemm_reason
 
 NAME = "gluon_matmul_sm90"
 IN_DTYPES = ("float16", "bfloat16")
-_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-_LONG = {v: k for k, v in _SHORT.items()}
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_SHORT, _LONG = SHORT_DTYPE, LONG_DTYPE
+_ITEMSIZE = ITEMSIZE
 # CUtensorMapDataType (host enum values, cuda.h)
 _TMA_DTYPE = {"float16": 6, "bfloat16": 9, "float32": 7}    # host CUtensorMapDataType, for tests
 _TMA_SWIZZLE_BYTES = {0: 0, 1: 32, 2: 64, 3: 128}     # tensordesc_meta "swizzle" -> bytes

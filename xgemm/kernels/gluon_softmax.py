@@ -99,6 +99,7 @@ from __future__ import annotations
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
+from ..dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
 from ..problem import ROW, Policy
 
 NAME = "gluon_softmax"
@@ -106,9 +107,8 @@ MAX_COLS = 1 << 19
 MIN_BLOCK_N = 16
 MAX_CLUSTER = 16
 DTYPES = ("float32", "float16", "bfloat16")
-_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-_LONG = {v: k for k, v in _SHORT.items()}
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_SHORT, _LONG = SHORT_DTYPE, LONG_DTYPE
+_ITEMSIZE = ITEMSIZE
 
 # BLOCK_N -> (ctas, warps, block_m, online). Entries for BLOCK_N <= 2048 are computed (rows per CTA).
 _TABLE: Dict[int, Tuple[int, int, int, int]] = {

@@ -48,13 +48,13 @@ from __future__ import annotations
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
+from ..dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
 from ..problem import COL, ROW, Policy, sm90_half_gemm_reason
 
 NAME = "gluon_splitk_sm90"
 IN_DTYPES = ("float16", "bfloat16")
-_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-_LONG = {v: k for k, v in _SHORT.items()}
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_SHORT, _LONG = SHORT_DTYPE, LONG_DTYPE
+_ITEMSIZE = ITEMSIZE
 BM = 64                 # one warpgroup's wgmma m64
 WARPS = 4
 RED_PAD = 8             # fp32 pad per buffer row: 2-way (minimal) bank conflicts on the acc store
