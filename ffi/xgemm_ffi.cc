@@ -277,6 +277,17 @@ ffi::Error CheckShapes(const Attrs& at) {
   return ffi::Error::Success();
 }
 
+// Buffer i of a call, counting the operands first, then the results.
+ffi::ErrorOr<ffi::AnyBuffer> BufferAt(ffi::RemainingArgs& args, ffi::RemainingRets& rets, int64_t i) {
+  const int64_t na = static_cast<int64_t>(args.size());
+  if (i < 0 || i >= na + static_cast<int64_t>(rets.size()))
+    return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument("xgemm FFI: buffer index out of range"));
+  if (i < na) return args.get<ffi::AnyBuffer>(i);
+  auto r = rets.get<ffi::AnyBuffer>(i - na);
+  if (!r.has_value()) return ffi::Unexpected<ffi::Error>(r.error());
+  return **r;
+}
+
 // Describes every operand and result as a DLPack tensor and checks it against "buffers".
 ffi::Error Describe(ffi::RemainingArgs& args, ffi::RemainingRets& rets, const Attrs& at, int device_type,
                     Described* d) {
@@ -288,19 +299,11 @@ ffi::Error Describe(ffi::RemainingArgs& args, ffi::RemainingRets& rets, const At
                                        std::to_string(at.buffers.size() / 3));
   size_t layout_pos = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const bool is_arg = i < static_cast<int64_t>(args.size());
-    void* data;
-    ffi::DataType dtype;
-    ffi::Span<const int64_t> dims;
-    if (is_arg) {
-      auto b = args.get<ffi::AnyBuffer>(i);
-      if (!b.has_value()) return b.error();
-      data = b->untyped_data(); dtype = b->element_type(); dims = b->dimensions();
-    } else {
-      auto r = rets.get<ffi::AnyBuffer>(i - args.size());
-      if (!r.has_value()) return r.error();
-      data = (*r)->untyped_data(); dtype = (*r)->element_type(); dims = (*r)->dimensions();
-    }
+    auto buffer = BufferAt(args, rets, i);
+    if (!buffer.has_value()) return buffer.error();
+    void* data = buffer->untyped_data();
+    const ffi::DataType dtype = buffer->element_type();
+    const ffi::Span<const int64_t> dims = buffer->dimensions();
     const int64_t want_dtype = at.buffers[3 * i], want_rank = at.buffers[3 * i + 1], align = at.buffers[3 * i + 2];
     const int64_t rank = static_cast<int64_t>(dims.size());
     if (static_cast<int64_t>(dtype) != want_dtype || rank != want_rank || rank > kMaxRank)
@@ -656,18 +659,10 @@ xgemm_exchange::Route ToRoute(const ExchangeAttrs& x) {
 }
 
 ffi::Error RawBuffer(ffi::RemainingArgs& args, ffi::RemainingRets& rets, int64_t i, void** data, size_t* bytes) {
-  const int64_t na = static_cast<int64_t>(args.size());
-  if (i < 0 || i >= na + static_cast<int64_t>(rets.size()))
-    return ffi::Error::InvalidArgument("xgemm_exchange: buffer index out of range");
-  if (i < na) {
-    auto b = args.get<ffi::AnyBuffer>(i);
-    if (!b.has_value()) return b.error();
-    *data = b->untyped_data(); *bytes = b->size_bytes();
-  } else {
-    auto r = rets.get<ffi::AnyBuffer>(i - na);
-    if (!r.has_value()) return r.error();
-    *data = (*r)->untyped_data(); *bytes = (*r)->size_bytes();
-  }
+  auto buffer = BufferAt(args, rets, i);
+  if (!buffer.has_value()) return buffer.error();
+  *data = buffer->untyped_data();
+  *bytes = buffer->size_bytes();
   return ffi::Error::Success();
 }
 
