@@ -180,18 +180,16 @@ def _hook_fn(kernel: Any, hook: str) -> Callable[..., Any]:
     return own if callable(own) else _ADAPTERS[kernel.name][1]
 
 
-def gemm_rule(ctx, a, b, *c, alpha, beta, out_dtype, has_c, a_major=ROW, b_major=ROW, sm_margin=0,
-              target: str = jax_ffi.TARGET, tvm_target: Optional[str] = None):
-    a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[1]
-    c_aval = ctx.avals_in[2] if has_c else None
-    params = dict(alpha=alpha, beta=beta, out_dtype=out_dtype)
-    shapes = (a_aval.shape, b_aval.shape, c_aval.shape if c_aval is not None else None)
-    if not _concrete(*shapes) or 0 in a_aval.shape + b_aval.shape:
-        fn = lambda a, b, *c: reference_gemm(a, b, c[0] if c else None, **params)
-        return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, *c)
-    fn = functools.partial(_gemm_kernel, a_major=a_major, b_major=b_major, sm_margin=sm_margin, target=target,
-                           tvm_target=tvm_target, portable=_for_export(ctx), **params)
-    return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, *c)
+def gemm_rule(ctx, *args, alpha, beta, out_dtype, has_c, a_major=ROW, b_major=ROW, sm_margin=0,
+              target: str = jax_ffi.TARGET, tvm_target: Optional[str] = None, route=None, into=None,
+              has_dest=False):
+    """xgemm_gemm; with `route`, xgemm_gemm_exchange (its result [d, recv])."""
+    if route is not None:
+        _ensure_registered()
+    fn = functools.partial(_gemm_kernel, alpha=alpha, beta=beta, out_dtype=out_dtype, a_major=a_major,
+                           b_major=b_major, sm_margin=sm_margin, target=target, tvm_target=tvm_target,
+                           portable=_for_export(ctx), route=route, into=into, has_dest=has_dest)
+    return mlir.lower_fun(fn, multiple_results=route is not None)(ctx, *args)
 
 
 def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, target, tvm_target, portable,
@@ -208,6 +206,8 @@ def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, 
     def plus_exchange(d):
         return d if route is None else [d, jax_ffi.call_exchange(route, send, **xkw)[0]]
 
+    if not _concrete(a.shape, b.shape, c.shape if c is not None else None) or 0 in a.shape + b.shape:
+        return plus_exchange(reference_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype))
     gs = gemm_shapes(a.shape, a.dtype, b.shape, c.shape if c is not None else None,
                      c.dtype if c is not None else None, alpha=alpha, beta=beta, out_dtype=out_dtype,
                      a_major=a_major, b_major=b_major)
@@ -245,26 +245,6 @@ def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, 
     else:
         d = made(a2, b2, c2)
     return plus_exchange(d.reshape(gs.out_shape))
-
-
-def gemm_exchange_rule(ctx, *args, route, into=None, has_dest=False, alpha, beta, out_dtype, has_c, a_major=ROW,
-                       b_major=ROW, sm_margin=0):
-    """xgemm_gemm_exchange: [d, recv]; the GEMM as gemm_rule picks it."""
-    _ensure_registered()
-    a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[1]
-    c_aval = ctx.avals_in[2] if has_c else None
-    params = dict(alpha=alpha, beta=beta, out_dtype=out_dtype)
-    if not _concrete(a_aval.shape, b_aval.shape, c_aval.shape if c_aval is not None else None) \
-            or 0 in a_aval.shape + b_aval.shape:
-        def fn(*args):
-            (a, b, *c), send, dest = split_exchange_operands(args, has_dest)
-            d = reference_gemm(a, b, c[0] if c else None, **params)
-            return [d, jax_ffi.call_exchange(route, send, into=into, dest=dest[0] if dest else None)[0]]
-    else:
-        fn = functools.partial(_gemm_kernel, a_major=a_major, b_major=b_major, sm_margin=sm_margin,
-                               target=jax_ffi.TARGET, tvm_target=None, portable=_for_export(ctx), route=route,
-                               into=into, has_dest=has_dest, **params)
-    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
 
 def exchange_rule(ctx, send, *dest, route, into=None, has_dest=False):

@@ -196,7 +196,7 @@ def _exchange_cuda_rule(ctx, *args, **params):
 
 def _gemm_exchange_cuda_rule(ctx, *args, **params):
     from . import jax_cuda
-    return jax_cuda.gemm_exchange_rule(ctx, *args, **params)
+    return jax_cuda.gemm_rule(ctx, *args, **params)
 
 
 mlir.register_lowering(gemm_p, _gemm_cuda_rule, platform="cuda")
