@@ -230,14 +230,18 @@ def _sum_k_shards(a, b, c, *, k, n_k, scatter, strategy, alpha, beta, out_dtype,
     return out
 
 
-def _product(a, b, running, alpha, out_dtype, a_major, b_major, sm_margin=0):
-    """alpha * a @ b (+ running, the partial sum so far, through the kernel's C: no extra pass)."""
+def _product(a, b, running, alpha, out_dtype, a_major, b_major, sm_margin=0, exchange=None):
+    """alpha * a @ b (+ running, the partial sum so far, through the kernel's C: no extra pass).
+    exchange: (params, operands) of an exchange to run in the same custom call; the result is
+    then (product, what the exchange received)."""
     margin = dict(sm_margin=sm_margin) if sm_margin else {}
-    if running is None:
-        return gemm_p.bind(a, b, alpha=alpha, beta=0.0, out_dtype=out_dtype, has_c=False,
-                           a_major=a_major, b_major=b_major, **margin)
-    return gemm_p.bind(a, b, running, alpha=alpha, beta=1.0, out_dtype=out_dtype, has_c=True,
-                       a_major=a_major, b_major=b_major, **margin)
+    c = () if running is None else (running,)
+    params = dict(alpha=alpha, beta=0.0 if running is None else 1.0, out_dtype=out_dtype, has_c=bool(c),
+                  a_major=a_major, b_major=b_major, **margin)
+    if exchange is None:
+        return gemm_p.bind(a, b, *c, **params)
+    x_params, x_operands = exchange
+    return gemm_exchange_p.bind(a, b, *c, *x_operands, **params, **x_params)
 
 
 def _device_groups(mesh, k: Axes) -> Optional[Tuple[Tuple[int, ...], ...]]:
@@ -314,11 +318,8 @@ class _Mover:
         if not self.queued:
             return _product(a, b, running, alpha, out_dtype, a_major, b_major, sm_margin)
         key, x, by, into = self.queued.pop(0)
-        params, operands = self._exchange(x, by, into)
-        c = () if running is None else (running,)
-        d, received = gemm_exchange_p.bind(
-            a, b, *c, *operands, alpha=alpha, beta=0.0 if running is None else 1.0, out_dtype=out_dtype,
-            has_c=running is not None, a_major=a_major, b_major=b_major, **params)
+        d, received = _product(a, b, running, alpha, out_dtype, a_major, b_major, sm_margin,
+                               exchange=self._exchange(x, by, into))
         self._got(key, into, received)
         return d
 
