@@ -1,6 +1,6 @@
 """The native XLA FFI of ffi/: build it with g++, load it, register it, and encode the calls.
 
-ffi/xgemm_ffi.cc has two handlers:
+ffi/xgemm_ffi.cc has these handlers:
   xgemm_cubin_launch_v1  (CUDA; initialize + execute, CUDA-graph compatible) launches any
       prebuilt cubin (Gluon/Triton) on XLA's stream. What to launch travels as custom-call
       attributes (cubin bytes, kernel name, grid/block/cluster, shared memory, parameters), so an
