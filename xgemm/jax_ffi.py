@@ -30,11 +30,13 @@ import ctypes
 import hashlib
 import os
 import struct
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
+
+from . import native_build
+from .native_build import cache_dir, source_dir  # noqa: F401  (this module's public names)
 
 TARGET = "xgemm_cubin_launch_v1"                    # CUDA
 HOST_TEST_TARGET = "xgemm_cubin_launch_host_test_v1"  # CPU, through a substitute driver (tests only)
@@ -448,58 +450,10 @@ def call_exchange(route: Route, send: Any, *, into: Optional[Into] = None, dest:
 # ---------------------------------------------------------------------------------------------
 # Building and loading
 
-def source_dir() -> Path:
-    """ffi/ next to the xgemm package (a source checkout), or XGEMM_FFI_SOURCE_DIR."""
-    env = os.environ.get("XGEMM_FFI_SOURCE_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "ffi"
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("XGEMM_CACHE_DIR")
-    path = (Path(env) if env else Path.home() / ".cache" / "xgemm") / "ffi"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _compiler() -> str:
-    return os.environ.get("CXX", "g++")
-
-
 def _build(sources: Sequence[Path], name: str, include_dirs: Sequence[str], libs: Sequence[str]) -> Path:
-    """Compile `sources` into cache_dir()/<name>-<key>.so unless that file exists already."""
-    h = hashlib.sha256()
-    cxx = _compiler()
-    try:
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        prebuilt = sorted(cache_dir().glob(f"{name}-*.so"), key=lambda p: p.stat().st_mtime)
-        if prebuilt:
-            return prebuilt[-1]
-        raise RuntimeError(f"xgemm FFI: no C++ compiler ({cxx}) and no prebuilt {name} in {cache_dir()}; "
-                           f"install g++ or set CXX") from exc
-    h.update(version.encode())
-    h.update(" ".join(_CXXFLAGS + tuple(libs)).encode())
-    for src in sources:
-        h.update(src.name.encode() + b"\0" + src.read_bytes())
-    for inc in include_dirs:          # the FFI headers pin the jaxlib the handler is built for
-        for hdr in sorted(Path(inc).rglob("*.h")):
-            h.update(hdr.read_bytes())
-    out = cache_dir() / f"{name}-{h.hexdigest()[:16]}.so"
-    if out.exists():
-        return out
-    import fcntl
-    with open(cache_dir() / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)      # concurrent builds (pytest -n) wait for one another
-        if out.exists():
-            return out
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        cmd = [cxx, *_CXXFLAGS, *(f"-I{d}" for d in include_dirs), "-o", str(tmp),
-               *(str(s) for s in sources if s.suffix == ".cc"), *libs]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"xgemm FFI: building {name} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
-        os.replace(tmp, out)
-    return out
+    """Compile `sources` (keyed on the headers of include_dirs too) unless built already."""
+    flags = (*_CXXFLAGS, *(f"-I{d}" for d in include_dirs))
+    return native_build.build(sources, name, flags, native_build.headers_fingerprint(include_dirs), libs)
 
 
 def build() -> Path:
