@@ -345,6 +345,9 @@ def cute_eager(key: tuple, build: Callable[[], Any]) -> Any:
         if so.exists():
             from . import tvm_abi
             fn = tvm_abi.load(so, EXPORT_NAME)
+            obj = so.with_suffix(".o")
+            if fn is None and tvm_abi._preload_runtime() is not None and obj.exists() and _link_so(obj, so):
+                fn = tvm_abi.load(so, EXPORT_NAME)   # linked on another machine (a carried cache): relinked here
             if fn is not None:
                 _stats["disk"] += 1
     if fn is None:
