@@ -62,6 +62,29 @@ def gluon_cache_dir(tmp_path_factory):
             os.environ["XGEMM_CACHE_DIR"] = old
 
 
+@pytest.fixture(scope="module")
+def tvm_echo(tmp_path_factory):
+    """(CFunction, record): tests/data/tvm_abi_echo.c, a stand-in for an exported CuTe function
+    that records the TVM-FFI cells it receives, built with the system C compiler."""
+    import ctypes
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from xgemm import tvm_abi
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    so = tmp_path_factory.mktemp("abi") / "echo.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(Path(__file__).parent / "data" / "tvm_abi_echo.c")],
+                   check=True)
+    lib = ctypes.CDLL(str(so))
+    sym = lib["__tvm_ffi_func"]
+    sym.argtypes, sym.restype = tvm_abi._SAFE_CALL, ctypes.c_int
+    record = (ctypes.c_int64 * 256).in_dll(lib, "xgemm_echo")
+    return tvm_abi.CFunction(sym, lib, None), record
+
+
 def to_f64(x) -> np.ndarray:
     """Any framework's array -> float64 NumPy (bf16 included)."""
     mod = type(x).__module__

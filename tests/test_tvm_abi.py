@@ -3,33 +3,17 @@
 receives, and they must be the DLTensor / int / float / None cells ffi/xgemm_ffi.cc sends too."""
 from __future__ import annotations
 
-import ctypes
-import shutil
 import struct
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from xgemm import tvm_abi
 from xgemm.interop import ArrayView
 from xgemm.problem import Device
 
-HERE = Path(__file__).resolve().parent
-
 
 @pytest.fixture(scope="module")
-def echo(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler")
-    so = tmp_path_factory.mktemp("abi") / "echo.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(HERE / "data" / "tvm_abi_echo.c")], check=True)
-    lib = ctypes.CDLL(str(so))
-    sym = lib["__tvm_ffi_func"]
-    sym.argtypes, sym.restype = tvm_abi._SAFE_CALL, ctypes.c_int
-    record = (ctypes.c_int64 * 256).in_dll(lib, "xgemm_echo")
-    return tvm_abi.CFunction(sym, lib, None), record
+def echo(tvm_echo):
+    return tvm_echo
 
 
 def _view(ptr, shape, strides, dtype, index=1):

@@ -82,6 +82,12 @@ def _build_cache(args) -> None:
     except ImportError as exc:
         print(f"CuTe kernels skipped: {exc}", file=sys.stderr)
     print(f"{len(built)} kernel entries in the cache")
+    if importlib.util.find_spec("torch") is not None:      # built against this machine's torch
+        from . import torch_native
+        try:
+            print(f"native torch fast path: {torch_native.library_path(build=True)}")
+        except RuntimeError as exc:                         # no compiler: the Python fast path serves
+            print(f"native torch fast path skipped: {exc}", file=sys.stderr)
 
 
 def main(argv=None) -> int:

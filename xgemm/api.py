@@ -13,8 +13,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import errors, fastpath, interop, policy
 from .problem import ROW, STRIDED, Epilogue, GemmProblem, Operand, SoftmaxProblem
+from .torch_native import OPS as _NATIVE_OPS
 
 _HALF = ("float16", "bfloat16")
+_SOFTMAX = _NATIVE_OPS["softmax"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,6 +125,11 @@ def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
 def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0, out: Any = None,
          _fn: str = "gemm") -> Any:
     """D = alpha * A @ B + beta * C. C broadcasts to D's shape; beta == 0 never reads C."""
+    native = fastpath.native
+    if native is not None and out is None and not fastpath.compiling():   # C++: a signature seen before
+        hit = native.hit(_NATIVE_OPS[_fn], policy.forced_kernel(), alpha, beta, a, b, c)
+        if hit is not None:
+            return hit
     key = fastpath.gemm_key(_fn, a, b, c, alpha, beta) if out is None else None
     if key is not None:                     # a signature seen before: no planning
         hit = fastpath.gemm_hit(key, a, b, c)
@@ -349,6 +356,11 @@ def _jax_plan(fn, a, b, c, alpha, beta, dt) -> policy.Plan:
 
 def softmax(x: Any, axis: int = -1, *, out: Any = None) -> Any:
     """Numerically stable softmax along `axis` (fp32 math for fp16/bf16). Result in x's framework."""
+    native = fastpath.native
+    if native is not None and out is None and not fastpath.compiling():   # C++: a signature seen before
+        hit = native.hit(_SOFTMAX, policy.forced_kernel(), axis, 0, x, None, None)
+        if hit is not None:
+            return hit
     key = fastpath.softmax_key(x, axis) if out is None else None
     if key is not None:                     # a signature seen before: no planning
         hit = fastpath.softmax_hit(key, x)

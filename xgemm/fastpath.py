@@ -15,6 +15,11 @@ once at store time into `go(arrays..., stream)`, and a hit passes only the frame
 the raw stream: no ArrayView, no run(). The result's 16-byte alignment class is part of what
 was bound, so a result allocated differently falls back to views + run(). Otherwise a hit makes
 views and calls run(), as before.
+
+Where the bound launch also describes itself (`go.native`), the signature is registered with the
+native torch fast path (xgemm/torch_native.py, ffi/torch_fastpath.cc), which api.py asks first:
+a hit there never reaches Python beyond that call. Signatures stored before that module loaded
+are registered at their next hit here.
 """
 from __future__ import annotations
 
@@ -26,6 +31,39 @@ from . import interop, policy
 _gemm: dict = {}
 _softmax: dict = {}
 _LIMIT = 1024
+native: Any = None                  # the loaded native module (use_native), or None
+
+
+def compiling() -> bool:            # torch.compiler.is_compiling once torch is loaded (use_native)
+    return False
+
+
+def use_native(module: Any, is_compiling: Callable[[], bool]) -> None:
+    """Called by xgemm/torch_native.py once its module is loaded and checked."""
+    global native, compiling
+    compiling = is_compiling
+    native = module
+
+
+def _offer(entry_key: tuple, table: dict, op: str, forced: Any, s0: Any, s1: Any, a: Any, b: Any, c: Any,
+           result: Any, start: bool = True) -> None:
+    """Register table[entry_key]'s bound launch natively, once the module is there (then the
+    entry's recipe is dropped: nothing left to offer); else, if `start`, start loading it. Stores
+    pass start=False: a signature called once never needs the module, and a fresh process's
+    first call (issue 3: <= 50 ms) should not pay its load; the first repeat starts it."""
+    entry = table.get(entry_key)
+    if entry is None or entry[-1] is None:
+        return
+    if native is None:
+        if not start:
+            return
+        from . import torch_native
+        torch_native.start()
+        if native is None:
+            return
+    from . import torch_native
+    torch_native.register(op, forced, s0, s1, a, b, c, result, entry[-1])
+    table[entry_key] = entry[:-1] + (None,)
 
 def _torch_cuda(*xs: Any):
     """torch when every x is a plain CUDA tensor that needs no autograd and no trace, else None."""
@@ -85,11 +123,13 @@ def gemm_hit(key: tuple, a: Any, b: Any, c: Any) -> Optional[Any]:
     entry = _gemm.get(key)
     if entry is None:
         return None
-    problem, kernel, pol, shape, dtype, device, empty, go, align, stream, index = entry
+    problem, kernel, pol, shape, dtype, device, empty, go, align, stream, index, recipe = entry
     # a.new_empty(shape): a's dtype and device without parsing them (~1 us less than torch.empty)
     result = a.new_empty(shape) if empty is None else empty(shape, dtype=dtype, device=device)
     if go is not None and result.data_ptr() & 15 == align:
         go(a, b, c, result, stream(index))
+        if recipe is not None:
+            _offer(key, _gemm, key[0], key[-1], key[4], key[5], a, b, c, result)
         return result
     view = interop._view_torch
     operands = (view(a), view(b), view(c) if problem.c is not None else None)
@@ -114,7 +154,10 @@ def gemm_store(key: tuple, prep: Any, result: Any) -> None:
     same = result.dtype == a.obj.dtype and result.device == a.obj.device
     _gemm[key] = (problem, kernel, pol, tuple(result.shape), result.dtype, result.device,
                   None if same else torch.empty, go,
-                  result.data_ptr() & 15, _stream_getter(problem), problem.device.index)
+                  result.data_ptr() & 15, _stream_getter(problem), problem.device.index,
+                  getattr(go, "native", None))
+    _offer(key, _gemm, key[0], key[-1], key[4], key[5], a.obj, b.obj, None if c is None else c.obj, result,
+           start=False)
 
 
 def softmax_key(x: Any, axis: Any) -> Optional[tuple]:
@@ -127,10 +170,12 @@ def softmax_hit(key: tuple, x: Any) -> Optional[Any]:
     entry = _softmax.get(key)
     if entry is None:
         return None
-    problem, kernel, pol, shape, dtype, device, empty, go, align, stream, index = entry
+    problem, kernel, pol, shape, dtype, device, empty, go, align, stream, index, recipe = entry
     result = x.new_empty(shape)             # x's dtype and device, contiguous
     if go is not None and result.data_ptr() & 15 == align:
         go(x, result, stream(index))
+        if recipe is not None:
+            _offer(key, _softmax, "softmax", key[-1], key[1], 0, x, None, None, result)
         return result
     view = interop._view_torch
     rows, cols = problem.rows, problem.cols
@@ -139,7 +184,9 @@ def softmax_hit(key: tuple, x: Any) -> Optional[Any]:
         # bound on the first hit, which has the caller's x (store time sees only its reshape)
         go = _bind(_bind_softmax, kernel, problem, pol, x, result)
         if key in _softmax:
-            _softmax[key] = entry[:7] + (go, result.data_ptr() & 15 if go is not None else _NEVER) + entry[9:]
+            _softmax[key] = entry[:7] + (go, result.data_ptr() & 15 if go is not None else _NEVER) + entry[9:11] \
+                + (getattr(go, "native", None),)
+            _offer(key, _softmax, "softmax", key[-1], key[1], 0, x, None, None, result)
     return result
 
 
@@ -150,7 +197,7 @@ def softmax_store(key: tuple, prep: Any) -> None:
             or len(_softmax) >= _LIMIT):
         return
     _softmax[key] = (problem, plan.kernel, plan.policy, tuple(problem.shape), None, None, None,
-                     None, _UNBOUND, _stream_getter(problem), problem.device.index)
+                     None, _UNBOUND, _stream_getter(problem), problem.device.index, None)
 
 
 _UNBOUND, _NEVER = -1, -2       # softmax entries' align before binding / when it cannot bind
@@ -173,3 +220,5 @@ def _bind_softmax(kernel: Any, problem: Any, pol: Any, x: Any, result: Any) -> O
 def clear() -> None:
     _gemm.clear()
     _softmax.clear()
+    if native is not None:
+        native.clear()

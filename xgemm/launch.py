@@ -131,6 +131,17 @@ class Launcher:
             self._check(err, "cuLaunchKernelEx",
                         f"{self.name} grid {grid}x{self.num_ctas} block {32 * self.num_warps} shared {self.shared}")
 
+    def native_recipe(self, grid: int, roles: Sequence[int], args: Sequence) -> "tuple | None":
+        """self(grid, stream, *pointers, *args), the pointers those of the operands `roles` names,
+        described for ffi/torch_fastpath.cc (xgemm/torch_native.py's "cu" recipe); None where a
+        launch allocates scratch or launches nothing."""
+        if self._gscratch or self._pscratch or grid <= 0 or len(roles) + len(args) != self.n_args:
+            return None
+        block = ctypes.create_string_buffer(len(self._buf))
+        self._pack(block, 0, *([0] * len(roles)), *args, 0, 0)
+        return ("cu", self._func, ctypes.addressof(self._config), grid * self.num_ctas, block.raw,
+                tuple((_SLOT * i, role) for i, role in enumerate(roles)), self)
+
     def _launch_with_scratch(self, grid: int, stream: int, args: Sequence) -> None:
         d = _driver()
         ctas = grid * self.num_ctas

@@ -181,8 +181,13 @@ class CFunction:
         kind = ctypes.string_at(head.kind.data, head.kind.size).decode(errors="replace")
         msg = ctypes.string_at(head.message.data, head.message.size).decode(errors="replace")
         self._runtime.TVMFFIObjectDecRef(err.value)
-        cls = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError}.get(kind, RuntimeError)
-        return cls(f"{kind}: {msg}")
+        return error_of(kind, msg)
+
+
+def error_of(kind: str, message: str) -> Exception:
+    """The Python exception for a TVM-FFI error of `kind` (also raised by ffi/torch_fastpath.cc)."""
+    cls = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError}.get(kind, RuntimeError)
+    return cls(f"{kind}: {message}")
 
 
 class Prepared:
@@ -199,11 +204,17 @@ class Prepared:
 
     def go(self, with_c: bool):
         """go(a, b, c, d, stream) on torch tensors for a call prepared as (a, b, d[, c], ...):
-        the repeat-call convention of kernels' bind() (xgemm/fastpath.py)."""
+        the repeat-call convention of kernels' bind() (xgemm/fastpath.py). go.native is the same
+        call described for ffi/torch_fastpath.cc (xgemm/torch_native.py's "tvm" recipe)."""
+        from .torch_native import A, B, C, OUT
         call = self.call
         if with_c:
-            return lambda a, b, c, d, stream: call((a.data_ptr(), b.data_ptr(), d.data_ptr(), c.data_ptr()), stream)
-        return lambda a, b, c, d, stream: call((a.data_ptr(), b.data_ptr(), d.data_ptr()), stream)
+            go = lambda a, b, c, d, stream: call((a.data_ptr(), b.data_ptr(), d.data_ptr(), c.data_ptr()), stream)  # noqa: E731
+        else:
+            go = lambda a, b, c, d, stream: call((a.data_ptr(), b.data_ptr(), d.data_ptr()), stream)  # noqa: E731
+        go.native = ("tvm", ctypes.cast(self._sym, ctypes.c_void_p).value, ctypes.addressof(self._m.anys),
+                     self._m.n, (A, B, OUT, C) if with_c else (A, B, OUT), self)
+        return go
 
     def call(self, ptrs: Sequence[int], stream: int) -> None:
         with self._lock:                     # the cells are shared: one call at a time
