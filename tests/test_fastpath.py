@@ -112,3 +112,54 @@ def test_register_clears_kept_plans(fake):
     assert fastpath._gemm
     policy.register("gemm", "fake_gpu", "xgemm_fake_kernels:KERNEL")
     assert not fastpath._gemm
+
+
+class FakeNative:
+    """Stands in for the loaded native module (ffi/torch_fastpath.cc): records what is
+    registered; its hits serve nothing, so every call still reaches the Python fast path."""
+
+    def __init__(self):
+        self.stored, self.asked = [], 0
+
+    def hit(self, *args):
+        self.asked += 1
+        return None
+
+    def store_cu(self, *args):
+        self.stored.append(args)
+
+    def clear(self):
+        self.stored.clear()
+
+
+def test_bound_signatures_are_registered_natively_at_their_first_repeat(fake, monkeypatch):
+    from xgemm import torch_native
+    native, started = FakeNative(), []
+    recipe = ("cu", 0x1234, 0x5678, 4, bytes(16), ((0, torch_native.A), (8, torch_native.OUT)), object())
+
+    def bind(self, problem, pol, operands, out):
+        def go(a, b, c, d, stream):
+            d.copy_(a @ b)
+        go.native = recipe
+        return go
+
+    def start():                      # as a cached library loads: the module is there at once
+        started.append(True)
+        fastpath.use_native(native, lambda: False)
+        torch_native._module = native
+    monkeypatch.setattr(FakeKernel, "bind", bind, raising=False)
+    monkeypatch.setattr(torch_native, "start", start)
+    monkeypatch.setattr(torch_native, "_module", None)
+    monkeypatch.setattr(fastpath, "native", None)
+    monkeypatch.setattr(fastpath, "compiling", fastpath.compiling)
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    torch.testing.assert_close(xgemm.matmul(a, b), a @ b)           # planned and kept
+    assert not started and not native.stored, "a one-off call must not load the native module"
+    torch.testing.assert_close(xgemm.matmul(a, b), a @ b)           # first repeat: load, register
+    assert started and len(native.stored) == 1
+    op, forced, s0, s1, ra, rb, rc, result, owner, func, config, ctas, params, slots = native.stored[0]
+    assert (op, forced, s0, s1, rc) == (torch_native.OPS["matmul"], None, 1.0, 0.0, None)
+    assert ra is a and rb is b and tuple(result.shape) == (8, 4) and owner is recipe[-1]
+    assert (func, config, ctas, params, slots) == recipe[1:-1]
+    torch.testing.assert_close(xgemm.matmul(a, b), a @ b)           # asks native first, once registered
+    assert native.asked == 1 and len(native.stored) == 1
