@@ -53,6 +53,13 @@ SWEEP_SMALL = [
     (128, 32, 1, 2, True, True, 1), (128, 96, 1, 1, True, True, 1), (128, 64, 1, 1, False, True, 1),
     (128, 128, 1, 1, True, True, 1), (128, 128, 2, 1, True, True, 8), (128, 192, 2, 1, True, False, 8),
 ]
+# --sweep-set raster: the large row's 128x192 2x1 pingpong in both raster orders and several
+# swizzle bands (quack's sm90 default walks along M, bands of 8), with the mid row's candidates
+SWEEP_RASTER = [
+    (128, 192, 2, 1, True, False, 8), (128, 192, 2, 1, True, False, 16), (128, 192, 2, 1, True, True, 8),
+    (128, 192, 2, 1, True, True, 4), (128, 192, 2, 1, True, True, 16), (128, 128, 2, 1, True, True, 8),
+    (128, 256, 1, 2, False, True, 8),
+]
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
@@ -227,7 +234,7 @@ def sweep_entries(set_name: str):
         from xgemm.kernels import gluon_splitk_sm90 as sk
         return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} x{c.split}]", impl_splitk_config(c), f"sk{tuple(c)}")
                 for c in sk.tune_configs("bfloat16", "bfloat16", False)]
-    cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT}[set_name]
+    cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT, "raster": SWEEP_RASTER}[set_name]
     return [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in cfgs]
 
 
@@ -309,7 +316,7 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk"), default="big")
+    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster"), default="big")
     ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)

@@ -101,8 +101,12 @@ class Config:
 #             711 | 692 vs 585 | 623 for pingpong 128x192 (its 688 tiles fill 5.2 waves of 132
 #             SMs; 128x128's 1024 tiles fill 7.8) and 666 | 660 for cooperative 128x256.
 #   skinny N  the mirror image (cluster along M still, raster along N); by symmetry, not timed.
-#   mid       max(M, N) <= 6144: cooperative 128x256, cluster 1x2 (A multicast). 4096^3:
-#             748 | 682, against pingpong 128x128 713 | 702 and pingpong 128x192 657 | 612.
+#   mid       max(M, N) <= 6144: pingpong 128x128, cluster 2x1 (the medium row's config).
+#             4096^3 bf16 / fp16, same process (gemm_tc.py --sweep; 2026-12-01, two runs:
+#             gemm_tc_raster-h200.json, gemm_tc_lean-h200.json's filled variants): 716 / 669 and
+#             678 / 635 TFLOP/s against cooperative 128x256 c1x2 (this row until then) 701 / 660
+#             and 662 / 621; 2026-11-29's sweep had 702.6 vs 677.4 (an earlier session's 748 |
+#             682 vs 713 | 702 was the one run the cooperative tile won).
 #   large     M, N >= 4096: pingpong 128x192, cluster 2x1, raster along N, swizzle 8.
 #             8192^3: 699 | 680 (raster along M: 596); 8192^2 x 1024: 758 | 691 (cooperative
 #             tiles 605-647 | 560-576: with K short the epilogue is a large share of each tile,
@@ -122,7 +126,7 @@ POLICY_TABLE = (
     ("skinny N", lambda m, n, k, l: n <= 3072 and m >= 4096 and k >= 1024
      and _tiles(m, n, l, 128, 128) >= 264, Config(128, 128, 2, 1, True, False, 8)),
     ("mid", lambda m, n, k, l: max(m, n) <= 6144 and _tiles(m, n, l, 128, 256) >= 132,
-     Config(128, 256, 1, 2, False, True, 8)),
+     Config(128, 128, 2, 1, True, True, 8)),
     ("large", lambda m, n, k, l: m >= 4096 and n >= 4096,
      Config(128, 192, 2, 1, True, False, 8)),
     ("medium", lambda m, n, k, l: _tiles(m, n, l, 128, 128) >= 120,
