@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Optional
 
-from . import interop, policy
+from . import interop, policy, torch_native
 
 _gemm: dict = {}
 _softmax: dict = {}
@@ -57,11 +57,9 @@ def _offer(entry_key: tuple, table: dict, op: str, forced: Any, s0: Any, s1: Any
     if native is None:
         if not start:
             return
-        from . import torch_native
         torch_native.start()
         if native is None:
             return
-    from . import torch_native
     torch_native.register(op, forced, s0, s1, a, b, c, result, entry[-1])
     table[entry_key] = entry[:-1] + (None,)
 

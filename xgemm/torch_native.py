@@ -12,15 +12,17 @@ itself (`go.native`, a recipe made by tvm_abi.Prepared or launch.Launcher):
 roles name which operand each tensor argument / pointer slot is (A, B, C, OUT below); the owner
 keeps the function's library or module loaded. Everything else misses and plans in Python.
 
-When: the library is built with g++ against the installed torch (~10 s, once per torch build
+When: the library is built with g++ against the installed torch (15-25 s, once per torch build
 and source; cached beside the FFI handler in ~/.cache/xgemm/ffi). start() -- called by the
-fast path at the first planned CUDA call -- loads a cached library at once, or builds it on a
-background thread while the Python fast path serves; `load()` builds and loads now (tests,
-benchmarks, `python -m xgemm build-cache`). XGEMM_NATIVE=0 turns it off. Before it is used,
-the stream it would launch on is checked against torch.cuda.current_stream.
+fast path at the first repeat of a bound CUDA call -- loads a cached library at once, or builds
+it on a background thread while the Python fast path serves (one line on stderr, or logger
+"xgemm.native", says so); `load()` builds and loads now (tests, benchmarks; `python -m xgemm
+build-cache` builds it). XGEMM_NATIVE=0 turns it off. Before it is used, the stream it would
+launch on is checked against torch.cuda.current_stream.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -34,10 +36,19 @@ _lock = threading.Lock()
 _state = "idle"                    # idle | building | ready | failed | off
 _module: Any = None
 _error: Optional[str] = None
+_log = logging.getLogger("xgemm.native")
+
+
+def _say(msg: str) -> None:
+    """One line, as xgemm.compile announces a first-use compile: to the logger if configured."""
+    if _log.hasHandlers():
+        _log.info(msg)
+    else:
+        print(msg, file=sys.stderr, flush=True)
 
 
 def status() -> dict:
-    """{'state', 'error', 'entries', 'hits'}: what `explain` and the benchmarks report."""
+    """{'state', 'error', 'entries', 'hits'}: what the benchmarks record."""
     stats = _module.stats() if _module is not None else {}
     return {"state": _state, "error": _error, **stats}
 
@@ -125,8 +136,7 @@ def _load_now(build: bool) -> bool:
         return True
     except Exception as exc:       # noqa: BLE001 - the Python fast path keeps serving
         _state, _error = "failed", f"{type(exc).__name__}: {exc}"
-        print(f"xgemm: native torch fast path unavailable ({_error}); the Python fast path serves",
-              file=sys.stderr)
+        _say(f"xgemm: native torch fast path unavailable ({_error}); the Python fast path serves")
         return True
 
 
@@ -142,8 +152,8 @@ def load() -> Any:
 
 
 def start() -> None:
-    """Called at a first planned CUDA torch call: load a cached library now, or build one on a
-    background thread (one line on stderr says so); nothing once started or when XGEMM_NATIVE=0."""
+    """Called at the first repeat of a bound CUDA torch call: load a cached library now, or build
+    one on a background thread; nothing once started, without CUDA, or when XGEMM_NATIVE=0."""
     global _state
     if _state != "idle":
         return
@@ -159,8 +169,7 @@ def start() -> None:
         _state = "building"
         if _load_now(build=False):
             return
-    print("xgemm: building the native torch fast path in the background (once per torch version)",
-          file=sys.stderr)
+    _say("xgemm: building the native torch fast path in the background (once per torch build)")
     threading.Thread(target=load, name="xgemm-native-build", daemon=True).start()
 
 
