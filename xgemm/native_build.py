@@ -16,9 +16,14 @@ from typing import Optional, Sequence
 
 
 def source_dir() -> Path:
-    """ffi/ next to the xgemm package (a source checkout), or XGEMM_FFI_SOURCE_DIR."""
+    """The native sources: XGEMM_FFI_SOURCE_DIR, else the copy a wheel installs (xgemm/_ffi,
+    pyproject.toml), else ffi/ beside the package (a source checkout, an editable install)."""
     env = os.environ.get("XGEMM_FFI_SOURCE_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "ffi"
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent
+    installed = here / "_ffi"
+    return installed if (installed / "xgemm_ffi.cc").exists() else here.parent / "ffi"
 
 
 def cache_dir() -> Path:
