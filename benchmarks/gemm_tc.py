@@ -60,6 +60,10 @@ SWEEP_RASTER = [
     (128, 192, 2, 1, True, True, 4), (128, 192, 2, 1, True, True, 16), (128, 128, 2, 1, True, True, 8),
     (128, 256, 1, 2, False, True, 8),
 ]
+# --sweep-set zero_init: the big rows' configs with accumulators overwritten by k-tile 0 (the
+# default, Config.zero_init) and zero-filled per tile
+SWEEP_ZERO_INIT = [cfg + (0, z) for cfg in ((128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8))
+                   for z in (True, False)]
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
@@ -234,7 +238,8 @@ def sweep_entries(set_name: str):
         from xgemm.kernels import gluon_splitk_sm90 as sk
         return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} x{c.split}]", impl_splitk_config(c), f"sk{tuple(c)}")
                 for c in sk.tune_configs("bfloat16", "bfloat16", False)]
-    cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT, "raster": SWEEP_RASTER}[set_name]
+    cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT, "raster": SWEEP_RASTER,
+            "zero_init": SWEEP_ZERO_INIT}[set_name]
     return [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in cfgs]
 
 
@@ -287,7 +292,7 @@ def bench(shapes=SHAPES, dtypes=DTYPES, impls=("cublas", "quack", "xgemm"), swee
 
 def _tag(c):
     return (f"xgemm[{'pp' if c[4] else 'coop'} {c[0]}x{c[1]} c{c[2]}x{c[3]} "
-            f"r{'m' if c[5] else 'n'} s{c[6]}]")
+            f"r{'m' if c[5] else 'n'} s{c[6]}{' filled' if len(c) > 8 and not c[8] else ''}]")
 
 
 def table(records) -> str:
@@ -316,7 +321,7 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster"), default="big")
+    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init"), default="big")
     ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)

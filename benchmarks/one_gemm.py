@@ -1,0 +1,54 @@
+"""One implementation's GEMM, a few calls, the last inside an NVTX range named "prof": a target
+for Nsight Compute, so xgemm's kernel and a peer's can be profiled the same way.
+
+    ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight \\
+        python benchmarks/one_gemm.py --impl xgemm --shape 8192x8192x8192 --dtype bfloat16
+
+--impl xgemm | quack | cublas. Inputs are random normal; the result is checked against
+torch.matmul (relative Frobenius error < 1e-2) after the profiled call.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--impl", choices=("xgemm", "quack", "cublas"), default="xgemm")
+    ap.add_argument("--shape", default="8192x8192x8192")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    m, n, k = (int(v) for v in args.shape.split("x"))
+    dtype = getattr(torch, args.dtype)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    if args.impl == "xgemm":
+        import xgemm
+        call = lambda: xgemm.matmul(a, b)          # noqa: E731
+    elif args.impl == "quack":
+        from quack.gemm_interface import gemm as quack_gemm
+        call = lambda: quack_gemm(a, b, tuned=False)   # noqa: E731
+    else:
+        call = lambda: a @ b                       # noqa: E731
+    for _ in range(args.warmup):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("prof")
+    d = call()
+    torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    ref = a.float() @ b.float()
+    rel = ((d.float() - ref).norm() / ref.norm()).item()
+    print(f"{args.impl} {args.shape} {args.dtype}: rel err {rel:.2e} {'ok' if rel < 1e-2 else 'WRONG'}")
+    return 0 if rel < 1e-2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
