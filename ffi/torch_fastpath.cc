@@ -190,11 +190,16 @@ PyObject* RaiseFrom(PyObject* factory, PyObject* args) {
   return nullptr;
 }
 
+// The TVM-FFI runtime's object release (libtvm_ffi, loaded RTLD_GLOBAL by xgemm/tvm_abi.py).
+void TvmDecRef(void* object) {
+  typedef int (*DecRef)(void*);
+  static auto decref = (DecRef)dlsym(RTLD_DEFAULT, "TVMFFIObjectDecRef");
+  if (decref) decref(object);
+}
+
 PyObject* TvmError(int rc) {
   typedef void (*MoveFromRaised)(void**);
-  typedef int (*DecRef)(void*);
   static auto move = (MoveFromRaised)dlsym(RTLD_DEFAULT, "TVMFFIErrorMoveFromRaised");
-  static auto decref = (DecRef)dlsym(RTLD_DEFAULT, "TVMFFIObjectDecRef");
   std::string kind = "RuntimeError", message = "CuTe function call failed (" + std::to_string(rc) + ")";
   void* err = nullptr;
   if (move) move(&err);
@@ -203,7 +208,7 @@ PyObject* TvmError(int rc) {
     const Bytes* b = reinterpret_cast<const Bytes*>(static_cast<char*>(err) + 24);
     kind.assign(b[0].data, b[0].size);
     message.assign(b[1].data, b[1].size);
-    if (decref) decref(err);
+    TvmDecRef(err);
   }
   return RaiseFrom(g_tvm_error, Py_BuildValue("(ss)", kind.c_str(), message.c_str()));
 }
@@ -227,11 +232,7 @@ PyObject* RunTvm(const TvmCall& call, void* const ptrs[4], uint64_t stream) {
   TVMFFIAny result{};
   int rc = call.fn(nullptr, cells, (int32_t)n, &result);
   if (rc != 0) return TvmError(rc);
-  if (result.type_index >= kTvmStaticObjectBegin && result.v_ptr) {
-    typedef int (*DecRef)(void*);
-    static auto decref = (DecRef)dlsym(RTLD_DEFAULT, "TVMFFIObjectDecRef");
-    if (decref) decref(result.v_ptr);
-  }
+  if (result.type_index >= kTvmStaticObjectBegin && result.v_ptr) TvmDecRef(result.v_ptr);
   Py_RETURN_NONE;
 }
 
@@ -334,7 +335,7 @@ bool Insert(const Key& key, Entry* e) {
   return true;
 }
 
-bool Roles(PyObject* seq, std::vector<int>& out, Py_ssize_t want) {
+bool Roles(PyObject* seq, std::vector<int>& out) {
   PyObject* fast = PySequence_Fast(seq, "roles must be a sequence");
   if (!fast) return false;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
@@ -344,7 +345,6 @@ bool Roles(PyObject* seq, std::vector<int>& out, Py_ssize_t want) {
     out.push_back((int)v);
   }
   Py_DECREF(fast);
-  if (want >= 0 && n != want) { PyErr_SetString(PyExc_ValueError, "roles: one per tensor argument"); return false; }
   return true;
 }
 
@@ -361,7 +361,7 @@ PyObject* StoreTvm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   std::vector<int> roles;
-  if (!Roles(args[12], roles, -1)) return nullptr;
+  if (!Roles(args[12], roles)) return nullptr;
   const TVMFFIAny* cells = reinterpret_cast<const TVMFFIAny*>(cells_addr);
   TvmCall call;
   call.fn = reinterpret_cast<TVMSafeCall>(fn);
@@ -442,12 +442,9 @@ PyObject* StoreCu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* StreamOf(PyObject*, PyObject* index) {
   long i = PyLong_AsLong(index);
   if (PyErr_Occurred()) return nullptr;
-  try {
-    return PyLong_FromUnsignedLongLong(CurrentStream(c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)i)));
-  } catch (const std::exception& exc) {
-    PyErr_SetString(PyExc_RuntimeError, exc.what());
-    return nullptr;
-  }
+  HANDLE_TH_ERRORS
+  return PyLong_FromUnsignedLongLong(CurrentStream(c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)i)));
+  END_HANDLE_TH_ERRORS
 }
 
 PyObject* Clear(PyObject*, PyObject*) {
