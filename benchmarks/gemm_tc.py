@@ -12,9 +12,10 @@ quack (quack.gemm_interface.gemm, its default config, not autotuned), in one pro
 Timing: each implementation's call is captured in a CUDA graph (`--reps` launches back to back,
 inputs rotating through enough buffer sets that their bytes exceed 2x the L2); after a short
 warm-up that brings the clocks to their loaded state, the graphs of all implementations are
-replayed round-robin `--trials` times (the H200 runs power-limited: interleaving gives each the
-same clocks) and the median replay / reps is the time per call. An implementation that cannot be
-captured is timed with CUDA events around the same loop instead (noted in meta).
+replayed `--trials` times, each trial in a freshly shuffled order (the H200 runs power-limited:
+interleaving gives each the same clocks, shuffling varies who runs before whom), and the median
+replay / reps is the time per call. An implementation that cannot be captured is timed with CUDA
+events around the same loop instead (noted in meta).
 Every output is checked against torch.matmul in fp32 (relative Frobenius error < 1e-2) on
 random-normal inputs; `verified` records the result.
 
@@ -64,6 +65,10 @@ SWEEP_RASTER = [
 # default, Config.zero_init) and zero-filled per tile
 SWEEP_ZERO_INIT = [cfg + (0, z) for cfg in ((128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8))
                    for z in (True, False)]
+# --sweep-set alpha: the large and mid rows' configs at alpha = 1 (the class that skips the multiply)
+# and at alpha = 1 + 2^-23 (the class that reads alpha; results differ by one part in 8 million)
+SWEEP_ALPHA = [(cfg, alpha) for cfg in ((128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8))
+               for alpha in (1.0, 1.0 + 2.0 ** -23)]
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
@@ -105,21 +110,25 @@ def capture(fn, reps: int):
         return loop, f"events ({type(exc).__name__})"
 
 
-def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3):
-    """Median seconds per call for each replay function, trials interleaved round-robin (the
-    starting implementation rotating) so that every implementation sees the same clocks and
-    temperature (the H200 runs power-limited)."""
+def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3, seed: int = 0):
+    """Median seconds per call for each replay function, trials interleaved: every trial replays
+    all implementations once, in an order shuffled per trial (seeded), so that each sees the same
+    clocks and temperature (the H200 runs power-limited) and none always follows the same peer.
+    (A rotation of one fixed order keeps every predecessor: with it, one config timed twice as two
+    entries differed by ~1%, the entry after quack faster than the one after xgemm.)"""
+    import random
     torch = _torch()
+    order = random.Random(seed)
     t_end = time.perf_counter() + warm_s
     while time.perf_counter() < t_end:      # bring the clocks to their loaded state first
         for r in replays:
             r()
         torch.cuda.synchronize()
     times = [[] for _ in replays]
-    for t in range(trials):
-        # each trial starts one implementation later, so none keeps the slot after the same peer
-        # (power-limited clocks make the order matter)
-        for j in [(t + i) % len(replays) for i in range(len(replays))]:
+    for _ in range(trials):
+        perm = list(range(len(replays)))
+        order.shuffle(perm)
+        for j in perm:
             r = replays[j]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -188,24 +197,26 @@ def impl_xgemm(x: Inputs, name: str = "xgemm"):
     return call, str(plan).replace("\n", " | ")
 
 
-def _problem(a, b, d):
-    """GemmProblem + ArrayViews for D = A @ B on torch CUDA tensors (the kernel protocol's inputs)."""
+def _problem(a, b, d, alpha=1.0):
+    """GemmProblem + ArrayViews for D = alpha * A @ B on torch CUDA tensors (the kernel protocol's
+    inputs)."""
     from xgemm import interop
     from xgemm.problem import Epilogue, GemmProblem
     va, vb, vd = (interop.view(t, name, "gemm_tc") for t, name in ((a, "a"), (b, "b"), (d, "out")))
     prob = GemmProblem(m=a.shape[0], n=b.shape[1], k=a.shape[1], batch=(), a=interop.operand(va),
-                       b=interop.operand(vb), c=None, epilogue=Epilogue(out_dtype=vd.dtype), framework="torch",
+                       b=interop.operand(vb), c=None, epilogue=Epilogue(alpha=alpha, out_dtype=vd.dtype), framework="torch",
                        device=va.device)
     return prob, (va, vb, None), vd
 
 
-def impl_xgemm_config(cfg):
+def impl_xgemm_config(cfg, alpha=1.0):
     """cute_gemm_sm90 with a forced config, through its kernel protocol (for --sweep)."""
     def make(x: Inputs):
         from xgemm.kernels import cute_gemm_sm90 as k90
         torch = _torch()
         pol = k90.Config(*cfg).policy("sweep")
-        preps = [_problem(x.a[j], x.b[j], x.out(f"cfg{cfg}", j)) for j in range(x.sets)]
+        key = f"cfg{cfg}" if alpha == 1.0 else f"cfg{cfg} alpha {alpha!r}"
+        preps = [_problem(x.a[j], x.b[j], x.out(key, j), alpha) for j in range(x.sets)]
 
         def call(i):
             prob, ops, out = preps[i % x.sets]
@@ -238,6 +249,9 @@ def sweep_entries(set_name: str):
         from xgemm.kernels import gluon_splitk_sm90 as sk
         return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} x{c.split}]", impl_splitk_config(c), f"sk{tuple(c)}")
                 for c in sk.tune_configs("bfloat16", "bfloat16", False)]
+    if set_name == "alpha":
+        return [(_tag(c) + ("" if alpha == 1.0 else " alpha 1+2^-23"), impl_xgemm_config(c, alpha),
+                 f"cfg{c}" if alpha == 1.0 else f"cfg{c} alpha {alpha!r}") for c, alpha in SWEEP_ALPHA]
     cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT, "raster": SWEEP_RASTER,
             "zero_init": SWEEP_ZERO_INIT}[set_name]
     return [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in cfgs]
@@ -321,7 +335,7 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init"), default="big")
+    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init", "alpha"), default="big")
     ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
@@ -347,7 +361,7 @@ def main(argv=None):
             "gpu": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
             "versions": versions, "python": platform.python_version(),
             "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
-            "timing": f"CUDA graph of {args.reps} calls, median of {args.trials} replays",
+            "timing": f"CUDA graph of {args.reps} calls, median of {args.trials} replays (order shuffled per trial)",
             "notes": notes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(records + [{"meta": meta}], indent=1))
