@@ -65,10 +65,6 @@ SWEEP_RASTER = [
 # default, Config.zero_init) and zero-filled per tile
 SWEEP_ZERO_INIT = [cfg + (0, z) for cfg in ((128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8))
                    for z in (True, False)]
-# --sweep-set alpha: the large and mid rows' configs at alpha = 1 (the class that skips the multiply)
-# and at alpha = 1 + 2^-23 (the class that reads alpha; results differ by one part in 8 million)
-SWEEP_ALPHA = [(cfg, alpha) for cfg in ((128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8))
-               for alpha in (1.0, 1.0 + 2.0 ** -23)]
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
@@ -197,26 +193,24 @@ def impl_xgemm(x: Inputs, name: str = "xgemm"):
     return call, str(plan).replace("\n", " | ")
 
 
-def _problem(a, b, d, alpha=1.0):
-    """GemmProblem + ArrayViews for D = alpha * A @ B on torch CUDA tensors (the kernel protocol's
-    inputs)."""
+def _problem(a, b, d):
+    """GemmProblem + ArrayViews for D = A @ B on torch CUDA tensors (the kernel protocol's inputs)."""
     from xgemm import interop
     from xgemm.problem import Epilogue, GemmProblem
     va, vb, vd = (interop.view(t, name, "gemm_tc") for t, name in ((a, "a"), (b, "b"), (d, "out")))
     prob = GemmProblem(m=a.shape[0], n=b.shape[1], k=a.shape[1], batch=(), a=interop.operand(va),
-                       b=interop.operand(vb), c=None, epilogue=Epilogue(alpha=alpha, out_dtype=vd.dtype), framework="torch",
+                       b=interop.operand(vb), c=None, epilogue=Epilogue(out_dtype=vd.dtype), framework="torch",
                        device=va.device)
     return prob, (va, vb, None), vd
 
 
-def impl_xgemm_config(cfg, alpha=1.0):
+def impl_xgemm_config(cfg):
     """cute_gemm_sm90 with a forced config, through its kernel protocol (for --sweep)."""
     def make(x: Inputs):
         from xgemm.kernels import cute_gemm_sm90 as k90
         torch = _torch()
         pol = k90.Config(*cfg).policy("sweep")
-        key = f"cfg{cfg}" if alpha == 1.0 else f"cfg{cfg} alpha {alpha!r}"
-        preps = [_problem(x.a[j], x.b[j], x.out(key, j), alpha) for j in range(x.sets)]
+        preps = [_problem(x.a[j], x.b[j], x.out(f"cfg{cfg}", j)) for j in range(x.sets)]
 
         def call(i):
             prob, ops, out = preps[i % x.sets]
@@ -249,9 +243,6 @@ def sweep_entries(set_name: str):
         from xgemm.kernels import gluon_splitk_sm90 as sk
         return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} x{c.split}]", impl_splitk_config(c), f"sk{tuple(c)}")
                 for c in sk.tune_configs("bfloat16", "bfloat16", False)]
-    if set_name == "alpha":
-        return [(_tag(c) + ("" if alpha == 1.0 else " alpha 1+2^-23"), impl_xgemm_config(c, alpha),
-                 f"cfg{c}" if alpha == 1.0 else f"cfg{c} alpha {alpha!r}") for c, alpha in SWEEP_ALPHA]
     cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT, "raster": SWEEP_RASTER,
             "zero_init": SWEEP_ZERO_INIT}[set_name]
     return [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in cfgs]
@@ -335,7 +326,7 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init", "alpha"), default="big")
+    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init"), default="big")
     ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
