@@ -25,12 +25,12 @@ SMALL = [(128, 128, 128), (1024, 1024, 1024), (8192, 8192, 128), (64, 8192, 8192
 def measure(out: Path, trials: int) -> None:
     import gemm_sgemm
     import gemm_tc
-    tc, _ = gemm_tc.bench(shapes=gemm_tc.SHAPES + SMALL, trials=trials)
+    reps = 20
+    tc, _ = gemm_tc.bench(shapes=gemm_tc.SHAPES + SMALL, reps=reps, trials=trials)
     fp32 = gemm_sgemm.run(gemm_sgemm.TARGETS)
     meta = gemm_sgemm.meta(argparse.Namespace())
     meta["meta"]["command"] = f"python benchmarks/gemm.py --trials {trials}"
-    meta["meta"]["timing_bf16_fp16"] = (f"gemm_tc: CUDA graph of 20 calls per implementation, median of "
-                                        f"{trials} replays, the order shuffled per trial")
+    meta["meta"]["timing_bf16_fp16"] = "gemm_tc: " + gemm_tc.timing_note(reps, trials)
     (out / "gemm-h200.json").write_text(json.dumps(tc + fp32 + [meta], indent=1))
 
 

@@ -30,6 +30,7 @@ import datetime
 import json
 import math
 import platform
+import random
 import statistics
 import sys
 import time
@@ -112,7 +113,6 @@ def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3, seed:
     clocks and temperature (the H200 runs power-limited) and none always follows the same peer.
     (A rotation of one fixed order keeps every predecessor: with it, one config timed twice as two
     entries differed by ~1%, the entry after quack faster than the one after xgemm.)"""
-    import random
     torch = _torch()
     order = random.Random(seed)
     t_end = time.perf_counter() + warm_s
@@ -133,6 +133,11 @@ def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3, seed:
             end.synchronize()
             times[j].append(start.elapsed_time(end) / 1e3 / reps)
     return [statistics.median(t) for t in times]
+
+
+def timing_note(reps: int, trials: int) -> str:
+    """How time_interleaved timed a run, for a results file's meta."""
+    return f"CUDA graph of {reps} calls, median of {trials} replays (order shuffled per trial)"
 
 
 class Inputs:
@@ -352,7 +357,7 @@ def main(argv=None):
             "gpu": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
             "versions": versions, "python": platform.python_version(),
             "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
-            "timing": f"CUDA graph of {args.reps} calls, median of {args.trials} replays (order shuffled per trial)",
+            "timing": timing_note(args.reps, args.trials),
             "notes": notes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(records + [{"meta": meta}], indent=1))
