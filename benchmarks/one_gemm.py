@@ -24,12 +24,22 @@ def main() -> int:
     ap.add_argument("--shape", default="8192x8192x8192")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--config", default="", help="xgemm only: a cute_gemm_sm90 Config as comma-separated "
+                    "fields (e.g. 128,192,2,1,1,0,8,0,1,1), run through the kernel protocol")
     args = ap.parse_args()
     m, n, k = (int(v) for v in args.shape.split("x"))
     dtype = getattr(torch, args.dtype)
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     b = torch.randn(k, n, device="cuda", dtype=dtype)
-    if args.impl == "xgemm":
+    if args.impl == "xgemm" and args.config:
+        from gemm_tc import impl_xgemm_config, Inputs
+        cfg = tuple(int(v) for v in args.config.split(","))
+        cfg = cfg[:4] + tuple(bool(v) for v in cfg[4:6]) + cfg[6:8] + tuple(bool(v) for v in cfg[8:])
+        x = Inputs(m, n, k, args.dtype)
+        a, b = x.a[0], x.b[0]
+        run, _ = impl_xgemm_config(cfg)(x)
+        call = lambda: (run(0), x.out(f"cfg{cfg}", 0))[1]   # noqa: E731
+    elif args.impl == "xgemm":
         import xgemm
         call = lambda: xgemm.matmul(a, b)          # noqa: E731
     elif args.impl == "quack":

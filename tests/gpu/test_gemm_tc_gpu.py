@@ -84,6 +84,10 @@ CONFIG_CASES = [
     (128, 160, 2, 1, True, True, 8), (128, 64, 1, 1, True, True, 1), (128, 256, 2, 1, False, True, 8),
     (128, 256, 1, 2, False, True, 8), (256, 128, 2, 1, False, True, 8), (256, 128, 1, 2, False, False, 8),
     (128, 128, 1, 1, False, True, 1), (256, 192, 2, 1, False, True, 8),
+    # serpentine band order (fields 8-10: stages, zero_init, serpentine): odd bands reflected
+    # along N (whole 2x1 and 1x2 clusters, a partial last cluster) or along M
+    (128, 192, 2, 1, True, False, 2, 0, True, True), (128, 192, 1, 2, True, False, 2, 0, True, True),
+    (128, 128, 2, 1, True, True, 4, 0, True, True),
 ]
 CONFIG_SHAPE = (1000, 3080, 1032)
 # The C path (TMA-loaded C, alpha/beta) and non-default majorness on the cluster configs.

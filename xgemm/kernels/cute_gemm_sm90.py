@@ -64,11 +64,16 @@ class Config:
     # a tile's first wgmmas overwrite the accumulators (ACCUMULATE off) instead of a zero fill
     # (192 register moves per thread per 128x192 tile)
     zero_init: bool = True
+    # odd swizzle bands walk the slow dimension backwards (quack's order), so a band starts on
+    # the operand tiles the previous band ended on, which are still in L2
+    serpentine: bool = False
 
     def policy(self, why: str = "") -> Policy:
         notes = ("pingpong" if self.pingpong else "cooperative", f"swizzle {self.swizzle}")
         if not self.zero_init:
             notes += ("filled accumulators",)
+        if self.serpentine:
+            notes += ("serpentine",)
         if why:
             notes += (why,)
         return Policy(tile=(self.tile_m, self.tile_n, 64), stages=self.stages,
@@ -82,7 +87,8 @@ class Config:
         return Config(tile_m=policy.tile[0], tile_n=policy.tile[1], cluster_m=policy.cluster[0],
                       cluster_n=policy.cluster[1], pingpong="pingpong" in notes,
                       raster_m=policy.raster != "n", swizzle=swizzle, stages=policy.stages,
-                      zero_init="filled accumulators" not in notes)
+                      zero_init="filled accumulators" not in notes,
+                      serpentine="serpentine" in notes)
 
     def check(self) -> None:
         """Raise ValueError for a config this kernel cannot build (before any compile)."""
@@ -303,6 +309,24 @@ def _device():
                 grid=grid, block=[self.threads_per_cta, 1, 1], cluster=self.cluster_shape_mnk,
                 min_blocks_per_mp=1, stream=stream, use_pdl=True)
 
+        def _tile_coord(self, tc, gD_mnl):
+            """The scheduler's tile (m, n, l), its slow coordinate reflected in odd swizzle bands
+            when the config is serpentine (at cluster granularity, so clusters stay whole)."""
+            if const_expr(not self.cfg.serpentine or self.cfg.swizzle == 1):
+                return tc
+            cm, cn = self.cluster_shape_mnk[0], self.cluster_shape_mnk[1]
+            if const_expr(self.cfg.raster_m):      # bands of N clusters sweep M: reflect M
+                odd = (tc[1] // cn // self.cfg.swizzle) % 2
+                slow = tc[0] // cm
+                n_slow = (cute.size(gD_mnl, mode=[2]) + cm - 1) // cm
+                m = tc[0] + odd * (n_slow - 1 - 2 * slow) * cm
+                return (m, tc[1], tc[2])
+            odd = (tc[0] // cm // self.cfg.swizzle) % 2   # bands of M clusters sweep N: reflect N
+            slow = tc[1] // cn
+            n_slow = (cute.size(gD_mnl, mode=[3]) + cn - 1) // cn
+            n = tc[1] + odd * (n_slow - 1 - 2 * slow) * cn
+            return (tc[0], n, tc[2])
+
         # ----------------------------------------------------------------------- the kernel
         @cute.kernel
         def kernel(self, tiled_mma: cute.TiledMma, tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor,
@@ -400,7 +424,7 @@ def _device():
                     prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                         self.ab_stage)
                     while work.is_valid_tile:
-                        tc = work.tile_idx
+                        tc = self._tile_coord(work.tile_idx, gD_mnl)
                         tAgA_k = tAgA[(None, tc[0], None, tc[2])]
                         tBgB_k = tBgB[(None, tc[1], None, tc[2])]
                         for k_tile in cutlass.range(k_tile_cnt, unroll=1):
@@ -498,7 +522,7 @@ def _device():
                         work = sched.get_current_work()
 
                 while work.is_valid_tile:
-                    tc = work.tile_idx
+                    tc = self._tile_coord(work.tile_idx, gD_mnl)
                     if const_expr(self.pingpong):
                         cute.arch.barrier(barrier_id=BAR_MMA0 + wg_idx, number_of_threads=256)
                     # ---------------------------------------------------------- mainloop
