@@ -66,10 +66,6 @@ SWEEP_RASTER = [
 # default, Config.zero_init) and zero-filled per tile
 SWEEP_ZERO_INIT = [cfg + (0, z) for cfg in ((128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8))
                    for z in (True, False)]
-# --sweep-set serpentine: the large and mid rows' configs with odd swizzle bands walking the slow
-# dimension backwards (Config.serpentine, quack's order) against the plain band order
-SWEEP_SERPENTINE = [(128, 192, 2, 1, True, False, g, 0, True, s) for g, s in ((8, False), (8, True), (4, True), (16, True))] + [
-    (128, 128, 2, 1, True, True, 8, 0, True, s) for s in (False, True)]
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
@@ -253,7 +249,7 @@ def sweep_entries(set_name: str):
         return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} x{c.split}]", impl_splitk_config(c), f"sk{tuple(c)}")
                 for c in sk.tune_configs("bfloat16", "bfloat16", False)]
     cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT, "raster": SWEEP_RASTER,
-            "zero_init": SWEEP_ZERO_INIT, "serpentine": SWEEP_SERPENTINE}[set_name]
+            "zero_init": SWEEP_ZERO_INIT}[set_name]
     return [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in cfgs]
 
 
@@ -306,8 +302,7 @@ def bench(shapes=SHAPES, dtypes=DTYPES, impls=("cublas", "quack", "xgemm"), swee
 
 def _tag(c):
     return (f"xgemm[{'pp' if c[4] else 'coop'} {c[0]}x{c[1]} c{c[2]}x{c[3]} "
-            f"r{'m' if c[5] else 'n'} s{c[6]}{' filled' if len(c) > 8 and not c[8] else ''}"
-            f"{' serp' if len(c) > 9 and c[9] else ''}]")
+            f"r{'m' if c[5] else 'n'} s{c[6]}{' filled' if len(c) > 8 and not c[8] else ''}]")
 
 
 def table(records) -> str:
@@ -336,7 +331,7 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init", "serpentine"), default="big")
+    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init"), default="big")
     ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)

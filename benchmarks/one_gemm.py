@@ -25,7 +25,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--config", default="", help="xgemm only: a cute_gemm_sm90 Config as comma-separated "
-                    "fields (e.g. 128,192,2,1,1,0,8,0,1,1), run through the kernel protocol")
+                    "fields (e.g. 128,192,2,1,1,0,8,0,1), run through the kernel protocol")
     args = ap.parse_args()
     m, n, k = (int(v) for v in args.shape.split("x"))
     dtype = getattr(torch, args.dtype)

@@ -84,13 +84,10 @@ CONFIG_CASES = [
     (128, 160, 2, 1, True, True, 8), (128, 64, 1, 1, True, True, 1), (128, 256, 2, 1, False, True, 8),
     (128, 256, 1, 2, False, True, 8), (256, 128, 2, 1, False, True, 8), (256, 128, 1, 2, False, False, 8),
     (128, 128, 1, 1, False, True, 1), (256, 192, 2, 1, False, True, 8),
-    # serpentine band order (fields 8-10: stages, zero_init, serpentine): odd bands reflected
-    # along N (whole 2x1 and 1x2 clusters, a partial last cluster) or along M
-    (128, 192, 2, 1, True, False, 2, 0, True, True), (128, 192, 1, 2, True, False, 2, 0, True, True),
-    (128, 128, 2, 1, True, True, 4, 0, True, True),
 ]
 CONFIG_SHAPE = (1000, 3080, 1032)
-# The C path (TMA-loaded C, alpha/beta) and non-default majorness on the cluster configs.
+# The C path (TMA-loaded C, alpha/beta) and non-default majorness on the cluster configs, and
+# configs on shapes chosen for their tile schedule.
 CONFIG_C_CASES = [
     ((256, 128, 2, 1, False, True, 8),
      ("coop-c", 1000, 3080, 1032, 1, "bfloat16", "bfloat16", "row", "row", "row", "float32", "col", 0.5, -2.0, "")),
@@ -98,6 +95,18 @@ CONFIG_C_CASES = [
      ("pp-c", 1000, 3080, 1032, 1, "float16", "float32", "col", "col", "col", "bfloat16", "row", 1.0, 1.0, "")),
     ((128, 256, 2, 1, False, True, 8),
      ("coop-batched-c", 520, 1544, 264, 2, "bfloat16", "bfloat16", "row", "col", "row", "bfloat16", "row", 1.0, 1.0, "b")),
+    # swizzle bands with a narrower last band (Sm90Gemm._tile_of): 22 M tiles = 11 clusters in
+    # bands of 8 + 3 sweeping N; 11 N tiles in bands of 8 + 3 (and 3 M clusters, the last half
+    # empty) sweeping M; 1x2 clusters, 6 N clusters in bands of 4 + 2, batched; 5 M tiles in bands
+    # of 2 + 2 + 1
+    ((128, 192, 2, 1, True, False, 8),
+     ("bands-n", 2766, 1000, 264, 1, "bfloat16", "bfloat16", "row", "row", "row", None, "row", 1.0, 0.0, "")),
+    ((128, 128, 2, 1, True, True, 8),
+     ("bands-m", 600, 1368, 136, 1, "float16", "float16", "row", "row", "row", None, "row", 1.0, 0.0, "")),
+    ((128, 128, 1, 2, True, True, 4),
+     ("bands-m-1x2-batched", 520, 1288, 136, 2, "bfloat16", "bfloat16", "row", "row", "row", None, "row", 1.0, 0.0, "")),
+    ((128, 192, 1, 2, True, False, 2),
+     ("bands-n-1x2", 600, 1000, 200, 1, "bfloat16", "float32", "row", "col", "row", "float32", "row", 0.5, 1.0, "")),
 ]
 
 

@@ -20,7 +20,8 @@ Design
     cooperative  both consumer warpgroups split one tile along M (tile 128xN or 256xN);
     pingpong     each consumer warpgroup owns its own 128xN tile and the two alternate, so one's
                  epilogue overlaps the other's mainloop (ordered by named barriers).
-  Tiles are handed out statically (StaticPersistentTileScheduler) with a swizzled raster for L2.
+  Cluster tiles are handed out statically (each cluster takes every grid-th one) in swizzled
+  bands for L2 reuse, numbered without padding (Sm90Gemm._tile_of).
   Launched with programmatic dependent launch (griddepcontrol), so a GEMM's prologue overlaps
   the previous kernel's tail in the stream.
   The epilogue walks the tile in epi subtiles: acc -> alpha*acc (+ beta*C, C fetched by TMA into
@@ -64,16 +65,11 @@ class Config:
     # a tile's first wgmmas overwrite the accumulators (ACCUMULATE off) instead of a zero fill
     # (192 register moves per thread per 128x192 tile)
     zero_init: bool = True
-    # odd swizzle bands walk the slow dimension backwards (quack's order), so a band starts on
-    # the operand tiles the previous band ended on, which are still in L2
-    serpentine: bool = False
 
     def policy(self, why: str = "") -> Policy:
         notes = ("pingpong" if self.pingpong else "cooperative", f"swizzle {self.swizzle}")
         if not self.zero_init:
             notes += ("filled accumulators",)
-        if self.serpentine:
-            notes += ("serpentine",)
         if why:
             notes += (why,)
         return Policy(tile=(self.tile_m, self.tile_n, 64), stages=self.stages,
@@ -87,8 +83,7 @@ class Config:
         return Config(tile_m=policy.tile[0], tile_n=policy.tile[1], cluster_m=policy.cluster[0],
                       cluster_n=policy.cluster[1], pingpong="pingpong" in notes,
                       raster_m=policy.raster != "n", swizzle=swizzle, stages=policy.stages,
-                      zero_init="filled accumulators" not in notes,
-                      serpentine="serpentine" in notes)
+                      zero_init="filled accumulators" not in notes)
 
     def check(self) -> None:
         """Raise ValueError for a config this kernel cannot build (before any compile)."""
@@ -168,7 +163,6 @@ def _device():
     import cutlass
     import cutlass.cute as cute
     import cutlass.pipeline as pipeline
-    import cutlass.utils as utils
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float16, Float32, Int32, const_expr
     from cutlass.cute.nvgpu import cpasync, warp, warpgroup
@@ -280,12 +274,14 @@ def _device():
                     cpasync.CopyBulkTensorTileG2SOp(), mC, c_smem, self.epi_tile)
                 self.c_bytes = cute.size_in_bytes(self.c_dtype, c_smem)
 
-            # persistent grid: one cluster per (max active) cluster slot, tiles strided over it
-            num_ctas_mnl = cute.ceil_div(mD.shape, (self.tile_shape_mnk[0], self.tile_shape_mnk[1], 1))
-            sched_params = utils.PersistentTileSchedulerParams(
-                num_ctas_mnl, self.cluster_shape_mnk, self.cfg.swizzle, self.cfg.raster_m)
-            grid = utils.StaticPersistentTileScheduler.get_grid_shape(
-                sched_params, self.max_active_clusters)
+            # persistent grid: one cluster per (max active) cluster slot, cluster tiles strided
+            # over it (see _tile_of)
+            tiles_m = (mD.shape[0] + self.tile_shape_mnk[0] - 1) // self.tile_shape_mnk[0]
+            tiles_n = (mD.shape[1] + self.tile_shape_mnk[1] - 1) // self.tile_shape_mnk[1]
+            cluster_tiles = ((tiles_m + self.cfg.cluster_m - 1) // self.cfg.cluster_m
+                             * ((tiles_n + self.cfg.cluster_n - 1) // self.cfg.cluster_n) * mD.shape[2])
+            grid = (self.cfg.cluster_m, self.cfg.cluster_n,
+                    cutlass.min(cluster_tiles, self.max_active_clusters))
 
             c_elems = cute.cosize(c_smem_staged) if const_expr(self.has_c) else 0
             c_type = self.c_dtype if const_expr(self.has_c) else Float32
@@ -305,27 +301,40 @@ def _device():
             self.shared_storage = SharedStorage
             self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
                         tma_atom_c, tma_c, alpha, beta, self.cluster_layout_mnk, a_smem_staged,
-                        b_smem_staged, d_smem_staged, c_smem_staged, sched_params).launch(
+                        b_smem_staged, d_smem_staged, c_smem_staged).launch(
                 grid=grid, block=[self.threads_per_cta, 1, 1], cluster=self.cluster_shape_mnk,
                 min_blocks_per_mp=1, stream=stream, use_pdl=True)
 
-        def _tile_coord(self, tc, gD_mnl):
-            """The scheduler's tile (m, n, l), its slow coordinate reflected in odd swizzle bands
-            when the config is serpentine (at cluster granularity, so clusters stay whole)."""
-            if const_expr(not self.cfg.serpentine or self.cfg.swizzle == 1):
-                return tc
+        def _tile_of(self, work, gD_mnl):
+            """(m, n, l) tile of this CTA for cluster work index `work`, and whether it exists.
+
+            Cluster tiles are numbered in bands of `swizzle` clusters along the fast dimension
+            (M when raster_m is off: a band of A rows sweeps across N; N when it is on), the
+            last band as wide as what is left. cutlass's PersistentTileSchedulerParams rounds
+            the fast dimension up to whole bands instead and runs the padding as real (empty)
+            tiles: 7 of 24 cluster rows at M = 4224 with bands of 8.
+            """
+            G = self.cfg.swizzle
             cm, cn = self.cluster_shape_mnk[0], self.cluster_shape_mnk[1]
-            if const_expr(self.cfg.raster_m):      # bands of N clusters sweep M: reflect M
-                odd = (tc[1] // cn // self.cfg.swizzle) % 2
-                slow = tc[0] // cm
-                n_slow = (cute.size(gD_mnl, mode=[2]) + cm - 1) // cm
-                m = tc[0] + odd * (n_slow - 1 - 2 * slow) * cm
-                return (m, tc[1], tc[2])
-            odd = (tc[0] // cm // self.cfg.swizzle) % 2   # bands of M clusters sweep N: reflect N
-            slow = tc[1] // cn
-            n_slow = (cute.size(gD_mnl, mode=[3]) + cn - 1) // cn
-            n = tc[1] + odd * (n_slow - 1 - 2 * slow) * cn
-            return (tc[0], n, tc[2])
+            ncm = (cute.size(gD_mnl, mode=[2]) + cm - 1) // cm
+            ncn = (cute.size(gD_mnl, mode=[3]) + cn - 1) // cn
+            per_batch = ncm * ncn
+            valid = work < per_batch * cute.size(gD_mnl, mode=[4])
+            l = work // per_batch
+            r = work - l * per_batch
+            n_fast, n_slow = (ncn, ncm) if const_expr(self.cfg.raster_m) else (ncm, ncn)
+            if const_expr(G == 1):
+                fast = r // n_slow
+                slow = r - fast * n_slow
+            else:
+                band = r // (G * n_slow)
+                in_band = r - band * (G * n_slow)
+                width = cutlass.min(G, n_fast - band * G)
+                slow = in_band // width
+                fast = band * G + (in_band - slow * width)
+            c_m, c_n = (slow, fast) if const_expr(self.cfg.raster_m) else (fast, slow)
+            bidx, bidy, _ = cute.arch.block_idx()
+            return (c_m * cm + bidx % cm, c_n * cn + bidy % cn, l), valid
 
         # ----------------------------------------------------------------------- the kernel
         @cute.kernel
@@ -335,8 +344,7 @@ def _device():
                    mC_mnl: Optional[cute.Tensor], alpha: Float32, beta: Float32,
                    cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
                    b_smem_staged: cute.ComposedLayout, d_smem_staged: cute.ComposedLayout,
-                   c_smem_staged: Optional[cute.ComposedLayout],
-                   sched_params: utils.PersistentTileSchedulerParams):
+                   c_smem_staged: Optional[cute.ComposedLayout]):
             tidx, _, _ = cute.arch.thread_idx()
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             if warp_idx == self.load_warp_id:
@@ -418,13 +426,11 @@ def _device():
             if warp_idx >= self.load_warp_id:
                 cute.arch.setmaxregister_decrease(self.regs_load)
                 if warp_idx == self.load_warp_id:
-                    sched = utils.StaticPersistentTileScheduler.create(
-                        sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-                    work = sched.initial_work_tile_info()
+                    work = cute.arch.block_idx()[2]
+                    tc, valid = self._tile_of(work, gD_mnl)
                     prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                         self.ab_stage)
-                    while work.is_valid_tile:
-                        tc = self._tile_coord(work.tile_idx, gD_mnl)
+                    while valid:
                         tAgA_k = tAgA[(None, tc[0], None, tc[2])]
                         tBgB_k = tBgB[(None, tc[1], None, tc[2])]
                         for k_tile in cutlass.range(k_tile_cnt, unroll=1):
@@ -436,8 +442,8 @@ def _device():
                                       tma_bar_ptr=bar, mcast_mask=b_mcast_mask)
                             ab_pipeline.producer_commit(prod)
                             prod.advance()
-                        sched.advance_to_next_work()
-                        work = sched.get_current_work()
+                        work += cute.arch.grid_dim()[2]
+                        tc, valid = self._tile_of(work, gD_mnl)
                     ab_pipeline.producer_tail(prod)
 
             # ------------------------------------------------------------ consumer warpgroups
@@ -495,9 +501,9 @@ def _device():
                 epi_tile_num = epi_tiles_mn[0] * epi_tiles_mn[1]
                 epi_tile_layout = cute.make_layout(epi_tiles_mn, stride=(epi_tiles_mn[1], 1))
 
-                sched = utils.StaticPersistentTileScheduler.create(
-                    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-                work = sched.initial_work_tile_info()
+                work = cute.arch.block_idx()[2]
+                work_stride = cute.arch.grid_dim()[2]
+                tiles_done = Int32(0)        # by this warpgroup (pingpong) or CTA: epilogue buffers
                 ab_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                        self.ab_stage)
                 c_read = None
@@ -518,11 +524,10 @@ def _device():
                         if const_expr(self.has_c):
                             c_read.advance(epi_tile_num)
                             c_write.advance(epi_tile_num)
-                        sched.advance_to_next_work()
-                        work = sched.get_current_work()
+                        work += work_stride
+                tc, valid = self._tile_of(work, gD_mnl)
 
-                while work.is_valid_tile:
-                    tc = self._tile_coord(work.tile_idx, gD_mnl)
+                while valid:
                     if const_expr(self.pingpong):
                         cute.arch.barrier(barrier_id=BAR_MMA0 + wg_idx, number_of_threads=256)
                     # ---------------------------------------------------------- mainloop
@@ -582,7 +587,7 @@ def _device():
                                           tma_bar_ptr=c_pipeline.producer_get_barrier(c_write))
                                 c_pipeline.producer_commit(c_write)
                             c_write.advance()
-                    num_prev = sched.num_tiles_executed * epi_tile_num
+                    num_prev = tiles_done * epi_tile_num
                     for epi_idx in cutlass.range_constexpr(epi_tile_num):
                         for v in cutlass.range_constexpr(size_rD):
                             tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
@@ -634,10 +639,11 @@ def _device():
                         if const_expr(self.has_c):
                             c_read.advance(epi_tile_num)
                             c_write.advance(epi_tile_num)
-                        sched.advance_to_next_work(advance_count=2)
+                        work += 2 * work_stride
                     else:
-                        sched.advance_to_next_work()
-                    work = sched.get_current_work()
+                        work += work_stride
+                    tiles_done += 1
+                    tc, valid = self._tile_of(work, gD_mnl)
 
                 # the next kernel in the stream may start its prologue (it waits for our end)
                 cute.arch.griddepcontrol_launch_dependents()
