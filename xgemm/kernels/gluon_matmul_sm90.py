@@ -502,6 +502,9 @@ class GluonMatmulSm90:
             return f"shape {m}x{n}x{k} out of range"
         if k % 8 or n % 8:
             return "TMA needs K and N multiples of 8 (16-byte rows)"
+        for label, op in (("A", a), ("B", b)):
+            if op.alignment < 16:       # a view's base or row stride (e.g. x[:, 1:]), not just K, N
+                return f"{label} is not 16-byte aligned (TMA needs 16-byte base and row stride)"
         cfg = pick_config(a.dtype, problem.epilogue.out_dtype, b.majorness == COL)
         from .. import gluon_cache
         return gluon_cache.available(cfg.key)
