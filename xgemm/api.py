@@ -248,8 +248,13 @@ def _prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: A
     problem = GemmProblem(m=m, n=n, k=k, batch=batch, a=interop.operand(a2v), b=interop.operand(bv2),
                           c=interop.operand(cv2) if cv2 is not None else None, epilogue=epilogue,
                           framework=owner, device=va.device)
-    plan = _choose("gemm", problem, empty=(m * n * k * math.prod(batch) == 0))
+    empty = m * n * k * math.prod(batch) == 0
+    plan = _choose("gemm", problem, empty=empty)
     plan.copies.extend(copies)
+    if on_gpu and not empty and dt in _HALF and plan.kernel.name == "reference":
+        staged = _stage_aligned(fn, plan, problem, (a2v, bv2, cv2), batch, out, a_vec, b_vec)
+        if staged is not None:
+            return staged.plan if plan_only else staged
     if plan_only:
         return plan
 
@@ -277,6 +282,65 @@ def _prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: A
             out[...] = _squeeze(result, a_vec, b_vec)
         return out
     return _Prepared(plan, (a2v, bv2, cv2), kernel_out, finish)
+
+
+def _stage_aligned(fn: str, plan: policy.Plan, problem: GemmProblem, operands: tuple, batch: Tuple[int, ...],
+                   out: Any, a_vec: bool, b_vec: bool) -> Optional["_Prepared"]:
+    """An fp16/bf16 GEMM every GPU kernel declined (a row of A, B, C or D is not a multiple of 16
+    bytes, or a base address is not 16-byte aligned) runs on 16-byte-aligned copies instead of
+    the framework fallback (which computes in fp32): K and N are padded to multiples of 8
+    elements, the K padding of A and B zero-filled so it adds nothing, and D is written into a
+    padded buffer whose first N columns become the result. None when no kernel takes even that."""
+    m, n, k = problem.m, problem.n, problem.k
+    a2v, bv2, cv2 = operands
+    per = 16 // a2v.itemsize
+    kp, np_ = -(-k // per) * per, -(-n // per) * per
+    copies = list(plan.copies)
+
+    def ready(v: interop.ArrayView) -> bool:
+        op = interop.operand(v)
+        return op.majorness != STRIDED and op.alignment >= 16
+
+    def staged(v, rows_p, cols_p, zero_rows, zero_cols, name):
+        if v.shape[-2:] == (rows_p, cols_p) and ready(v):
+            return v
+        lead = v.shape[:-2]
+        if lead and not any(v.strides[:-2]):     # one matrix broadcast over the batch: pad it once
+            one = interop.padded_copy(interop.view(v.obj[(0,) * len(lead)], name, fn), (rows_p, cols_p),
+                                      zero_rows, zero_cols, name, copies)
+            return interop.view(_broadcast_to(one.obj, lead + (rows_p, cols_p), problem.framework), name, fn)
+        return interop.padded_copy(v, lead + (rows_p, cols_p), zero_rows, zero_cols, name, copies)
+
+    a_p = staged(a2v, m, kp, False, True, "a")
+    b_p = staged(bv2, kp, np_, True, False, "b")
+    c_p = staged(cv2, m, np_, False, False, "c") if cv2 is not None else None
+    full_p = batch + (m, np_)
+    ep = problem.epilogue
+    epilogue = Epilogue(alpha=ep.alpha, beta=ep.beta, has_c=ep.has_c, out_dtype=ep.out_dtype)
+    padded = GemmProblem(m=m, n=np_, k=kp, batch=batch, a=interop.operand(a_p), b=interop.operand(b_p),
+                         c=interop.operand(c_p) if c_p is not None else None, epilogue=epilogue,
+                         framework=problem.framework, device=problem.device)
+    plan_p = policy.choose("gemm", padded)
+    if plan_p.kernel.name == "reference":
+        return None
+    if np_ != n:
+        copies.append(f"out: written as {full_p} (N padded to {np_}); its first {n} columns "
+                      + ("copied into out" if out is not None else "copied into a compact result"))
+    elif out is not None:
+        copies.append("out: the kernel writes a compact temporary that is copied into out")
+    plan_p.copies = copies
+    plan_p.declined = list(plan.declined) + [(f"{d} (padded problem)", why) for d, why in plan_p.declined]
+    result_p = interop.empty(problem.framework, full_p, ep.out_dtype, problem.device, a2v.obj)
+
+    def finish(r):
+        res = result_p[..., :n] if np_ != n else result_p
+        if out is not None:
+            out[...] = _squeeze(res, a_vec, b_vec)
+            return out
+        if np_ != n:
+            res = interop.compact(interop.view(res, "out", fn), "out", []).obj
+        return _squeeze(res, a_vec, b_vec)
+    return _Prepared(plan_p, (a_p, b_p, c_p), interop.view(_batched(result_p, batch), "out", fn), finish)
 
 
 def _choose(op: str, problem, *, empty: bool) -> policy.Plan:

@@ -309,6 +309,25 @@ def compact(v: ArrayView, name: str, copies: list) -> ArrayView:
     return view(y, name, "compact")
 
 
+def padded_copy(v: ArrayView, shape: Tuple[int, ...], zero_rows: bool, zero_cols: bool, name: str,
+                copies: list) -> ArrayView:
+    """v copied into the top-left corner of a fresh row-major array of `shape` (v's leading dims,
+    its last two at least v's) in the owner framework, on its current stream; the extra rows /
+    columns are zero-filled where asked (else left uninitialized). Recorded for explain()."""
+    x = v.obj
+    rows, cols = v.shape[-2], v.shape[-1]
+    buf = empty(v.framework, tuple(shape), v.dtype, v.device, x)
+    buf[..., :rows, :cols] = x
+    if zero_rows and shape[-2] > rows:
+        buf[..., rows:, :] = 0
+    if zero_cols and shape[-1] > cols:
+        buf[..., :, cols:] = 0
+    copies.append(f"{name}: shape {v.shape} strides {v.strides} -> 16-byte-aligned row-major {tuple(shape)} "
+                  f"({'zero-padded' if zero_rows or zero_cols else 'padded'}; "
+                  f"{math.prod(shape) * v.itemsize} bytes, {v.framework})")
+    return view(buf, name, "pad")
+
+
 def import_into(owner: str, x: Any, name: str, fn: str) -> Any:
     """Bring an operand of another framework into the owner's, zero-copy through DLPack where possible.
 

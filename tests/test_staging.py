@@ -1,0 +1,96 @@
+"""fp16/bf16 GEMMs that no GPU kernel takes as given (rows not a multiple of 16 bytes, a base
+address off 16) run on 16-byte-aligned padded copies instead of the framework fallback.
+
+CPU only: tests/fake_cuda.py dresses CPU tensors as an sm_90 device and records the launches,
+so these check what the kernel would receive (shapes, strides, zero padding) and what the caller
+gets back; tests/gpu/test_api_gpu.py checks the numbers on the H200.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cuda.bindings")
+import xgemm  # noqa: E402
+from fake_cuda import Fake  # noqa: E402
+
+
+def ints(*shape, dtype=torch.bfloat16):
+    return torch.randint(-5, 6, shape).to(dtype)
+
+
+def launched_tensors(fake):
+    (kind, key, args), = fake.calls
+    assert kind == "cute" and key[0] == "cute_gemm_sm90", key
+    return [t for t in args if isinstance(t, torch.Tensor)]
+
+
+def aligned(t):
+    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ragged_k_and_n_are_padded_with_zero_k(dtype):
+    a, b = ints(300, 999, dtype=dtype), ints(999, 1001, dtype=dtype)
+    with Fake(keep=True) as fake:
+        plan = xgemm.explain(a, b)
+        d = xgemm.matmul(a, b)
+    assert plan.kernel_name == "cute_gemm_sm90", str(plan)
+    text = str(plan)
+    assert "16-byte-aligned row-major (300, 1000)" in text and "(1000, 1008)" in text, text
+    assert "first 1001 columns" in text, text
+    a_p, b_p, d_p = launched_tensors(fake)
+    assert a_p.shape == (300, 1000) and b_p.shape == (1000, 1008) and d_p.shape == (300, 1008)
+    assert all(aligned(t) for t in (a_p, b_p, d_p))
+    assert torch.equal(a_p[:, :999], a) and not a_p[:, 999:].any()        # K padding adds 0
+    assert torch.equal(b_p[:999, :1001], b) and not b_p[999:, :].any()
+    assert d.shape == (300, 1001) and d.is_contiguous() and d.dtype == dtype
+
+
+def test_only_the_operand_that_needs_it_is_copied():
+    a, b = ints(256, 512), ints(512, 1001)            # K aligned: A is used in place
+    with Fake(keep=True) as fake:
+        xgemm.matmul(a, b)
+        plan = str(xgemm.explain(a, b))
+    a_p, b_p, _ = launched_tensors(fake)
+    assert a_p.data_ptr() == a.data_ptr()
+    assert b_p.shape == (512, 1008)
+    assert "a: shape" not in plan and "b: shape (512, 1001)" in plan, plan
+
+
+def test_misaligned_base_address_is_copied():
+    big = ints(128, 257)
+    a = big[:, 1:]                                     # K = 256, rows 514 bytes apart, base + 2 bytes
+    b = ints(256, 128)
+    with Fake(keep=True) as fake:
+        xgemm.matmul(a, b)
+    a_p, b_p, _ = launched_tensors(fake)
+    assert a_p.shape == (128, 256) and aligned(a_p) and torch.equal(a_p, a)
+    assert b_p.data_ptr() == b.data_ptr()
+
+
+def test_gemm_with_c_batched_and_out():
+    a, b, c = ints(2, 64, 99), ints(99, 77), ints(2, 64, 77)
+    out = torch.empty(2, 64, 77, dtype=torch.bfloat16)
+    with Fake(keep=True) as fake:
+        d = xgemm.gemm(a, b, c, alpha=2.0, beta=-1.0, out=out)
+        plan = str(xgemm.explain(a, b, c, alpha=2.0, beta=-1.0))
+    assert d is out
+    a_p, b_p, d_p, c_p = launched_tensors(fake)
+    assert a_p.shape == (2, 64, 104) and b_p.shape == (104, 80)
+    assert c_p.shape == (2, 64, 80) and torch.equal(c_p[..., :77], c)
+    assert d_p.shape == (2, 64, 80)
+    assert "kernel: cute_gemm_sm90" in plan, plan
+
+
+def test_vector_operand():
+    a, v = ints(300, 999), ints(999)
+    with Fake(keep=True):
+        y = xgemm.matmul(a, v)
+    assert y.shape == (300,)
+
+
+def test_aligned_problems_copy_nothing():
+    with Fake(keep=True):
+        plan = xgemm.explain(ints(256, 512), ints(512, 1024))
+    assert plan.kernel_name == "cute_gemm_sm90" and not plan.copies, str(plan)
