@@ -66,6 +66,13 @@ SWEEP_RASTER = [
 # default, Config.zero_init) and zero-filled per tile
 SWEEP_ZERO_INIT = [cfg + (0, z) for cfg in ((128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8))
                    for z in (True, False)]
+# --sweep-set waves: the large row's 128x192 pingpong with its cluster along M (2x1, B multicast)
+# or along N (1x2, A multicast), and the mid row's 128x128, on shapes whose cluster-tile counts
+# fill the last wave of 66 clusters differently
+SWEEP_WAVES = [
+    (128, 192, 2, 1, True, False, 8), (128, 192, 1, 2, True, False, 8), (128, 192, 1, 2, True, False, 4),
+    (128, 192, 1, 2, True, True, 8), (128, 128, 2, 1, True, True, 8), (128, 128, 1, 2, True, False, 8),
+]
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
@@ -249,7 +256,7 @@ def sweep_entries(set_name: str):
         return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} x{c.split}]", impl_splitk_config(c), f"sk{tuple(c)}")
                 for c in sk.tune_configs("bfloat16", "bfloat16", False)]
     cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT, "raster": SWEEP_RASTER,
-            "zero_init": SWEEP_ZERO_INIT}[set_name]
+            "zero_init": SWEEP_ZERO_INIT, "waves": SWEEP_WAVES}[set_name]
     return [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in cfgs]
 
 
@@ -331,7 +338,7 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init"), default="big")
+    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init", "waves"), default="big")
     ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)

@@ -83,7 +83,7 @@ CONFIG_CASES = [
     (128, 192, 2, 1, True, True, 8), (128, 192, 1, 2, True, False, 8), (128, 128, 2, 1, True, True, 4),
     (128, 160, 2, 1, True, True, 8), (128, 64, 1, 1, True, True, 1), (128, 256, 2, 1, False, True, 8),
     (128, 256, 1, 2, False, True, 8), (256, 128, 2, 1, False, True, 8), (256, 128, 1, 2, False, False, 8),
-    (128, 128, 1, 1, False, True, 1), (256, 192, 2, 1, False, True, 8),
+    (128, 128, 1, 1, False, True, 1), (256, 192, 2, 1, False, True, 8), (128, 128, 1, 2, True, False, 8),
 ]
 CONFIG_SHAPE = (1000, 3080, 1032)
 # The C path (TMA-loaded C, alpha/beta) and non-default majorness on the cluster configs, and

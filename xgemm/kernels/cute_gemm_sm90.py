@@ -127,19 +127,30 @@ class Config:
 #             framework-side sum measured 52-74 us (the sum's extra launches eat the gain).
 # Raster along N with swizzle 8 = bands of 8 clusters (2048 rows of A) that sweep across N, so
 # the band of A stays in the 60 MB L2 while B streams past (quack's default order, too).
+# The mid and large rows hold candidates, the row's tuned config first: the one whose waves are
+# best filled wins (wave_efficiency; ties keep the earlier). Whole tiles at the ragged edges and
+# a part-filled last wave of clusters cost as much as full ones, and the candidates run at the
+# same rate per tile (2026-12-01, gemm_tc.py --sweep --sweep-set waves, bf16, one process;
+# gemm_tc_waves-h200.json): measured TFLOP/s over wave_efficiency gives 687 / 688 / 679 / 686
+# at 8192^3 and 690 / 690 / 670 / 710 at 4224x8192x8192 for 128x192 2x1 / 128x192 1x2 / 128x128
+# 2x1 / 128x128 1x2. So 4224x8192x8192 takes 128x128 1x2 (710 vs the large row's 614, cuBLAS
+# 682: 33 M tiles leave half a 2x1 cluster empty) and 8192x4224x8192 128x128 2x1 (678 vs 670,
+# cuBLAS 677). Not modelled: 5000^3 ran 480-567 for every candidate vs cuBLAS 646 (rows of
+# 10000 bytes, 16- but not 128-byte aligned).
+_MID_LARGE = (Config(128, 128, 2, 1, True, True, 8), Config(128, 128, 1, 2, True, False, 8),
+              Config(128, 192, 2, 1, True, False, 8), Config(128, 192, 1, 2, True, False, 8))
 POLICY_TABLE = (
     ("skinny M", lambda m, n, k, l: m <= 3072 and n >= 4096 and k >= 1024
-     and _tiles(m, n, l, 128, 128) >= 264, Config(128, 128, 2, 1, True, True, 8)),
+     and _tiles(m, n, l, 128, 128) >= 264, (Config(128, 128, 2, 1, True, True, 8),)),
     ("skinny N", lambda m, n, k, l: n <= 3072 and m >= 4096 and k >= 1024
-     and _tiles(m, n, l, 128, 128) >= 264, Config(128, 128, 2, 1, True, False, 8)),
-    ("mid", lambda m, n, k, l: max(m, n) <= 6144 and _tiles(m, n, l, 128, 256) >= 132,
-     Config(128, 128, 2, 1, True, True, 8)),
+     and _tiles(m, n, l, 128, 128) >= 264, (Config(128, 128, 2, 1, True, False, 8),)),
+    ("mid", lambda m, n, k, l: max(m, n) <= 6144 and _tiles(m, n, l, 128, 256) >= 132, _MID_LARGE),
     ("large", lambda m, n, k, l: m >= 4096 and n >= 4096,
-     Config(128, 192, 2, 1, True, False, 8)),
+     (_MID_LARGE[2], _MID_LARGE[3], _MID_LARGE[0], _MID_LARGE[1])),
     ("medium", lambda m, n, k, l: _tiles(m, n, l, 128, 128) >= 120,
-     Config(128, 128, 2, 1, True, True, 8)),
+     (Config(128, 128, 2, 1, True, True, 8),)),
     ("small", lambda m, n, k, l: True,
-     Config(128, 64, 1, 1, True, True, 1)),
+     (Config(128, 64, 1, 1, True, True, 1),)),
 )
 
 
@@ -147,10 +158,23 @@ def _tiles(m: int, n: int, l: int, tm: int, tn: int) -> int:
     return -(-m // tm) * -(-n // tn) * l
 
 
+def wave_efficiency(m: int, n: int, l: int, cfg: Config, sms: int = 132) -> float:
+    """The share of the tile work a persistent grid of this config does that is the problem's:
+    M x N x L over every wave it runs at full width (edge tiles and the last wave count whole)."""
+    resident = sms // (cfg.cluster_m * cfg.cluster_n)
+    cluster_tiles = (-(-(-(-m // cfg.tile_m)) // cfg.cluster_m)
+                     * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n) * l)
+    waves = -(-cluster_tiles // resident)
+    return m * n * l / (waves * resident * cfg.tile_m * cfg.tile_n * cfg.cluster_m * cfg.cluster_n)
+
+
 def choose_config(m: int, n: int, k: int, l: int) -> Tuple[str, Config]:
-    for name, pred, cfg in POLICY_TABLE:
+    for name, pred, cfgs in POLICY_TABLE:
         if pred(m, n, k, l):
-            return name, cfg
+            if len(cfgs) == 1:
+                return name, cfgs[0]
+            best = max(cfgs, key=lambda c: wave_efficiency(m, n, l, c))   # the first of equals
+            return f"{name}, waves {wave_efficiency(m, n, l, best):.0%} full", best
     raise AssertionError("the last policy row accepts every problem")
 
 
@@ -924,7 +948,7 @@ def prebuild_classes(arch: str):
         return []
     items = []
     seen = set()
-    for _, _, cfg in POLICY_TABLE:
+    for cfg in (c for _, _, cfgs in POLICY_TABLE for c in cfgs):
         for ab in _AB_DTYPES:
             for batched in ((False, False, False, False), (True, True, True, False)):
                 spec = (cfg, ab, ab, ROW, ROW, ROW, None, batched,
