@@ -31,16 +31,17 @@ def aligned(t):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_ragged_k_and_n_are_padded_with_zero_k(dtype):
+    """K = 999 and N = 1001 are padded to 1008 (whole 32-byte sectors), the K padding zero."""
     a, b = ints(300, 999, dtype=dtype), ints(999, 1001, dtype=dtype)
     with Fake(keep=True) as fake:
         plan = xgemm.explain(a, b)
         d = xgemm.matmul(a, b)
     assert plan.kernel_name == "cute_gemm_sm90", str(plan)
     text = str(plan)
-    assert "16-byte-aligned row-major (300, 1000)" in text and "(1000, 1008)" in text, text
+    assert "16-byte-aligned row-major (300, 1008)" in text and "(1008, 1008)" in text, text
     assert "first 1001 columns" in text, text
     a_p, b_p, d_p = launched_tensors(fake)
-    assert a_p.shape == (300, 1000) and b_p.shape == (1000, 1008) and d_p.shape == (300, 1008)
+    assert a_p.shape == (300, 1008) and b_p.shape == (1008, 1008) and d_p.shape == (300, 1008)
     assert all(aligned(t) for t in (a_p, b_p, d_p))
     assert torch.equal(a_p[:, :999], a) and not a_p[:, 999:].any()        # K padding adds 0
     assert torch.equal(b_p[:999, :1001], b) and not b_p[999:, :].any()
@@ -48,14 +49,14 @@ def test_ragged_k_and_n_are_padded_with_zero_k(dtype):
 
 
 def test_only_the_operand_that_needs_it_is_copied():
-    a, b = ints(256, 512), ints(512, 1001)            # K aligned: A is used in place
+    a, b = ints(256, 1000), ints(1000, 1001)          # K = 1000 rows are 16-byte multiples: A stays
     with Fake(keep=True) as fake:
         xgemm.matmul(a, b)
         plan = str(xgemm.explain(a, b))
     a_p, b_p, _ = launched_tensors(fake)
     assert a_p.data_ptr() == a.data_ptr()
-    assert b_p.shape == (512, 1008)
-    assert "a: shape" not in plan and "b: shape (512, 1001)" in plan, plan
+    assert b_p.shape == (1000, 1008)
+    assert "a: shape" not in plan and "b: shape (1000, 1001)" in plan, plan
 
 
 def test_misaligned_base_address_is_copied():
@@ -77,7 +78,7 @@ def test_gemm_with_c_batched_and_out():
         plan = str(xgemm.explain(a, b, c, alpha=2.0, beta=-1.0))
     assert d is out
     a_p, b_p, d_p, c_p = launched_tensors(fake)
-    assert a_p.shape == (2, 64, 104) and b_p.shape == (104, 80)
+    assert a_p.shape == (2, 64, 112) and b_p.shape == (112, 80)
     assert c_p.shape == (2, 64, 80) and torch.equal(c_p[..., :77], c)
     assert d_p.shape == (2, 64, 80)
     assert "kernel: cute_gemm_sm90" in plan, plan

@@ -288,13 +288,17 @@ def _stage_aligned(fn: str, plan: policy.Plan, problem: GemmProblem, operands: t
                    out: Any, a_vec: bool, b_vec: bool) -> Optional["_Prepared"]:
     """An fp16/bf16 GEMM every GPU kernel declined (a row of A, B, C or D is not a multiple of 16
     bytes, or a base address is not 16-byte aligned) runs on 16-byte-aligned copies instead of
-    the framework fallback (which computes in fp32): K and N are padded to multiples of 8
-    elements, the K padding of A and B zero-filled so it adds nothing, and D is written into a
+    the framework fallback (which computes in fp32): a K or N that is not a multiple of 8 elements
+    is padded to a multiple of 16, the K padding of A and B zero-filled so it adds nothing, and D is written into a
     padded buffer whose first N columns become the result. None when no kernel takes even that."""
     m, n, k = problem.m, problem.n, problem.k
     a2v, bv2, cv2 = operands
-    per = 16 // a2v.itemsize
-    kp, np_ = -(-k // per) * per, -(-n // per) * per
+    # a dim that must be padded goes to whole 32-byte sectors: TMA rows 16 bytes off a sector
+    # run slower (bf16 5000^3, rows of 10000 bytes: 477 TFLOP/s dense, 602 in rows padded to 128
+    # bytes; benchmarks/row_alignment.py, row_alignment-h200.json)
+    per, sector = 16 // a2v.itemsize, 32 // a2v.itemsize
+    kp = k if k % per == 0 else -(-k // sector) * sector
+    np_ = n if n % per == 0 else -(-n // sector) * sector
     copies = list(plan.copies)
 
     def ready(v: interop.ArrayView) -> bool:
