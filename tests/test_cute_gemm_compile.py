@@ -93,6 +93,28 @@ def test_policy_is_a_valid_table_row(mnkl):
     assert K90.Config.from_policy(cfg.policy()) == cfg
 
 
+@pytest.mark.parametrize("mnk,expect", [
+    ((8192, 8192, 8192), (128, 192, 2, 1)),     # the large row's tuned config: 98.5% of its waves useful
+    ((8192, 8192, 1024), (128, 192, 2, 1)),
+    ((4096, 4096, 4096), (128, 128, 2, 1)),     # the mid row's
+    ((4224, 8192, 8192), (128, 128, 1, 2)),     # 33 M tiles: half a 2x1 cluster empty (89% -> 100%)
+    ((8192, 4224, 8192), (128, 128, 2, 1)),     # 97% -> 100%
+    ((12288, 12288, 4096), (128, 192, 2, 1)),   # 99.0% vs 99.7%: inside WAVE_MARGIN, kept
+])
+def test_policy_picks_the_best_filled_waves(mnk, expect):
+    name, cfg = K90.choose_config(*mnk, 1)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n) == expect, (name, cfg)
+    assert "waves" in name and "% full" in name
+
+
+def test_wave_efficiency_counts_edge_tiles_and_the_last_wave():
+    cfg = K90.Config(128, 192, 2, 1, True, False, 8)
+    # 8192^2: 32 x 43 cluster tiles of 256x192 = 1376 over 66 clusters = 21 waves
+    assert K90.wave_efficiency(8192, 8192, 1, cfg) == pytest.approx(8192 * 8192 / (21 * 66 * 256 * 192))
+    assert K90.wave_efficiency(256 * 66, 192, 1, cfg) == 1.0        # exactly one full wave
+    assert K90.wave_efficiency(256 * 66 + 1, 192, 1, cfg) < 0.51    # one more row: a second wave
+
+
 def test_config_check():
     with pytest.raises(ValueError):
         K90.Config(128, 256, 2, 1, True).check()          # pingpong accumulators would spill
