@@ -4,7 +4,8 @@
 
 For each size S, bf16 S x S x S through xgemm.matmul and torch.matmul (cuBLAS) with A, B and the
 result either dense (row stride S elements) or views into buffers whose rows are padded to a
-multiple of 64 elements (128 bytes; cuBLAS writes its own dense result). CUDA-graph timing (20 calls per replay, median of 7
+multiple of 64 elements (128 bytes; cuBLAS writes its own dense result); for xgemm also only A
+and B padded (ab128) or only D (d128), to tell loads from stores. CUDA-graph timing (20 calls per replay, median of 7
 replays, implementations interleaved); every output checked against an fp32 torch.matmul.
 """
 from __future__ import annotations
@@ -54,12 +55,14 @@ def main() -> int:
         b0 = torch.randn(s, s, generator=gen, device="cuda").bfloat16()
         ref = a0.float() @ b0.float()
         cases = {}
-        for layout, pad in (("dense", 1), ("rows128", 64)):
-            a, b = padded(s, s, pad, a0), padded(s, s, pad, b0)
-            d = padded(s, s, pad)
+        # which rows are padded: A and B (the TMA loads), D (the TMA stores), all, or none
+        for layout, pad_ab, pad_d in (("dense", 1, 1), ("rows128", 64, 64), ("ab128", 64, 1), ("d128", 1, 64)):
+            a, b = padded(s, s, pad_ab, a0), padded(s, s, pad_ab, b0)
+            d = padded(s, s, pad_d)
             cases[("xgemm", layout)] = (lambda a=a, b=b, d=d: xgemm.matmul(a, b, out=d), a, b)
-            # cuBLAS takes padded A and B; torch allocates its own (dense) result
-            cases[("cublas", layout)] = (lambda a=a, b=b: torch.matmul(a, b), a, b)
+            if pad_ab == pad_d:
+                # cuBLAS takes padded A and B; torch allocates its own (dense) result
+                cases[("cublas", layout)] = (lambda a=a, b=b: torch.matmul(a, b), a, b)
         graphs = {k: graph_of(v[0]) for k, v in cases.items()}
         times = {k: [] for k in cases}
         for _ in range(7):
