@@ -289,8 +289,9 @@ def _stage_aligned(fn: str, plan: policy.Plan, problem: GemmProblem, operands: t
     """An fp16/bf16 GEMM every GPU kernel declined (a row of A, B, C or D is not a multiple of 16
     bytes, or a base address is not 16-byte aligned) runs on 16-byte-aligned copies instead of
     the framework fallback (which computes in fp32): a K or N that is not a multiple of 8 elements
-    is padded to a multiple of 16, the K padding of A and B zero-filled so it adds nothing, and D is written into a
-    padded buffer whose first N columns become the result. None when no kernel takes even that."""
+    is padded to a multiple of 16, the K padding of A and B zero-filled so it adds nothing, and D
+    is written into a padded buffer whose first N columns become the result. None when no kernel
+    takes even that."""
     m, n, k = problem.m, problem.n, problem.k
     a2v, bv2, cv2 = operands
     # a dim that must be padded goes to whole 32-byte sectors: TMA rows 16 bytes off a sector

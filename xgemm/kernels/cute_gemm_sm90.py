@@ -154,8 +154,12 @@ POLICY_TABLE = (
 )
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _tiles(m: int, n: int, l: int, tm: int, tn: int) -> int:
-    return -(-m // tm) * -(-n // tn) * l
+    return _ceil_div(m, tm) * _ceil_div(n, tn) * l
 
 
 # Another candidate replaces the row's tuned config only when its waves are this much fuller:
@@ -167,9 +171,9 @@ def wave_efficiency(m: int, n: int, l: int, cfg: Config, sms: int = 132) -> floa
     """The share of the tile work a persistent grid of this config does that is the problem's:
     M x N x L over every wave it runs at full width (edge tiles and the last wave count whole)."""
     resident = sms // (cfg.cluster_m * cfg.cluster_n)
-    cluster_tiles = (-(-(-(-m // cfg.tile_m)) // cfg.cluster_m)
-                     * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n) * l)
-    waves = -(-cluster_tiles // resident)
+    cluster_tiles = (_ceil_div(_ceil_div(m, cfg.tile_m), cfg.cluster_m)
+                     * _ceil_div(_ceil_div(n, cfg.tile_n), cfg.cluster_n) * l)
+    waves = _ceil_div(cluster_tiles, resident)
     return m * n * l / (waves * resident * cfg.tile_m * cfg.tile_n * cfg.cluster_m * cfg.cluster_n)
 
 
@@ -178,10 +182,11 @@ def choose_config(m: int, n: int, k: int, l: int) -> Tuple[str, Config]:
         if pred(m, n, k, l):
             if len(cfgs) == 1:
                 return name, cfgs[0]
-            best = max(cfgs, key=lambda c: wave_efficiency(m, n, l, c))   # the first of equals
-            if wave_efficiency(m, n, l, best) < WAVE_MARGIN * wave_efficiency(m, n, l, cfgs[0]):
-                best = cfgs[0]      # within the model's error of the row's tuned config
-            return f"{name}, waves {wave_efficiency(m, n, l, best):.0%} full", best
+            eff = [wave_efficiency(m, n, l, c) for c in cfgs]
+            best = max(range(len(cfgs)), key=eff.__getitem__)               # the first of equals
+            if eff[best] < WAVE_MARGIN * eff[0]:
+                best = 0            # within the model's error of the row's tuned config
+            return f"{name}, waves {eff[best]:.0%} full", cfgs[best]
     raise AssertionError("the last policy row accepts every problem")
 
 
