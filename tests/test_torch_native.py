@@ -139,7 +139,7 @@ def test_tvm_call_hit_rewrites_only_pointers_and_stream(native, tvm_echo):
     mod, _ = native
     fn, record = tvm_echo
     a0, b0, d0 = torch.randn(8, 4), torch.randn(4, 6), torch.empty(8, 6)
-    go = fn.prepare(a0, b0, d0, 2.5, 0).go(False)
+    go = fn.prepare(a0, b0, d0, 2.5, 0).go((A, B, OUT))
     assert go.native[0] == "tvm" and go.native[4] == (A, B, OUT)
     assert torch_native.register("matmul", None, 2.5, 0.0, a0, b0, None, d0, go.native)
     a, b = torch.randn(8, 4), torch.randn(4, 6)
@@ -160,7 +160,7 @@ def test_tvm_call_with_c(native, tvm_echo):
     mod, _ = native
     fn, record = tvm_echo
     a0, b0, c0, d0 = torch.randn(8, 4), torch.randn(4, 6), torch.randn(8, 6), torch.empty(8, 6)
-    go = fn.prepare(a0, b0, d0, c0, 1.0, -0.5, 0).go(True)
+    go = fn.prepare(a0, b0, d0, c0, 1.0, -0.5, 0).go((A, B, OUT, C))
     assert go.native[4] == (A, B, OUT, C)
     assert torch_native.register("gemm", None, 1.0, -0.5, a0, b0, c0, d0, go.native)
     a, b, c = torch.randn(8, 4), torch.randn(4, 6), torch.randn(8, 6)
@@ -175,7 +175,7 @@ def test_tvm_call_with_c(native, tvm_echo):
 def test_register_refuses_what_it_cannot_serve(native, tvm_echo):
     fn, _ = tvm_echo
     a0, b0, d0 = torch.randn(8, 4), torch.randn(4, 6), torch.empty(8, 6)
-    go = fn.prepare(a0, b0, d0, 1.0, 0).go(False)
+    go = fn.prepare(a0, b0, d0, 1.0, 0).go((A, B, OUT))
     assert not torch_native.register("matmul", None, 1.0, 0.0, a0.numpy(), b0, None, d0, go.native)
     assert not torch_native.register("matmul", None, 1.0, 0.0, a0, b0, None, d0.T, go.native)   # not contiguous
     assert not torch_native.register("matmul", None, 1.0, 0.0, a0, b0, None, d0, None)

@@ -8,6 +8,7 @@ import struct
 import pytest
 
 from xgemm.interop import ArrayView
+from xgemm.torch_native import A, B, OUT
 from xgemm.problem import Device
 
 
@@ -40,7 +41,7 @@ def test_generic_call_cells(echo):
 def test_prepared_call_rewrites_pointers_and_stream(echo):
     fn, rec = echo
     a, b, d = (_view(p, (4, 4), (4, 1), "float16", 0) for p in (0x10, 0x20, 0x30))
-    go = fn.prepare(a, b, d, 1.0, 0).go(False)
+    go = fn.prepare(a, b, d, 1.0, 0).go((A, B, OUT))
 
     class T:
         def __init__(self, p):
@@ -55,3 +56,25 @@ def test_prepared_call_rewrites_pointers_and_stream(echo):
     assert datas == [0xA0, 0xB0, 0xD0]            # a, b and d in the prepared order
     tail = got[1 + 3 * per_tensor:][:4]
     assert tail == [3, _f64_bits(1.0), 1, 0x5EED]  # alpha unchanged, the stream rewritten
+
+
+def test_prepared_call_follows_its_roles(echo):
+    """A call prepared for the transposed problem (the kernel's A is the caller's B): go(a, b, c, d)
+    writes b's pointer into the first tensor cell and a's into the second."""
+    fn, rec = echo
+    a, b, d = (_view(p, (4, 4), (1, 4), "float16", 0) for p in (0x10, 0x20, 0x30))
+    go = fn.prepare(b, a, d, 1.0, 0).go((B, A, OUT))
+
+    class T:
+        def __init__(self, p):
+            self.p = p
+
+        def data_ptr(self):
+            return self.p
+    go(T(0xA0), T(0xB0), None, T(0xD0), 7)
+    got = list(rec[:60])
+    per_tensor = 1 + 6 + 4
+    assert [got[1 + i * per_tensor + 1] for i in range(3)] == [0xB0, 0xA0, 0xD0]
+    assert go.native[4] == (B, A, OUT)
+    with pytest.raises(AssertionError):
+        fn.prepare(b, a, d, 1.0, 0).go((B, A))        # one role per tensor argument

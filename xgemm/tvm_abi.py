@@ -202,18 +202,20 @@ class Prepared:
         self._args = (None, m.anys, m.n, ctypes.byref(self._result))
         self._lock = threading.Lock()
 
-    def go(self, with_c: bool):
-        """go(a, b, c, d, stream) on torch tensors for a call prepared as (a, b, d[, c], ...):
-        the repeat-call convention of kernels' bind() (xgemm/fastpath.py). go.native is the same
-        call described for ffi/torch_fastpath.cc (xgemm/torch_native.py's "tvm" recipe)."""
-        from .torch_native import A, B, C, OUT
+    def go(self, roles: Sequence[int]):
+        """go(a, b, c, d, stream) on torch tensors for this prepared call, whose j-th tensor
+        argument is the operand roles[j] (torch_native's A, B, C, OUT): the repeat-call convention
+        of kernels' bind() (xgemm/fastpath.py). go.native is the same call described for
+        ffi/torch_fastpath.cc (xgemm/torch_native.py's "tvm" recipe)."""
+        roles = tuple(roles)
+        assert len(roles) == len(self._tensors), (roles, len(self._tensors))
         call = self.call
-        if with_c:
-            go = lambda a, b, c, d, stream: call((a.data_ptr(), b.data_ptr(), d.data_ptr(), c.data_ptr()), stream)  # noqa: E731
-        else:
-            go = lambda a, b, c, d, stream: call((a.data_ptr(), b.data_ptr(), d.data_ptr()), stream)  # noqa: E731
+
+        def go(a, b, c, d, stream):
+            operands = (a, b, c, d)
+            call([operands[r].data_ptr() for r in roles], stream)
         go.native = ("tvm", ctypes.cast(self._sym, ctypes.c_void_p).value, ctypes.addressof(self._m.anys),
-                     self._m.n, (A, B, OUT, C) if with_c else (A, B, OUT), self)
+                     self._m.n, roles, self)
         return go
 
     def call(self, ptrs: Sequence[int], stream: int) -> None:

@@ -840,7 +840,9 @@ class _CuteSgemm:
         gemm, kps = launch.gemm, launch.kps
         alpha, beta = float(problem.epilogue.alpha), float(problem.epilogue.beta)
         if hasattr(gemm, "prepare"):     # ctypes: marshalled once, data pointers + stream per call
-            return gemm.prepare(a, b, out, c if launch.reads_c else None, alpha, beta, kps, 1, 0).go(launch.reads_c)
+            from ..torch_native import A, B, C, OUT
+            roles = (A, B, OUT, C) if launch.reads_c else (A, B, OUT)
+            return gemm.prepare(a, b, out, c if launch.reads_c else None, alpha, beta, kps, 1, 0).go(roles)
         if launch.reads_c:
             def go(a, b, c, d, stream):
                 gemm(a, b, d, c, alpha, beta, kps, 1, stream)
