@@ -73,6 +73,11 @@ SWEEP_WAVES = [
     (128, 192, 2, 1, True, False, 8), (128, 192, 1, 2, True, False, 8), (128, 192, 1, 2, True, False, 4),
     (128, 192, 1, 2, True, True, 8), (128, 128, 2, 1, True, True, 8), (128, 128, 1, 2, True, False, 8),
 ]
+# --sweep-set swap: configs run as given and on the transposed problem D^T = B^T @ A^T (True:
+# the operands' transposed views, what the policy does for row-major A and B on its wave-aware
+# rows; cute_gemm_sm90.SWAP_NOTE)
+SWEEP_SWAP = [((128, 192, 2, 1, True, False, 8), False), ((128, 192, 2, 1, True, False, 8), True),
+              ((128, 128, 2, 1, True, True, 8), False), ((128, 128, 2, 1, True, True, 8), True)]
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
@@ -216,18 +221,36 @@ def _problem(a, b, d):
     return prob, (va, vb, None), vd
 
 
-def impl_xgemm_config(cfg):
-    """cute_gemm_sm90 with a forced config, through its kernel protocol (for --sweep)."""
+def _sm90_call(x: Inputs, pol, key: str, swap: bool):
+    """call(i) running cute_gemm_sm90 with `pol` through its kernel protocol on input set i; swap:
+    on D^T = B^T @ A^T, the transposed views (no copy)."""
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    torch = _torch()
+    preps = [_problem(x.b[j].T, x.a[j].T, x.out(key, j).T) if swap else
+             _problem(x.a[j], x.b[j], x.out(key, j)) for j in range(x.sets)]
+
+    def call(i):
+        prob, ops, out = preps[i % x.sets]
+        k90.KERNEL.run(prob, pol, ops, out, torch.cuda.current_stream().cuda_stream)
+    return call, pol.summary()
+
+
+def impl_xgemm_config(cfg, swap=False):
+    """cute_gemm_sm90 with a forced config (for --sweep); swap: on the transposed problem."""
     def make(x: Inputs):
         from xgemm.kernels import cute_gemm_sm90 as k90
-        torch = _torch()
-        pol = k90.Config(*cfg).policy("sweep")
-        preps = [_problem(x.a[j], x.b[j], x.out(f"cfg{cfg}", j)) for j in range(x.sets)]
+        return _sm90_call(x, k90.Config(*cfg).policy("sweep"), f"cfg{cfg}{'T' if swap else ''}", swap)
+    return make
 
-        def call(i):
-            prob, ops, out = preps[i % x.sets]
-            k90.KERNEL.run(prob, pol, ops, out, torch.cuda.current_stream().cuda_stream)
-        return call, pol.summary()
+
+def impl_sm90_policy(swap):
+    """cute_gemm_sm90 with the config its policy picks by shape, run as given (swap False) or on
+    D^T = B^T @ A^T with the config for that (N, M, K) problem (--impls sm90 / sm90T)."""
+    def make(x: Inputs):
+        from xgemm.kernels import cute_gemm_sm90 as k90
+        (m, k), n = x.a[0].shape, x.b[0].shape[1]
+        why, cfg = k90.choose_config(n, m, k, 1) if swap else k90.choose_config(m, n, k, 1)
+        return _sm90_call(x, cfg.policy(why), "sm90T" if swap else "sm90", swap)
     return make
 
 
@@ -255,6 +278,9 @@ def sweep_entries(set_name: str):
         from xgemm.kernels import gluon_splitk_sm90 as sk
         return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} x{c.split}]", impl_splitk_config(c), f"sk{tuple(c)}")
                 for c in sk.tune_configs("bfloat16", "bfloat16", False)]
+    if set_name == "swap":
+        return [(_tag(c) + ("T" if t else ""), impl_xgemm_config(c, t), f"cfg{c}{'T' if t else ''}")
+                for c, t in SWEEP_SWAP]
     cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT, "raster": SWEEP_RASTER,
             "zero_init": SWEEP_ZERO_INIT, "waves": SWEEP_WAVES}[set_name]
     return [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in cfgs]
@@ -273,7 +299,8 @@ def bench(shapes=SHAPES, dtypes=DTYPES, impls=("cublas", "quack", "xgemm"), swee
           trials=7, log=print, out_dtype=None):
     torch = _torch()
     records, notes = [], {}
-    makers = {"cublas": impl_cublas, "quack": impl_quack, "xgemm": impl_xgemm}
+    makers = {"cublas": impl_cublas, "quack": impl_quack, "xgemm": impl_xgemm, "sm90": impl_sm90_policy(False),
+              "sm90T": impl_sm90_policy(True)}
     for dtype in dtypes:
         for (m, n, k) in shapes:
             x = Inputs(m, n, k, dtype, out_dtype=out_dtype)
@@ -338,7 +365,7 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init", "waves"), default="big")
+    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init", "waves", "swap"), default="big")
     ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)

@@ -100,11 +100,58 @@ def test_policy_is_a_valid_table_row(mnkl):
     ((4224, 8192, 8192), (128, 128, 1, 2)),     # 33 M tiles: half a 2x1 cluster empty (89% -> 100%)
     ((8192, 4224, 8192), (128, 128, 2, 1)),     # 97% -> 100%
     ((12288, 12288, 4096), (128, 192, 2, 1)),   # 99.0% vs 99.7%: inside WAVE_MARGIN, kept
+    ((3000, 5000, 4096), (128, 192, 2, 1)),     # skinny M: 40 N tiles of 128 fill 87% of 8 waves
+    ((2048, 8192, 8192), (128, 128, 2, 1)),     # skinny M's tuned config: 97%
 ])
 def test_policy_picks_the_best_filled_waves(mnk, expect):
     name, cfg = K90.choose_config(*mnk, 1)
     assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n) == expect, (name, cfg)
     assert "waves" in name and "% full" in name
+
+
+@pytest.mark.parametrize("mnk", [(8192, 8192, 1024), (3000, 5000, 4096), (4096, 4096, 4096), (2048, 8192, 8192)])
+def test_row_major_operands_run_transposed(mnk):
+    """On the wave-aware rows, row-major A and B run as D^T = B^T @ A^T with the (N, M) config;
+    any other majorness runs as given, and so do the medium and small rows."""
+    m, n, k = mnk
+    pol = K90.KERNEL.policy(_problem(m, n, k))
+    assert K90.swapped(pol) and K90.row_of(m, n, k, 1) in K90.SWAP_ROWS
+    assert K90.Config.from_policy(pol) == K90.choose_config(n, m, k, 1)[1]
+    a_col = _problem(m, n, k, a=_op((m, k), major=COL))
+    assert not K90.swapped(K90.KERNEL.policy(a_col))
+    assert K90.Config.from_policy(K90.KERNEL.policy(a_col)) == K90.choose_config(m, n, k, 1)[1]
+    for small in ((256, 8192, 8192), (128, 128, 128)):
+        assert not K90.swapped(K90.KERNEL.policy(_problem(*small)))
+
+
+def test_transposed_run_compiles_the_transposed_class():
+    """spec() of a swapped policy: the kernel's A is B^T (N x K, M-major), its B is A^T, D is D^T
+    (column-major); the compiled config is the policy's own."""
+    from xgemm.interop import ArrayView
+    dev = Device("cuda", 0, (9, 0))
+
+    def v(shape, strides, dtype="bfloat16"):
+        return ArrayView(None, "torch", dev, 0, shape, strides, dtype, 2, False)
+    m, n, k = 3000, 5000, 4096
+    a, b, d = v((m, k), (k, 1)), v((k, n), (n, 1)), v((m, n), (n, 1), "float32")
+    pol = K90.KERNEL.policy(_problem(m, n, k))
+    spec = K90.KERNEL.spec(_problem(m, n, k), pol, (a, b, None), d, "sm_90a", 132)
+    assert spec[:6] == (K90.Config.from_policy(pol), "bfloat16", "float32", COL, COL, COL)
+    plain = K90.KERNEL.spec(_problem(m, n, k), K90.Config.from_policy(pol).policy(), (a, b, None), d, "sm_90a", 132)
+    assert plain[3:6] == (ROW, ROW, ROW)
+    t = K90.transposed(v((3, m, k), (m * k, k, 1)))
+    assert (t.shape, t.strides) == ((3, k, m), (m * k, 1, k))
+
+
+def test_prebuilt_classes_are_the_ones_the_policy_runs():
+    keys = {key for key, _ in K90.prebuild_classes("sm_90a")}
+    for mnk in ((8192, 8192, 8192), (4096, 4096, 4096), (256, 8192, 8192), (128, 128, 128)):
+        pol = K90.KERNEL.policy(_problem(*mnk))
+        major = COL if K90.swapped(pol) else ROW
+        cfg = K90.Config.from_policy(pol)
+        spec = (cfg, "bfloat16", "bfloat16", major, major, major, None, (False,) * 4,
+                K90.max_clusters(K90.H200_SMS, cfg), "sm_90a")
+        assert K90.class_key(*spec) in keys, mnk
 
 
 def test_wave_efficiency_counts_edge_tiles_and_the_last_wave():

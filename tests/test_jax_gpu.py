@@ -47,7 +47,8 @@ def test_softmax_runs_through_the_ffi(shape, axis):
 
 
 @pytest.mark.parametrize("dtype,shape", [("float32", ((128, 128), (128, 128))), ("float32", ((3, 64, 96), (96, 80))),
-                                         ("bfloat16", ((512, 256), (256, 384))), ("float16", ((2, 256, 128), (2, 128, 64)))])
+                                         ("bfloat16", ((512, 256), (256, 384))), ("float16", ((2, 256, 128), (2, 128, 64))),
+                                         ("bfloat16", ((3072, 1024), (1024, 2560)))])   # the transposed run
 def test_gemm_runs_the_cute_kernels_through_the_ffi(dtype, shape):
     dev = _gpu()
     rng = np.random.default_rng(0)

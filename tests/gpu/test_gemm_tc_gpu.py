@@ -86,6 +86,10 @@ CONFIG_CASES = [
     (128, 128, 1, 1, False, True, 1), (256, 192, 2, 1, False, True, 8), (128, 128, 1, 2, True, False, 8),
 ]
 CONFIG_SHAPE = (1000, 3080, 1032)
+# The transposed run (D^T = B^T @ A^T on transposed views, SWAP_NOTE), which the policy picks for
+# row-major A and B on the wave-aware rows: every SM90 case (each majorness, C, batch, broadcast)
+# under two swapped configs.
+SWAP_CONFIGS = [(128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8)]
 # The C path (TMA-loaded C, alpha/beta) and non-default majorness on the cluster configs, and
 # configs on shapes chosen for their tile schedule.
 CONFIG_C_CASES = [
@@ -199,6 +203,8 @@ def cases_for_prebuild():
         out.append((k90, _config_case(cfg), k90.Config(*cfg).policy("forced")))
     for cfg, case in CONFIG_C_CASES:
         out.append((k90, case, k90.Config(*cfg).policy("forced")))
+    for cfg in SWAP_CONFIGS:
+        out += [(k90, c, k90.Config(*cfg).policy("forced", swap=True)) for c in SM90_CASES]
     return out
 
 
@@ -215,6 +221,13 @@ def _config_case(cfg):
 def test_sm90(case):
     from xgemm.kernels.cute_gemm_sm90 import KERNEL
     run_kernel(KERNEL, case)
+
+
+@pytest.mark.parametrize("cfg", SWAP_CONFIGS, ids=["pp192-2x1", "pp128-2x1"])
+@pytest.mark.parametrize("case", SM90_CASES, ids=[c[0] for c in SM90_CASES])
+def test_sm90_transposed(case, cfg):
+    from xgemm.kernels.cute_gemm_sm90 import KERNEL, Config
+    run_kernel(KERNEL, case, Config(*cfg).policy("forced", swap=True))
 
 
 @pytest.mark.parametrize("cfg", CONFIG_CASES, ids=[str(c) for c in CONFIG_CASES])

@@ -35,6 +35,9 @@ GEMMS = [
     ("sgemm-odd-c", (33, 65, 17), torch.float32, (2.0, -1.0), "cute_sgemm"),
     ("sm90-bf16-256", (256, 256, 256), torch.bfloat16, None, "cute_gemm_sm90"),
     ("sm90-fp16-c", (128, 192, 64), torch.float16, (1.0, 1.0), "cute_gemm_sm90"),
+    # the policy's transposed run (row-major A and B on the mid row): bound with B, A swapped
+    ("sm90-bf16-transposed", (3072, 2560, 1024), torch.bfloat16, None, "cute_gemm_sm90"),
+    ("sm90-fp16-transposed-c", (2560, 3072, 512), torch.float16, (0.5, 2.0), "cute_gemm_sm90"),
     ("splitk-bf16", (64, 1024, 2048), torch.bfloat16, None, "gluon_splitk_sm90"),
 ]
 
@@ -66,11 +69,12 @@ def _native_calls(native, fn, shape, dtype, n=4):
 
 @pytest.mark.parametrize("case", GEMMS, ids=[g[0] for g in GEMMS])
 def test_native_gemm_repeats_are_exact(native, case):
-    _, (m, n, k), dtype, epi, kernel = case
+    name, (m, n, k), dtype, epi, kernel = case
     a, b = ints(m, k, dtype=dtype), ints(k, n, dtype=dtype)
     c = ints(m, n, dtype=dtype) if epi else None
-    assert f"kernel: {kernel}" in str(xgemm.explain(a, b, *([c] if epi else []),
-                                                    **({"alpha": epi[0], "beta": epi[1]} if epi else {})))
+    plan = str(xgemm.explain(a, b, *([c] if epi else []), **({"alpha": epi[0], "beta": epi[1]} if epi else {})))
+    assert f"kernel: {kernel}" in plan
+    assert ("D^T = B^T A^T" in plan) == ("transposed" in name), plan
     if epi:
         fn = lambda: xgemm.gemm(a, b, c, alpha=epi[0], beta=epi[1])   # noqa: E731
         ref = epi[0] * (a.double() @ b.double()) + epi[1] * c.double()

@@ -26,6 +26,8 @@ Design
   the previous kernel's tail in the stream.
   The epilogue walks the tile in epi subtiles: acc -> alpha*acc (+ beta*C, C fetched by TMA into
   shared memory ahead of use) -> out dtype -> stmatrix to shared memory -> TMA store.
+  A policy may run the transposed problem D^T = B^T @ A^T (+ C^T) on the operands' transposed
+  views (SWAP_NOTE; what the policy does for row-major A and B on its wave-aware rows).
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
   see class_key); shapes and strides are symbolic (cute.sym_int / sym_int64 with 16-byte
   divisibility), so one compiled object serves every shape of its class.
@@ -34,12 +36,13 @@ Adapted from CUTLASS's CuTe-DSL Hopper examples (dense_gemm_persistent.py) and q
 """
 # (no `from __future__ import annotations`: the DSL evaluates the device code's annotations)
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ..problem import ROW, Policy, unit_stride_dim
+from ..problem import COL, ROW, Policy, unit_stride_dim
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -66,10 +69,13 @@ class Config:
     # (192 register moves per thread per 128x192 tile)
     zero_init: bool = True
 
-    def policy(self, why: str = "") -> Policy:
+    def policy(self, why: str = "", swap: bool = False) -> Policy:
+        """This config as a Policy; swap: run on the transposed problem (SWAP_NOTE)."""
         notes = ("pingpong" if self.pingpong else "cooperative", f"swizzle {self.swizzle}")
         if not self.zero_init:
             notes += ("filled accumulators",)
+        if swap:
+            notes += (SWAP_NOTE,)
         if why:
             notes += (why,)
         return Policy(tile=(self.tile_m, self.tile_n, 64), stages=self.stages,
@@ -135,15 +141,19 @@ class Config:
 # at 8192^3 and 690 / 690 / 670 / 710 at 4224x8192x8192 for 128x192 2x1 / 128x192 1x2 / 128x128
 # 2x1 / 128x128 1x2. So 4224x8192x8192 takes 128x128 1x2 (710 vs the large row's 614, cuBLAS
 # 682: 33 M tiles leave half a 2x1 cluster empty) and 8192x4224x8192 128x128 2x1 (678 vs 670,
-# cuBLAS 677). Not modelled: 5000^3 ran 480-567 for every candidate vs cuBLAS 646 (rows of
-# 10000 bytes, 16- but not 128-byte aligned).
+# cuBLAS 677). The skinny rows choose among the same candidates, their tuned 128x128 first:
+# 3000x5000x4096 fills 87% of 8 waves with 128x128 (40 N tiles, the last 8 columns wide) and 93%
+# of 5 with 128x192 2x1: 555 TFLOP/s with 128x128 (gemm_tc_swap_policy-h200.json, quack 633),
+# 625 with 128x192 (gemm_tc_swap_k-h200.json, quack 624, cuBLAS 604).
+# Not modelled: 5000^3 ran 480-567 for every candidate vs cuBLAS 646 (rows of 10000 bytes, 16-
+# but not 128-byte aligned).
 _MID_LARGE = (Config(128, 128, 2, 1, True, True, 8), Config(128, 128, 1, 2, True, False, 8),
               Config(128, 192, 2, 1, True, False, 8), Config(128, 192, 1, 2, True, False, 8))
 POLICY_TABLE = (
     ("skinny M", lambda m, n, k, l: m <= 3072 and n >= 4096 and k >= 1024
-     and _tiles(m, n, l, 128, 128) >= 264, (Config(128, 128, 2, 1, True, True, 8),)),
+     and _tiles(m, n, l, 128, 128) >= 264, _MID_LARGE),
     ("skinny N", lambda m, n, k, l: n <= 3072 and m >= 4096 and k >= 1024
-     and _tiles(m, n, l, 128, 128) >= 264, (Config(128, 128, 2, 1, True, False, 8),)),
+     and _tiles(m, n, l, 128, 128) >= 264, (Config(128, 128, 2, 1, True, False, 8),) + _MID_LARGE[1:]),
     ("mid", lambda m, n, k, l: max(m, n) <= 6144 and _tiles(m, n, l, 128, 256) >= 132, _MID_LARGE),
     ("large", lambda m, n, k, l: m >= 4096 and n >= 4096,
      (_MID_LARGE[2], _MID_LARGE[3], _MID_LARGE[0], _MID_LARGE[1])),
@@ -188,6 +198,45 @@ def choose_config(m: int, n: int, k: int, l: int) -> Tuple[str, Config]:
                 best = 0            # within the model's error of the row's tuned config
             return f"{name}, waves {eff[best]:.0%} full", cfgs[best]
     raise AssertionError("the last policy row accepts every problem")
+
+
+# A policy with this note runs the transposed problem D^T = B^T @ A^T (+ C^T) on the operands'
+# transposed views (no copy): the kernel's A is B^T, its B is A^T, M and N exchange, and the
+# config is the one chosen for the (N, M) problem. With A and B both row-major (torch's, JAX's
+# and NumPy's default) that makes the kernel's A M-major, its B K-major and D M-major, which ran
+# ~1% faster than the untransposed run of the same config on nearly every shape of the wave-aware
+# rows (H200, one process, gemm_tc.py --impls ...,sm90,sm90T: gemm_tc_swap_k-h200.json, bf16 /
+# fp16 transposed vs not): 8192^2x1024 698 / 664 vs 691 / 658, 16384x8192x1024 686 / 671 vs 678 /
+# 662, 8192x4096x1024 667 / 645 vs 658 / 633, 6144^2x2048 664 / 639 vs 660 / 633, 3000x5000x4096
+# 633 / 621 vs 625 / 615, 4096^3 677 / 639 vs 668 / 639; at 8192^3 it is a wash across five
+# runs (699 vs 704 and 675 vs 670 there; 687 vs 693 in gemm_tc_swap_policy-h200.json, 682 vs
+# 678 and 658 vs 658 in gemm_tc_swap-h200.json). The medium and small rows stay untransposed
+# (256x8192x8192: 628 vs 638). Other majorness combinations are not measured and run as given.
+SWAP_NOTE = "D^T = B^T A^T"
+SWAP_ROWS = ("skinny M", "skinny N", "mid", "large")
+
+
+def swapped(policy: Policy) -> bool:
+    return SWAP_NOTE in policy.notes
+
+
+def row_of(m: int, n: int, k: int, l: int) -> str:
+    return next(name for name, pred, _ in POLICY_TABLE if pred(m, n, k, l))
+
+
+def choose_policy(m: int, n: int, k: int, l: int, a_major: str, b_major: str) -> Policy:
+    """The policy for D = A @ B given the operands' majorness (ROW: last dim contiguous)."""
+    if a_major == ROW and b_major == ROW and row_of(m, n, k, l) in SWAP_ROWS:
+        why, cfg = choose_config(n, m, k, l)
+        return cfg.policy(why, swap=True)
+    why, cfg = choose_config(m, n, k, l)
+    return cfg.policy(why)
+
+
+def transposed(v):
+    """The ArrayView of v's transpose (its last two dims exchanged); v.obj stays v's own array."""
+    return dataclasses.replace(v, shape=(*v.shape[:-2], v.shape[-1], v.shape[-2]),
+                               strides=(*v.strides[:-2], v.strides[-1], v.strides[-2]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -884,13 +933,16 @@ class _Sm90Kernel:
         return None
 
     def policy(self, problem) -> Policy:
-        name, cfg = choose_config(problem.m, problem.n, problem.k, problem.batch_count)
-        return cfg.policy(name)
+        return choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
+                             problem.a.majorness, problem.b.majorness)
 
     def spec(self, problem, policy: Policy, operands, out, arch: str, sm_count: int) -> Tuple:
-        """The compile class (build()'s arguments) a run of these operands needs."""
+        """The compile class (build()'s arguments) a run of these operands needs (for a swapped
+        policy: that of the transposed views the kernel gets)."""
         a, b, c = operands
         use_c = problem.epilogue.reads_c and c is not None
+        if swapped(policy):
+            a, b, c, out = transposed(b), transposed(a), transposed(c) if use_c else None, transposed(out)
         L = problem.batch_count
         own = [L > 1 and _own_batch(v.shape, v.strides) for v in (a, b)]
         batched = (own[0], own[1], L > 1, use_c and L > 1 and _own_batch(c.shape, c.strides))
@@ -905,6 +957,8 @@ class _Sm90Kernel:
         ep = problem.epilogue
         L = problem.batch_count
         args = [_as_kernel_arg(v, L, r, cc) for v, r, cc in views]
+        if swapped(policy):
+            args = [x.swapaxes(-2, -1) for x in args]
         if use_c:
             fn(*args, float(ep.alpha), float(ep.beta), stream)
         else:
@@ -918,8 +972,14 @@ class _Sm90Kernel:
         if problem.batch_count != 1 or any(len(v.shape) != 2 for v, _, _ in views):
             return None
         alpha, beta = float(problem.epilogue.alpha), float(problem.epilogue.beta)
+        swap = swapped(policy)
         if hasattr(fn, "prepare"):       # ctypes: marshalled once, data pointers + stream per call
-            return fn.prepare(*[v for v, _, _ in views], alpha, *((beta,) if use_c else ()), 0).go(use_c)
+            from ..torch_native import A, B, C, OUT
+            roles = ((B, A, OUT) if swap else (A, B, OUT)) + ((C,) if use_c else ())
+            return fn.prepare(*[transposed(v) if swap else v for v, _, _ in views], alpha,
+                              *((beta,) if use_c else ()), 0).go(roles)
+        if swap:
+            return None                  # run() per call: it transposes the framework arrays
         if use_c:
             def go(a, b, c, d, stream):
                 fn(a, b, d, c, alpha, beta, stream)
@@ -929,7 +989,8 @@ class _Sm90Kernel:
         return go
 
     def _resolve(self, problem, policy: Policy, operands, out):
-        """(compiled function, whether C is read, [(view, rows, cols)] in argument order)."""
+        """(compiled function, whether C is read, [(view, rows, cols)] in argument order: the
+        untransposed views, which a swapped run transposes)."""
         from .. import compile as xcompile
         a, b, c = operands
         use_c = problem.epilogue.reads_c and c is not None
@@ -941,6 +1002,8 @@ class _Sm90Kernel:
                 raise ValueError(f"{NAME}: operand {v.shape} strides {v.strides}: {why}")
         fn = compiled_eager(*self.spec(problem, policy, operands, out, xcompile.arch_for(problem.device),
                                        _sm_count(problem.device.index)))
+        if swapped(policy):              # the kernel's A, B are the transposes of B, A
+            views = [views[1], views[0], *views[2:]]
         return fn, use_c, views
 
 
@@ -954,16 +1017,19 @@ H200_SMS = 132
 
 
 def prebuild_classes(arch: str):
-    """(key, build) for the common classes on an H200: every policy-table config for A, B, D
-    row-major without C (torch's default layouts), unbatched and batched, in bf16 and fp16."""
+    """(key, build) for the common classes on an H200: every policy-table config as the policy
+    runs it for A, B, D row-major without C (torch's default layouts; the rows in SWAP_ROWS on
+    the transposed problem, whose views are all column-major), unbatched and batched, in bf16
+    and fp16."""
     if not arch.startswith("sm_90"):
         return []
     items = []
     seen = set()
-    for cfg in (c for _, _, cfgs in POLICY_TABLE for c in cfgs):
+    for name, cfg in ((name, c) for name, _, cfgs in POLICY_TABLE for c in cfgs):
+        major = COL if name in SWAP_ROWS else ROW
         for ab in _AB_DTYPES:
             for batched in ((False, False, False, False), (True, True, True, False)):
-                spec = (cfg, ab, ab, ROW, ROW, ROW, None, batched,
+                spec = (cfg, ab, ab, major, major, major, None, batched,
                         max_clusters(H200_SMS, cfg), arch)
                 if spec in seen:
                     continue
