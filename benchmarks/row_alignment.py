@@ -1,11 +1,13 @@
 """Does a row stride that is a multiple of 16 but not of 128 bytes slow the TMA kernels down?
 
-    python benchmarks/row_alignment.py [--sizes 5000,5056,6000,6016] [--out FILE]   (on the H200)
+    python benchmarks/row_alignment.py [--shapes 5000x5000x5000,6000x6000x6000] [--out FILE]   (on the H200)
 
-For each size S, bf16 S x S x S through xgemm.matmul and torch.matmul (cuBLAS) with A, B and the
-result either dense (row stride S elements) or views into buffers whose rows are padded to a
+For each M x N x K, bf16 through xgemm.matmul and torch.matmul (cuBLAS) with A, B and the result
+either dense (row strides K, N, N elements) or views into buffers whose rows are padded to a
 multiple of 64 elements (128 bytes; cuBLAS writes its own dense result); for xgemm also only A
-and B padded (ab128) or only D (d128), to tell loads from stores. CUDA-graph timing (20 calls per replay, median of 7
+and B padded (ab128), only A (a128), only B (b128) or only D (d128), to tell loads from stores,
+and "staged": dense operands copied into row-padded buffers inside every timed call (what a
+library-side padding would cost end to end). CUDA-graph timing (20 calls per replay, median of 7
 replays, implementations interleaved); every output checked against an fp32 torch.matmul.
 """
 from __future__ import annotations
@@ -45,44 +47,52 @@ def graph_of(fn, calls=20):
 def main() -> int:
     import xgemm
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="5000,5056,6000,6016")
+    ap.add_argument("--shapes", default="5000x5000x5000,5056x5056x5056,6000x6000x6000,6016x6016x6016")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     records = []
-    for s in (int(v) for v in args.sizes.split(",")):
+    for m, n, k in (tuple(int(x) for x in v.split("x")) for v in args.shapes.split(",")):
         gen = torch.Generator(device="cuda").manual_seed(0)
-        a0 = torch.randn(s, s, generator=gen, device="cuda").bfloat16()
-        b0 = torch.randn(s, s, generator=gen, device="cuda").bfloat16()
+        a0 = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
+        b0 = torch.randn(k, n, generator=gen, device="cuda").bfloat16()
         ref = a0.float() @ b0.float()
         cases = {}
-        # which rows are padded: A and B (the TMA loads), D (the TMA stores), all, or none
-        for layout, pad_ab, pad_d in (("dense", 1, 1), ("rows128", 64, 64), ("ab128", 64, 1), ("d128", 1, 64)):
-            a, b = padded(s, s, pad_ab, a0), padded(s, s, pad_ab, b0)
-            d = padded(s, s, pad_d)
+        # which rows are padded: A and/or B (the TMA loads), D (the TMA stores), all, or none
+        for layout, pad_a, pad_b, pad_d in (("dense", 1, 1, 1), ("rows128", 64, 64, 64), ("ab128", 64, 64, 1),
+                                            ("a128", 64, 1, 1), ("b128", 1, 64, 1), ("d128", 1, 1, 64)):
+            a, b = padded(m, k, pad_a, a0), padded(k, n, pad_b, b0)
+            d = padded(m, n, pad_d)
             cases[("xgemm", layout)] = (lambda a=a, b=b, d=d: xgemm.matmul(a, b, out=d), a, b)
-            if pad_ab == pad_d:
+            if pad_a == pad_b == pad_d:
                 # cuBLAS takes padded A and B; torch allocates its own (dense) result
                 cases[("cublas", layout)] = (lambda a=a, b=b: torch.matmul(a, b), a, b)
-        graphs = {k: graph_of(v[0]) for k, v in cases.items()}
-        times = {k: [] for k in cases}
+        a_st, b_st, d_st = padded(m, k, 64), padded(k, n, 64), padded(m, n, 1)
+
+        def staged(a_st=a_st, b_st=b_st, d_st=d_st):
+            a_st.copy_(a0)
+            b_st.copy_(b0)
+            return xgemm.matmul(a_st, b_st, out=d_st)
+        cases[("xgemm", "staged")] = (staged, a_st, b_st)
+        graphs = {key: graph_of(v[0]) for key, v in cases.items()}
+        times = {key: [] for key in cases}
         for _ in range(7):
-            for k, g in graphs.items():
+            for key, g in graphs.items():
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
                 g.replay()
                 e1.record()
                 e1.synchronize()
-                times[k].append(e0.elapsed_time(e1) * 1e3 / 20)
+                times[key].append(e0.elapsed_time(e1) * 1e3 / 20)
         for (impl, layout), (fn, a, b) in cases.items():
             d = fn()
             torch.cuda.synchronize()
             err = float((d.float() - ref).norm() / ref.norm())
             us = statistics.median(times[impl, layout])
-            tf = 2 * s ** 3 / us / 1e6
+            tf = 2 * m * n * k / us / 1e6
             plan = xgemm.explain(a, b).policy.summary() if impl == "xgemm" else "torch.matmul"
-            print(f"{s:6d} {layout:8s} {impl:7s} {tf:7.1f} TFLOP/s {us:8.1f} us  rel {err:.1e} "
+            print(f"{m}x{n}x{k} {layout:8s} {impl:7s} {tf:7.1f} TFLOP/s {us:8.1f} us  rel {err:.1e} "
                   f"{'ok' if err < 1e-2 else 'WRONG'}  ld {a.stride(0)}  {plan}")
-            records.append({"case": f"gemm_bf16_{s}x{s}x{s}_{layout}", "shape": [s, s, s], "dtype": "bfloat16",
+            records.append({"case": f"gemm_bf16_{m}x{n}x{k}_{layout}", "shape": [m, n, k], "dtype": "bfloat16",
                             "impl": impl, "metric": "TFLOP/s", "value": tf, "verified": err < 1e-2})
     if args.out:
         meta = {"meta": {"gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv),
