@@ -127,6 +127,27 @@ def test_cuda_lowering_falls_back_to_xla_without_a_kernel():
     assert "dot_general" in text and not _custom_calls(text)
 
 
+def test_cuda_lowering_pads_unaligned_half_rows():
+    """bf16 rows of 999 / 5001 elements (not 16-byte multiples): the cuda lowering zero-pads K and
+    N to 1008 / 5008 (xgemm.api's staging rule), calls the CuTe kernel and slices D; no XLA dot.
+    Below jax_cuda.PAD_MIN_FLOP it stays XLA's dot."""
+    pytest.importorskip("cutlass")
+    a = jax.ShapeDtypeStruct((2000, 999), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((999, 5001), jnp.bfloat16)
+    c = jax.ShapeDtypeStruct((5001,), jnp.bfloat16)
+    text = jax.jit(lambda a, b, c: xj.gemm(a, b, c, alpha=2.0, beta=-1.0)).trace(a, b, c).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "dot_general" not in text
+    assert "high = [0, 9]" in text and "high = [9, 7]" in text and "high = [7]" in text   # A, B, C
+    (call,) = [ln for ln in text.splitlines() if "stablehlo.custom_call @xgemm_tvm_ffi_call" in ln]
+    assert "tensor<2000x1008xbf16>, tensor<1008x5008xbf16>" in call
+    assert "stablehlo.slice" in text and "tensor<2000x5001xbf16>" in text
+    small = jax.jit(xj.matmul).trace(jax.ShapeDtypeStruct((300, 999), jnp.bfloat16),
+                                     jax.ShapeDtypeStruct((999, 1001), jnp.bfloat16)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "dot_general" in small and "stablehlo.pad" not in small
+
+
 def test_export_for_cpu_and_cuda_round_trips():
     export = pytest.importorskip("jax.export")
     pytest.importorskip("flatbuffers")

@@ -294,12 +294,10 @@ def _stage_aligned(fn: str, plan: policy.Plan, problem: GemmProblem, operands: t
     takes even that."""
     m, n, k = problem.m, problem.n, problem.k
     a2v, bv2, cv2 = operands
-    # a dim that must be padded goes to whole 32-byte sectors: TMA rows 16 bytes off a sector
-    # run slower (bf16 5000^3, rows of 10000 bytes: 477 TFLOP/s dense, 602 in rows padded to 128
-    # bytes; benchmarks/row_alignment.py, row_alignment-h200.json)
-    per, sector = 16 // a2v.itemsize, 32 // a2v.itemsize
-    kp = k if k % per == 0 else -(-k // sector) * sector
-    np_ = n if n % per == 0 else -(-n // sector) * sector
+    # a dim that must be padded goes to whole 32-byte sectors: some row pitches 16 bytes off a
+    # sector run slower (bf16 5000^3, rows of 10000 bytes: 477 TFLOP/s dense, 602 in rows padded
+    # to 128 bytes; benchmarks/row_alignment.py, row_alignment-h200.json)
+    kp, np_ = interop.padded_dims(k, n, a2v.itemsize)
     copies = list(plan.copies)
 
     def ready(v: interop.ArrayView) -> bool:

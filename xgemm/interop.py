@@ -309,6 +309,14 @@ def compact(v: ArrayView, name: str, copies: list) -> ArrayView:
     return view(y, name, "compact")
 
 
+def padded_dims(k: int, n: int, itemsize: int) -> Tuple[int, int]:
+    """(K, N) of the aligned problem a GEMM with rows that are not 16-byte multiples is staged
+    into (xgemm.api eagerly, xgemm.jax_cuda inside jit): a K or N that is not a multiple of 16
+    bytes is padded to whole 32-byte sectors; one that is stays."""
+    per, sector = 16 // itemsize, 32 // itemsize
+    return tuple(d if d % per == 0 else -(-d // sector) * sector for d in (k, n))
+
+
 def padded_copy(v: ArrayView, shape: Tuple[int, ...], zero_rows: bool, zero_cols: bool, name: str,
                 copies: list) -> ArrayView:
     """v copied into the top-left corner of a fresh row-major array of `shape` (v's leading dims,

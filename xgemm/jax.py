@@ -178,7 +178,7 @@ def _device_of(x: Any):
 
 def explain_gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
                  out_dtype: Any = None) -> policy.Plan:
-    from .jax_cuda import gemm_shapes
+    from .jax_cuda import gemm_shapes, padded_shapes
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     out = np.dtype(out_dtype or a.dtype).name
@@ -187,6 +187,18 @@ def explain_gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: flo
                      None if c_used is None else c_used.dtype, alpha=alpha, beta=beta, out_dtype=out,
                      device=_device_of(a))
     plan = policy.choose("gemm", gs.problem)
+    if plan.kernel.name == "reference":          # rows that are not 16-byte multiples: jit pads them
+        padded = padded_shapes(gs, a2.shape, a.dtype, b2.shape, None if c_used is None else c_used.shape,
+                               None if c_used is None else c_used.dtype, out)
+        if padded is not None:
+            gp, kp, np_ = padded
+            declined = plan.declined
+            plan = policy.choose("gemm", gp.problem)
+            plan.declined = list(declined) + [(f"{d} (padded problem)", why) for d, why in plan.declined]
+            plan.copies = list(plan.copies) + [
+                f"a, b: zero-padded by XLA to K={kp}" + (f", N={np_}" if np_ != b2.shape[-1] else "")
+                + " (16-byte-aligned rows)"] + (
+                [f"out: the first {b2.shape[-1]} of {np_} columns (a slice)"] if np_ != b2.shape[-1] else [])
     if gs.fold_m and gs.problem.device.kind == "cuda":
         plan.policy = dataclasses.replace(plan.policy, notes=plan.policy.notes + (
             f"batch {gs.batch} folded into M (B has no batch dims)",))

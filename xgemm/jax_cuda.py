@@ -212,6 +212,14 @@ def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, 
                      c.dtype if c is not None else None, alpha=alpha, beta=beta, out_dtype=out_dtype,
                      a_major=a_major, b_major=b_major)
     plan = policy.choose("gemm", gs.problem)
+    if plan.kernel.name == "reference" and route is None:
+        padded = _padded_operands(a, b, c, gs, out_dtype, a_major, b_major)
+        if padded is not None:       # rows that are not 16-byte multiples: run on padded arrays
+            a_p, b_p, c_p = padded
+            d = _gemm_kernel(a_p, b_p, *([c_p] if c_p is not None else []), alpha=alpha, beta=beta,
+                             out_dtype=out_dtype, a_major=a_major, b_major=b_major, sm_margin=sm_margin,
+                             target=target, tvm_target=tvm_target, portable=portable)
+            return d[..., :b.shape[-1]]
     hook = _hook(plan.kernel, portable)
     if hook is None:
         return plus_exchange(reference_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype))
@@ -245,6 +253,54 @@ def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, 
     else:
         d = made(a2, b2, c2)
     return plus_exchange(d.reshape(gs.out_shape))
+
+
+# Inside jit the pads and D's slice are XLA copies of their own, which only pay on big problems
+# (H200, benchmarks/jax_unaligned.py, bf16, jax_unaligned-h200.json: 2500^3 (31 GFLOP) 320 vs XLA's
+# 187 TFLOP/s, 4096x50257x4096 568 vs 263, 8191^3 582 vs 161; 1024x1000x999 (2 GFLOP) 47 vs 62).
+PAD_MIN_FLOP = 8e9
+
+
+def padded_shapes(gs: GemmShapes, a_shape, a_dtype, b_shape, c_shape, c_dtype, out_dtype, a_major=ROW,
+                  b_major=ROW) -> Optional[Tuple[GemmShapes, int, int]]:
+    """xgemm.api's staged problem inside jit: an fp16/bf16 GEMM of at least PAD_MIN_FLOP that no
+    GPU kernel takes because a row of A, B or C is not a multiple of 16 bytes gets K and N padded
+    (interop.padded_dims; the K padding of A and B zero, so it adds nothing; C padded only if it
+    has D's N columns). (the padded problem's GemmShapes, K, N) when a GPU kernel takes that, else
+    None."""
+    from .interop import padded_dims
+    p = gs.problem
+    if p.device.kind != "cuda" or np.dtype(a_dtype).name not in ("float16", "bfloat16"):
+        return None
+    if 2.0 * p.m * p.n * p.k * p.batch_count < PAD_MIN_FLOP:
+        return None
+    k, n = a_shape[-1], b_shape[-1]
+    kp, np_ = padded_dims(k, n, np.dtype(a_dtype).itemsize)
+    if (kp, np_) == (k, n):
+        return None
+    if c_shape is not None and c_shape[-1] == n:
+        c_shape = tuple(c_shape[:-1]) + (np_,)
+    gp = gemm_shapes(tuple(a_shape[:-1]) + (kp,), a_dtype, tuple(b_shape[:-2]) + (kp, np_), c_shape, c_dtype,
+                     alpha=p.epilogue.alpha, beta=p.epilogue.beta, out_dtype=out_dtype, a_major=a_major,
+                     b_major=b_major, device=p.device)
+    if policy.choose("gemm", gp.problem).kernel.name == "reference":
+        return None
+    return gp, kp, np_
+
+
+def _padded_operands(a, b, c, gs: GemmShapes, out_dtype, a_major, b_major):
+    """a, b, c zero-padded to padded_shapes()'s problem (XLA materializes them), or None."""
+    got = padded_shapes(gs, a.shape, a.dtype, b.shape, c.shape if c is not None else None,
+                        c.dtype if c is not None else None, out_dtype, a_major, b_major)
+    if got is None:
+        return None
+    _, kp, np_ = got
+
+    def pad(x, *tail):               # zeros after the last len(tail) dims' ends, up to `tail`
+        lead = [(0, 0)] * (x.ndim - len(tail))
+        return jnp.pad(x, lead + [(0, t - d) for t, d in zip(tail, x.shape[x.ndim - len(tail):])])
+    c_p = pad(c, np_) if c is not None and c.shape[-1] == b.shape[-1] else c
+    return pad(a, a.shape[-2], kp), pad(b, kp, np_), c_p
 
 
 def exchange_rule(ctx, send, *dest, route, into=None, has_dest=False):
