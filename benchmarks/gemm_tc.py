@@ -77,7 +77,10 @@ SWEEP_WAVES = [
 # the operands' transposed views, what the policy does for row-major A and B on its wave-aware
 # rows; cute_gemm_sm90.SWAP_NOTE)
 SWEEP_SWAP = [((128, 192, 2, 1, True, False, 8), False), ((128, 192, 2, 1, True, False, 8), True),
-              ((128, 128, 2, 1, True, True, 8), False), ((128, 128, 2, 1, True, True, 8), True)]
+              ((128, 128, 2, 1, True, True, 8), False), ((128, 128, 2, 1, True, True, 8), True),
+              ((128, 192, 2, 1, True, False, 4), True), ((128, 192, 2, 1, True, False, 16), True),
+              ((128, 192, 2, 1, True, True, 8), True), ((128, 192, 2, 1, True, True, 4), True),
+              ((128, 192, 1, 2, True, False, 8), True), ((128, 192, 1, 2, True, True, 8), True)]
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
