@@ -38,18 +38,22 @@ def test_generic_call_cells(echo):
     assert got[25:33] == [0, 0, 3, _f64_bits(2.5), 1, 7, 2, 1]            # None, float, int, bool
 
 
+class _Ptr:
+    """A stand-in for a torch tensor: only data_ptr()."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def data_ptr(self):
+        return self.p
+
+
 def test_prepared_call_rewrites_pointers_and_stream(echo):
     fn, rec = echo
     a, b, d = (_view(p, (4, 4), (4, 1), "float16", 0) for p in (0x10, 0x20, 0x30))
     go = fn.prepare(a, b, d, 1.0, 0).go((A, B, OUT))
 
-    class T:
-        def __init__(self, p):
-            self.p = p
-
-        def data_ptr(self):
-            return self.p
-    go(T(0xA0), T(0xB0), None, T(0xD0), 0x5EED)
+    go(_Ptr(0xA0), _Ptr(0xB0), None, _Ptr(0xD0), 0x5EED)
     got = list(rec[:60])
     per_tensor = 1 + 6 + 4                        # type, data/dev/dtype/ndim, 2 shape, 2 strides
     datas = [got[1 + i * per_tensor + 1] for i in range(3)]
@@ -65,15 +69,9 @@ def test_prepared_call_follows_its_roles(echo):
     a, b, d = (_view(p, (4, 4), (1, 4), "float16", 0) for p in (0x10, 0x20, 0x30))
     go = fn.prepare(b, a, d, 1.0, 0).go((B, A, OUT))
 
-    class T:
-        def __init__(self, p):
-            self.p = p
-
-        def data_ptr(self):
-            return self.p
-    go(T(0xA0), T(0xB0), None, T(0xD0), 7)
+    go(_Ptr(0xA0), _Ptr(0xB0), None, _Ptr(0xD0), 7)
     got = list(rec[:60])
-    per_tensor = 1 + 6 + 4
+    per_tensor = 1 + 6 + 4                        # type, data/dev/dtype/ndim, 2 shape, 2 strides
     assert [got[1 + i * per_tensor + 1] for i in range(3)] == [0xB0, 0xA0, 0xD0]
     assert go.native[4] == (B, A, OUT)
     with pytest.raises(AssertionError):
