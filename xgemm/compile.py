@@ -324,6 +324,10 @@ def _from_disk_or_build(key: tuple, build: Callable[[], Any]) -> Any:
         except Exception as exc:   # noqa: BLE001 - still usable in this process
             _log.warning("xgemm.compile: could not save %s to %s (%s); it will recompile next process",
                          _describe(key), directory, exc)
+        if not hasattr(fn, "__chandle__"):
+            # no execution engine (a machine without a GPU, e.g. lowering jax.jit for cuda): the
+            # compile result has no tvm_ffi.Function; the exported object loads as one
+            fn = _try_load(so, obj) or fn
         return fn
 
 
