@@ -120,7 +120,7 @@ def test_row_major_operands_run_transposed(mnk):
     a_col = _problem(m, n, k, a=_op((m, k), major=COL))
     assert not K90.swapped(K90.KERNEL.policy(a_col))
     assert K90.Config.from_policy(K90.KERNEL.policy(a_col)) == K90.choose_config(m, n, k, 1)[1]
-    for small in ((256, 8192, 8192), (128, 128, 128)):
+    for small in ((256, 8192, 8192), (128, 128, 128), (8192, 8192, 128), (8192, 8192, K90.SWAP_MIN_K - 8)):
         assert not K90.swapped(K90.KERNEL.policy(_problem(*small)))
 
 
@@ -145,7 +145,7 @@ def test_transposed_run_compiles_the_transposed_class():
 
 def test_prebuilt_classes_are_the_ones_the_policy_runs():
     keys = {key for key, _ in K90.prebuild_classes("sm_90a")}
-    for mnk in ((8192, 8192, 8192), (4096, 4096, 4096), (256, 8192, 8192), (128, 128, 128)):
+    for mnk in ((8192, 8192, 8192), (4096, 4096, 4096), (256, 8192, 8192), (128, 128, 128), (8192, 8192, 128)):
         pol = K90.KERNEL.policy(_problem(*mnk))
         major = COL if K90.swapped(pol) else ROW
         cfg = K90.Config.from_policy(pol)

@@ -211,9 +211,12 @@ def choose_config(m: int, n: int, k: int, l: int) -> Tuple[str, Config]:
 # 633 / 621 vs 625 / 615, 4096^3 677 / 639 vs 668 / 639; at 8192^3 it is a wash across five
 # runs (699 vs 704 and 675 vs 670 there; 687 vs 693 in gemm_tc_swap_policy-h200.json, 682 vs
 # 678 and 658 vs 658 in gemm_tc_swap-h200.json). The medium and small rows stay untransposed
-# (256x8192x8192: 628 vs 638). Other majorness combinations are not measured and run as given.
+# (256x8192x8192: 628 vs 638), and so does a short K, where D's stores are most of the work and
+# the transposed run's M-major D stores lost: 8192^2x128 bf16 358 vs 385, 8192^2x256 536 vs 531
+# (gemm_tc_shortk-h200.json). Other majorness combinations are not measured and run as given.
 SWAP_NOTE = "D^T = B^T A^T"
 SWAP_ROWS = ("skinny M", "skinny N", "mid", "large")
+SWAP_MIN_K = 512
 
 
 def swapped(policy: Policy) -> bool:
@@ -226,7 +229,7 @@ def row_of(m: int, n: int, k: int, l: int) -> str:
 
 def choose_policy(m: int, n: int, k: int, l: int, a_major: str, b_major: str) -> Policy:
     """The policy for D = A @ B given the operands' majorness (ROW: last dim contiguous)."""
-    if a_major == ROW and b_major == ROW and row_of(m, n, k, l) in SWAP_ROWS:
+    if a_major == ROW and b_major == ROW and k >= SWAP_MIN_K and row_of(m, n, k, l) in SWAP_ROWS:
         why, cfg = choose_config(n, m, k, l)
         return cfg.policy(why, swap=True)
     why, cfg = choose_config(m, n, k, l)
@@ -1018,15 +1021,15 @@ H200_SMS = 132
 
 def prebuild_classes(arch: str):
     """(key, build) for the common classes on an H200: every policy-table config as the policy
-    runs it for A, B, D row-major without C (torch's default layouts; the rows in SWAP_ROWS on
-    the transposed problem, whose views are all column-major), unbatched and batched, in bf16
+    runs it for A, B, D row-major without C (torch's default layouts; the rows in SWAP_ROWS also
+    on the transposed problem, whose views are all column-major), unbatched and batched, in bf16
     and fp16."""
     if not arch.startswith("sm_90"):
         return []
     items = []
     seen = set()
-    for name, cfg in ((name, c) for name, _, cfgs in POLICY_TABLE for c in cfgs):
-        major = COL if name in SWAP_ROWS else ROW
+    for name, cfg, major in ((name, c, major) for name, _, cfgs in POLICY_TABLE for c in cfgs
+                             for major in ((ROW, COL) if name in SWAP_ROWS else (ROW,))):
         for ab in _AB_DTYPES:
             for batched in ((False, False, False, False), (True, True, True, False)):
                 spec = (cfg, ab, ab, major, major, major, None, batched,
