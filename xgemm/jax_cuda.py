@@ -422,12 +422,13 @@ def cute_gemm_sm90_call(problem: GemmProblem, pol, sm_margin: int = 0) -> jax_ff
     fn = k.compiled(*k.KERNEL.spec(problem, pol, (a, b, c), out, xcompile.arch_for(problem.device), sms))
     A, ep = jax_ffi.Arg, problem.epilogue
     scalars = (A.f64(ep.alpha), A.f64(ep.beta)) if c is not None else (A.f64(ep.alpha),)
-    tensors = _tensors(c)
     if k.swapped(pol):       # D^T = B^T @ A^T (+ C^T): transposed views of the same buffers
         def t(role, i, v):
             v = k.transposed(v)
             return A.tensor(role, i, v.shape, v.strides)
         tensors = (t("in", 1, b), t("in", 0, a), t("out", 0, out)) + ((t("in", 2, c),) if c is not None else ())
+    else:
+        tensors = _tensors(c)
     return jax_ffi.TvmFfiCall(fn, tensors + scalars + (A.stream(),))
 
 
