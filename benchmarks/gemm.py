@@ -26,12 +26,24 @@ def measure(out: Path, trials: int) -> None:
     import gemm_sgemm
     import gemm_tc
     reps = 20
-    tc, _ = gemm_tc.bench(shapes=gemm_tc.SHAPES + SMALL, reps=reps, trials=trials)
+    tc, notes = gemm_tc.bench(shapes=gemm_tc.SHAPES + SMALL, reps=reps, trials=trials)
     fp32 = gemm_sgemm.run(gemm_sgemm.TARGETS)
     meta = gemm_sgemm.meta(argparse.Namespace())
     meta["meta"]["command"] = f"python benchmarks/gemm.py --trials {trials}"
     meta["meta"]["timing_bf16_fp16"] = "gemm_tc: " + gemm_tc.timing_note(reps, trials)
+    # per-trial ratios (peer time / xgemm time within one trial): [CI low, median, CI high]
+    meta["meta"]["paired"] = {k: v for k, v in notes.items() if k.endswith(" paired")}
     (out / "gemm-h200.json").write_text(json.dumps(tc + fp32 + [meta], indent=1))
+
+
+def load_paired(paths) -> dict:
+    """The per-trial paired ratios measure() keeps in the meta record ({} for older files)."""
+    out = {}
+    for p in paths:
+        for r in json.loads(Path(p).read_text()):
+            if "meta" in r:
+                out.update(r["meta"].get("paired", {}))
+    return out
 
 
 def load(paths) -> list:
@@ -41,19 +53,26 @@ def load(paths) -> list:
     return records
 
 
-def render(records: list, out: Path, stem: str, sources: str) -> None:
+def render(records: list, out: Path, stem: str, sources: str, paired: dict | None = None) -> None:
+    paired = paired or {}
     cases = sorted({r["case"] for r in records}, key=lambda c: (c.split("_")[1], c))
     impls = ("xgemm", "cublas", "quack")
     value = {(r["case"], r["impl"]): r for r in records}
-    lines = ["| case | " + " | ".join(impls) + " | xgemm / best peer |", "|---|---|---|---|---|"]
+    lines = ["| case | " + " | ".join(impls) + " | xgemm / best peer | per trial vs cuBLAS | per trial vs quack |",
+             "|---|---|---|---|---|---|---|"]
     for c in cases:
         cells = [f"{value[c, i]['value']:.1f}{'' if value[c, i]['verified'] else ' (UNVERIFIED)'}"
                  if (c, i) in value else "-" for i in impls]
         peers = [value[c, i]["value"] for i in impls[1:] if (c, i) in value and value[c, i]["verified"]]
         ratio = value[c, "xgemm"]["value"] / max(peers) if peers and (c, "xgemm") in value else float("nan")
-        lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio:.3f} |")
-    (out / f"{stem}.md").write_text("# GEMM on the H200 (TFLOP/s; each row's peers measured in the same run)\n\n"
-                                    f"From {sources}.\n\n" + "\n".join(lines) + "\n")
+        per = [f"{p[1]:.3f} ({p[0]:.3f}-{p[2]:.3f})" if p else "-"
+               for p in (paired.get(f"{c} xgemm/{peer} paired") for peer in impls[1:])]
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio:.3f} | " + " | ".join(per) + " |")
+    (out / f"{stem}.md").write_text(
+        "# GEMM on the H200 (TFLOP/s; each row's peers measured in the same run)\n\n"
+        f"From {sources}. `xgemm / best peer` divides medians; `per trial` is the median of the "
+        "peer's time over xgemm's within each trial (> 1: xgemm faster) with its 95% "
+        "distribution-free confidence interval (bf16/fp16 rows only).\n\n" + "\n".join(lines) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -88,7 +107,8 @@ def main() -> int:
                "gemm_tc-h200.json (bf16/fp16, one run) and sgemm-policy-h200.json (fp32, another run)")
     else:
         measure(out, args.trials)
-        render(load([out / "gemm-h200.json"]), out, "gemm-h200", "gemm-h200.json (one run)")
+        render(load([out / "gemm-h200.json"]), out, "gemm-h200", "gemm-h200.json (one run)",
+               load_paired([out / "gemm-h200.json"]))
     return 0
 
 

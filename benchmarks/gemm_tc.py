@@ -122,12 +122,15 @@ def capture(fn, reps: int):
         return loop, f"events ({type(exc).__name__})"
 
 
-def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3, seed: int = 0):
+def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3, seed: int = 0,
+                     per_trial: bool = False):
     """Median seconds per call for each replay function, trials interleaved: every trial replays
     all implementations once, in an order shuffled per trial (seeded), so that each sees the same
     clocks and temperature (the H200 runs power-limited) and none always follows the same peer.
     (A rotation of one fixed order keeps every predecessor: with it, one config timed twice as two
-    entries differed by ~1%, the entry after quack faster than the one after xgemm.)"""
+    entries differed by ~1%, the entry after quack faster than the one after xgemm.)
+    per_trial: also return every trial's seconds per call ([implementation][trial]), for ratios
+    taken within a trial (paired_ratio)."""
     torch = _torch()
     order = random.Random(seed)
     t_end = time.perf_counter() + warm_s
@@ -147,7 +150,30 @@ def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3, seed:
             end.record()
             end.synchronize()
             times[j].append(start.elapsed_time(end) / 1e3 / reps)
-    return [statistics.median(t) for t in times]
+    medians = [statistics.median(t) for t in times]
+    return (medians, times) if per_trial else medians
+
+
+def median_ci(values, level: float = 0.95):
+    """(low, median, high): the median and a distribution-free confidence interval for it, the
+    order statistics x_(j) and x_(n+1-j) with the largest j whose binomial tail P(Bin(n, 1/2) < j)
+    is at most (1 - level) / 2 (7 trials: the extremes, 98.4%; 15: the 4th and 12th, 96.5%)."""
+    xs = sorted(values)
+    n = len(xs)
+    tail, j = 0.0, 0
+    while j < n // 2:
+        nxt = tail + math.comb(n, j) / 2 ** n
+        if nxt > (1 - level) / 2:
+            break
+        tail, j = nxt, j + 1
+    j = max(j, 1)
+    return xs[j - 1], statistics.median(xs), xs[n - j]
+
+
+def paired_ratio(ours, peer):
+    """median_ci of peer time / our time, trial by trial (the two ran within one trial, so clock
+    and temperature drift between trials cancels): > 1 means ours is faster."""
+    return median_ci([p / o for o, p in zip(ours, peer)])
 
 
 def timing_note(reps: int, trials: int) -> str:
@@ -322,7 +348,8 @@ def bench(shapes=SHAPES, dtypes=DTYPES, impls=("cublas", "quack", "xgemm"), swee
                     log(f"{case} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
                     records.append(dict(case=case, shape=[m, n, k], dtype=dtype, impl=name,
                                         metric="TFLOP/s", value=0.0, verified=False))
-            secs = time_interleaved([r[1] for r in ready], reps, trials)
+            secs, per_trial = time_interleaved([r[1] for r in ready], reps, trials, per_trial=True)
+            trial_times = {r[0]: t for r, t in zip(ready, per_trial)}
             for (name, _, how, note, out_key), sec in zip(ready, secs):
                 rel = x.verify(out_key)
                 ok = rel < 1e-2
@@ -332,6 +359,11 @@ def bench(shapes=SHAPES, dtypes=DTYPES, impls=("cublas", "quack", "xgemm"), swee
                                     metric="TFLOP/s", value=round(tflops, 1), verified=ok))
                 log(f"{case:28s} {name:44s} {tflops:7.1f} TFLOP/s  {sec * 1e6:9.1f} us  "
                     f"rel {rel:.1e} {'ok' if ok else 'WRONG'}  [{how}]")
+            for peer in ("cublas", "quack"):
+                if "xgemm" in trial_times and peer in trial_times:
+                    lo, mid, hi = paired_ratio(trial_times["xgemm"], trial_times[peer])
+                    notes[f"{case} xgemm/{peer} paired"] = [round(lo, 4), round(mid, 4), round(hi, 4)]
+                    log(f"{case:28s} xgemm vs {peer:6s}: {mid:.3f}x per trial (95% CI {lo:.3f}-{hi:.3f})")
             del x, ready
             torch.cuda.empty_cache()
     return records, notes
@@ -342,14 +374,17 @@ def _tag(c):
             f"r{'m' if c[5] else 'n'} s{c[6]}{' filled' if len(c) > 8 and not c[8] else ''}]")
 
 
-def table(records) -> str:
+def table(records, notes=None) -> str:
+    """Markdown: TFLOP/s per implementation, xgemm over the better peer (medians), and, from
+    bench()'s notes, the per-trial paired ratio to quack with its 95% CI."""
+    notes = notes or {}
     cases = sorted({(r["dtype"], r["case"]) for r in records}, key=lambda t: (t[0], t[1]))
     impls = []
     for r in records:
         if r["impl"] not in impls:
             impls.append(r["impl"])
-    lines = ["| case | " + " | ".join(impls) + " | xgemm / best peer |",
-             "|---|" + "---|" * (len(impls) + 1)]
+    lines = ["| case | " + " | ".join(impls) + " | xgemm / best peer | xgemm / quack per trial (95% CI) |",
+             "|---|" + "---|" * (len(impls) + 2)]
     for dtype, case in cases:
         row = {r["impl"]: r for r in records if r["case"] == case}
         cells = [f"{row[i]['value']:.0f}{'' if row[i]['verified'] else ' (WRONG)'}" if i in row else "-"
@@ -357,7 +392,9 @@ def table(records) -> str:
         peers = [row[i]["value"] for i in ("cublas", "quack") if i in row and row[i]["verified"]]
         ratio = (f"{row['xgemm']['value'] / max(peers):.3f}" if "xgemm" in row and peers
                  and row["xgemm"]["verified"] else "-")
-        lines.append(f"| {case} | " + " | ".join(cells) + f" | {ratio} |")
+        pq = notes.get(f"{case} xgemm/quack paired")
+        paired = f"{pq[1]:.3f} ({pq[0]:.3f}-{pq[2]:.3f})" if pq else "-"
+        lines.append(f"| {case} | " + " | ".join(cells) + f" | {ratio} | {paired} |")
     return "\n".join(lines)
 
 
@@ -398,7 +435,7 @@ def main(argv=None):
             "notes": notes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(records + [{"meta": meta}], indent=1))
-    print(table(records))
+    print(table(records, notes))
     return records
 
 
