@@ -1,0 +1,44 @@
+"""The benchmarks' statistics on CPU: benchmarks/gemm_tc.py's median_ci (a distribution-free
+confidence interval from order statistics) and paired_ratio (peer time / ours, trial by trial)."""
+from __future__ import annotations
+
+import math
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gemm_tc  # noqa: E402  (benchmarks/ is not a package; importing it pulls no GPU library)
+
+
+def _coverage(n: int, j: int) -> float:
+    """P(x_(j) <= median <= x_(n+1-j)) for n draws of a continuous variable."""
+    return 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2 ** n
+
+
+def test_median_ci_uses_the_widest_order_statistics_that_keep_95_percent():
+    # 7 trials: only the extremes cover >= 95% (98.4%); 15 trials: the 4th and 12th (96.5%)
+    assert gemm_tc.median_ci(list(range(1, 8))) == (1, 4, 7)
+    assert gemm_tc.median_ci(list(range(1, 16))) == (4, 8, 12)
+    assert round(_coverage(15, 4), 3) == 0.965 and _coverage(15, 5) < 0.95
+    assert gemm_tc.median_ci([3.0, 1.0, 2.0]) == (1.0, 2.0, 3.0)      # unsorted input
+    assert gemm_tc.median_ci([5.0]) == (5.0, 5.0, 5.0)
+
+
+def test_median_ci_covers_the_true_median_about_as_often_as_it_says():
+    rng = random.Random(1)
+    hits = 0
+    for _ in range(2000):
+        lo, _, hi = gemm_tc.median_ci([rng.gauss(1.0, 0.01) for _ in range(15)])
+        hits += lo <= 1.0 <= hi
+    assert 0.95 <= hits / 2000 <= 0.98          # nominal 96.5%
+
+
+def test_paired_ratio_is_peer_time_over_ours_per_trial():
+    ours = [1.0, 2.0, 1.0, 1.0, 1.0]             # a slow trial for both (clock drop) cancels out
+    peer = [1.1, 2.2, 1.1, 1.1, 1.1]
+    lo, mid, hi = gemm_tc.paired_ratio(ours, peer)
+    assert math.isclose(mid, 1.1) and math.isclose(lo, 1.1) and math.isclose(hi, 1.1)
+    assert gemm_tc.paired_ratio(peer, ours)[1] < 1               # > 1 only when ours is faster
