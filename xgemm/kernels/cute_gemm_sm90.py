@@ -25,7 +25,14 @@ Design
   Launched with programmatic dependent launch (griddepcontrol), so a GEMM's prologue overlaps
   the previous kernel's tail in the stream.
   The epilogue walks the tile in epi subtiles: acc -> alpha*acc (+ beta*C, C fetched by TMA into
-  shared memory ahead of use) -> out dtype -> stmatrix to shared memory -> TMA store.
+  shared memory ahead of use) -> out dtype -> stmatrix to shared memory -> TMA store. It walks
+  them along D's contiguous dimension (along N for a row-major D, down M for a column-major one),
+  so each two consecutive 64x32 stores fill the same 128-byte lines. For the M-major D of the
+  transposed run that measured 370 vs 352 TFLOP/s walking along N at 8192^2x128, 521 vs 516 at
+  x256, 676 vs 667 at x1024, and the same within noise at 8192^3 (676 vs 683; quack 679) (H200,
+  bf16, 128x192 2x1, one process, a temporary order switch in gemm_tc.py --sweep;
+  gemm_tc_epi_order-h200.json). For a row-major D the walk down M (quack's order) ran 365 vs 370
+  at 8192^2x128.
   A policy may run the transposed problem D^T = B^T @ A^T (+ C^T) on the operands' transposed
   views (SWAP_NOTE; what the policy does for row-major A and B on its wave-aware rows).
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
@@ -211,9 +218,12 @@ def choose_config(m: int, n: int, k: int, l: int) -> Tuple[str, Config]:
 # 633 / 621 vs 625 / 615, 4096^3 677 / 639 vs 668 / 639; at 8192^3 it is a wash across five
 # runs (699 vs 704 and 675 vs 670 there; 687 vs 693 in gemm_tc_swap_policy-h200.json, 682 vs
 # 678 and 658 vs 658 in gemm_tc_swap-h200.json). The medium and small rows stay untransposed
-# (256x8192x8192: 628 vs 638), and so does a short K, where D's stores are most of the work and
-# the transposed run's M-major D stores lost: 8192^2x128 bf16 358 vs 385, 8192^2x256 536 vs 531
-# (gemm_tc_shortk-h200.json). Other majorness combinations are not measured and run as given.
+# (256x8192x8192: 628 vs 638), and so does a short K, where D's stores are most of the work: the
+# transposed run's M-major D stores lost there (8192^2x128 bf16 358 vs 385, gemm_tc_shortk-h200.json)
+# until the epilogue walked its subtiles down M for an M-major D; since, they tie (8192^2x128 bf16
+# / fp16 370 / 352 vs 369 / 353 as given, x256 506 / 492 vs 504 / 492) and the transposed run
+# leads from x512 (644 / 619 vs 632 / 614; gemm_tc_shortk_walk-h200.json), so the floor stays.
+# Other majorness combinations are not measured and run as given.
 SWAP_NOTE = "D^T = B^T A^T"
 SWAP_ROWS = ("skinny M", "skinny N", "mid", "large")
 SWAP_MIN_K = 512
@@ -318,6 +328,9 @@ def _device():
             self.b_layout = LayoutEnum.from_tensor(mB)
             self.d_layout = LayoutEnum.from_tensor(mD)
             self.c_layout = LayoutEnum.from_tensor(mC) if const_expr(self.has_c) else None
+            # the epilogue walks a tile's subtiles along D's contiguous dimension, so that
+            # consecutive TMA stores fill the same 128-byte lines (module docstring, Design)
+            self.epi_walk_m = self.d_layout.is_m_major_c()
 
             self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
                 self.a_dtype, self.a_dtype,
@@ -587,7 +600,11 @@ def _device():
                 epi_tiles_mn = (self.tile_shape_mnk[0] // self.epi_tile[0],
                                 self.tile_shape_mnk[1] // self.epi_tile[1])
                 epi_tile_num = epi_tiles_mn[0] * epi_tiles_mn[1]
-                epi_tile_layout = cute.make_layout(epi_tiles_mn, stride=(epi_tiles_mn[1], 1))
+                # subtile i of the walk; the accumulator fragments of subtile (m, n) are the
+                # (m * N/epi_n + n)-th size_rD of tRS_rAcc
+                epi_tile_layout = cute.make_layout(
+                    epi_tiles_mn, stride=(1, epi_tiles_mn[0]) if const_expr(self.epi_walk_m)
+                    else (epi_tiles_mn[1], 1))
 
                 work = cute.arch.block_idx()[2]
                 work_stride = cute.arch.grid_dim()[2]
@@ -677,8 +694,13 @@ def _device():
                             c_write.advance()
                     num_prev = tiles_done * epi_tile_num
                     for epi_idx in cutlass.range_constexpr(epi_tile_num):
+                        if const_expr(self.epi_walk_m):
+                            acc_first = ((epi_idx % epi_tiles_mn[0]) * epi_tiles_mn[1]
+                                         + epi_idx // epi_tiles_mn[0]) * size_rD
+                        else:
+                            acc_first = epi_idx * size_rD
                         for v in cutlass.range_constexpr(size_rD):
-                            tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
+                            tRS_rD[v] = tRS_rAcc[acc_first + v]
                         if const_expr(self.has_c):
                             c_pipeline.consumer_wait(c_read)
                             cute.copy(tiled_copy_s2r, tSR_sC[(None, None, None, c_read.index)],
