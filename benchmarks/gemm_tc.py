@@ -8,6 +8,10 @@ quack (quack.gemm_interface.gemm, its default config, not autotuned), in one pro
                                                       # fp32 results (the K-split partials)
     python benchmarks/gemm_tc.py --shapes 64x8192x8192 --dtypes bfloat16 --sweep --sweep-set splitk
                                                       # gluon_splitk_sm90's tiles x splits (skinny M)
+    python benchmarks/gemm_tc.py --impls cublas,quack,xgemm,xgemm-scaled,sm90,sm90T
+                                                      # + xgemm.gemm(alpha=1+2^-23) (the class that
+                                                      # scales) and the policy's config as given /
+                                                      # transposed
 
 Timing: each implementation's call is captured in a CUDA graph (`--reps` launches back to back,
 inputs rotating through enough buffer sets that their bytes exceed 2x the L2); after a short
@@ -239,6 +243,20 @@ def impl_xgemm(x: Inputs, name: str = "xgemm"):
     return call, str(plan).replace("\n", " | ")
 
 
+ALPHA_SCALED = 1 + 2 ** -23      # the nearest fp32 above 1: the class that scales, same result
+
+
+def impl_xgemm_scaled(x: Inputs):
+    """xgemm.gemm with alpha = 1 + 2^-23: the policy's kernel in its alpha-scaling class, against
+    which `xgemm` (matmul, alpha 1: the class whose epilogue does not scale) is compared."""
+    import xgemm
+
+    def call(i):
+        j = i % x.sets
+        xgemm.gemm(x.a[j], x.b[j], alpha=ALPHA_SCALED, out=x.out("xgemm-scaled", i))
+    return call, f"xgemm.gemm(alpha={ALPHA_SCALED!r})"
+
+
 def _problem(a, b, d):
     """GemmProblem + ArrayViews for D = A @ B on torch CUDA tensors (the kernel protocol's inputs)."""
     from xgemm import interop
@@ -328,7 +346,8 @@ def bench(shapes=SHAPES, dtypes=DTYPES, impls=("cublas", "quack", "xgemm"), swee
           trials=7, log=print, out_dtype=None):
     torch = _torch()
     records, notes = [], {}
-    makers = {"cublas": impl_cublas, "quack": impl_quack, "xgemm": impl_xgemm, "sm90": impl_sm90_policy(False),
+    makers = {"cublas": impl_cublas, "quack": impl_quack, "xgemm": impl_xgemm, "xgemm-scaled": impl_xgemm_scaled,
+              "sm90": impl_sm90_policy(False),
               "sm90T": impl_sm90_policy(True)}
     for dtype in dtypes:
         for (m, n, k) in shapes:

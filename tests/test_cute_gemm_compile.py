@@ -149,7 +149,7 @@ def test_prebuilt_classes_are_the_ones_the_policy_runs():
         pol = K90.KERNEL.policy(_problem(*mnk))
         major = COL if K90.swapped(pol) else ROW
         cfg = K90.Config.from_policy(pol)
-        spec = (cfg, "bfloat16", "bfloat16", major, major, major, None, (False,) * 4,
+        spec = (cfg, "bfloat16", "bfloat16", major, major, major, None, True, (False,) * 4,   # matmul: alpha 1
                 K90.max_clusters(K90.H200_SMS, cfg), "sm_90a")
         assert K90.class_key(*spec) in keys, mnk
 
@@ -204,11 +204,14 @@ def ptx(tmp_path_factory):
     fns = {
         # the big-problem default: pingpong 128x192, 2x1 cluster (B multicast), torch layouts
         "pp_2x1": K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
-                            ROW, None, nob, 66, "sm_90a", opts),
+                            ROW, None, False, nob, 66, "sm_90a", opts),
+        # the same for alpha == 1 (matmul): the epilogue does not scale
+        "pp_2x1_unit": K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW,
+                                 ROW, ROW, None, True, nob, 66, "sm_90a", opts),
         # cooperative 256x128, 1x2 cluster (A multicast), every operand column-major, fp32 D,
         # a bf16 C read through TMA, batched with A broadcast over the batch
         "coop_1x2_c": K90.build(K90.Config(256, 128, 1, 2, False, False, 4), "float16", "float32", COL,
-                                COL, COL, ("bfloat16", ROW), (False, True, True, True), 66, "sm_90a", opts),
+                                COL, COL, ("bfloat16", ROW), False, (False, True, True, True), 66, "sm_90a", opts),
         "mma_sm80": K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", opts),
         "mma_sm80_c": K80.build("float16", "float32", COL, COL, COL, ("float16", ROW), True, "sm_90a", opts),
     }
@@ -228,6 +231,16 @@ def test_ptx_sm90_pingpong_multicast(ptx):
     assert "setmaxnreg.inc" in text and "setmaxnreg.dec" in text
     assert _count(text, r"mbarrier\.try_wait") >= 1
     assert "ld.local" not in text and "st.local" not in text      # accumulators stay in registers
+
+
+@needs_dsl
+def test_ptx_sm90_unit_alpha_does_not_scale(ptx):
+    """alpha == 1 compiles a class whose epilogue has no multiply (a 128x192 tile: 192 per thread);
+    the general class scales every accumulator."""
+    general, unit = ptx["pp_2x1"][1], ptx["pp_2x1_unit"][1]
+    assert _count(general, r"\bmul(\.rn)?(\.ftz)?\.f32\b") >= 96
+    assert _count(unit, r"\bmul(\.rn)?(\.ftz)?\.f32\b") == 0
+    assert _count(unit, r"wgmma\.mma_async") == _count(general, r"wgmma\.mma_async")
 
 
 @needs_dsl

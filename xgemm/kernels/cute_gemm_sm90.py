@@ -33,6 +33,11 @@ Design
   bf16, 128x192 2x1, one process, a temporary order switch in gemm_tc.py --sweep;
   gemm_tc_epi_order-h200.json). For a row-major D the walk down M (quack's order) ran 365 vs 370
   at 8192^2x128.
+  alpha == 1 (every matmul) compiles a class of its own whose epilogue skips the multiply: 192
+  FMULs per thread per 128x192 tile, a fifth of the kernel's instructions at 8192^2x256 (ncu);
+  it pays where the epilogue is the critical path: 8192^2x256 bf16 / fp16 514 / 495 vs 505 / 483
+  TFLOP/s, within noise at K >= 512 (gemm_tc.py --impls ...,xgemm,xgemm-scaled, the latter
+  alpha = 1 + 2^-23; gemm_tc_unit_alpha-h200.json).
   A policy may run the transposed problem D^T = B^T @ A^T (+ C^T) on the operands' transposed
   views (SWAP_NOTE; what the policy does for row-major A and B on its wave-aware rows).
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
@@ -272,10 +277,11 @@ def _device():
     BAR_EPI, BAR_MMA0, BAR_EPI0 = 1, 2, 4      # BAR_MMA0 + wg, BAR_EPI0 + wg for wg in (0, 1)
 
     class Sm90Gemm:
-        def __init__(self, cfg: Config, max_active_clusters: int, has_c: bool):
+        def __init__(self, cfg: Config, max_active_clusters: int, has_c: bool, unit_alpha: bool):
             cfg.check()
             self.cfg = cfg
             self.has_c = has_c
+            self.unit_alpha = unit_alpha     # alpha == 1: the epilogue does not scale (Design)
             self.max_active_clusters = max_active_clusters
             self.pingpong = cfg.pingpong
             self.cluster_shape_mnk = (cfg.cluster_m, cfg.cluster_n, 1)
@@ -406,7 +412,26 @@ def _device():
                 grid=grid, block=[self.threads_per_cta, 1, 1], cluster=self.cluster_shape_mnk,
                 min_blocks_per_mp=1, stream=stream, use_pdl=True)
 
-        def _tile_of(self, work, gD_mnl):
+        def _schedule(self, gD_mnl):
+            """What _tile_of needs, computed once per thread before the tile loops: the cluster-
+            tile count and the runtime divisors as FastDivmod (a multiply and a shift per use; a
+            32-bit division by a runtime value is ~25 instructions with a reciprocal, and every
+            consumer warp runs _tile_of once per tile, on the path to its next mainloop)."""
+            G = self.cfg.swizzle
+            cm, cn = self.cluster_shape_mnk[0], self.cluster_shape_mnk[1]
+            ncm = (cute.size(gD_mnl, mode=[2]) + cm - 1) // cm
+            ncn = (cute.size(gD_mnl, mode=[3]) + cn - 1) // cn
+            per_batch = ncm * ncn
+            total = per_batch * cute.size(gD_mnl, mode=[4])
+            n_fast, n_slow = (ncn, ncm) if const_expr(self.cfg.raster_m) else (ncm, ncn)
+            per_batch_d = cute.fast_divmod_create_divisor_v2(per_batch)
+            if const_expr(G == 1):
+                return total, per_batch_d, cute.fast_divmod_create_divisor_v2(n_slow), None, None
+            last_band = (n_fast - 1) // G                 # bands of G along fast; the last narrower
+            last_width_d = cute.fast_divmod_create_divisor_v2(n_fast - last_band * G)
+            return total, per_batch_d, cute.fast_divmod_create_divisor_v2(G * n_slow), last_width_d, last_band
+
+        def _tile_of(self, work, sched):
             """(m, n, l) tile of this CTA for cluster work index `work`, and whether it exists.
 
             Cluster tiles are numbered in bands of `swizzle` clusters along the fast dimension
@@ -417,22 +442,19 @@ def _device():
             """
             G = self.cfg.swizzle
             cm, cn = self.cluster_shape_mnk[0], self.cluster_shape_mnk[1]
-            ncm = (cute.size(gD_mnl, mode=[2]) + cm - 1) // cm
-            ncn = (cute.size(gD_mnl, mode=[3]) + cn - 1) // cn
-            per_batch = ncm * ncn
-            valid = work < per_batch * cute.size(gD_mnl, mode=[4])
-            l = work // per_batch
-            r = work - l * per_batch
-            n_fast, n_slow = (ncn, ncm) if const_expr(self.cfg.raster_m) else (ncm, ncn)
+            total, per_batch_d, slow_or_band_d, last_width_d, last_band = sched
+            valid = work < total
+            l, r = divmod(work, per_batch_d)
             if const_expr(G == 1):
-                fast = r // n_slow
-                slow = r - fast * n_slow
+                fast, slow = divmod(r, slow_or_band_d)
             else:
-                band = r // (G * n_slow)
-                in_band = r - band * (G * n_slow)
-                width = cutlass.min(G, n_fast - band * G)
-                slow = in_band // width
-                fast = band * G + (in_band - slow * width)
+                band, in_band = divmod(r, slow_or_band_d)
+                slow_full = in_band // G                    # a full band: G wide
+                slow_last, within_last = divmod(in_band, last_width_d)
+                is_last = band == last_band
+                slow = Int32(cutlass.select_(is_last, slow_last, slow_full))
+                within = Int32(cutlass.select_(is_last, within_last, in_band - slow_full * G))
+                fast = band * G + within
             c_m, c_n = (slow, fast) if const_expr(self.cfg.raster_m) else (fast, slow)
             bidx, bidy, _ = cute.arch.block_idx()
             return (c_m * cm + bidx % cm, c_n * cn + bidy % cn, l), valid
@@ -516,6 +538,7 @@ def _device():
                 cute.make_layout(cute.slice_(cluster_layout_mnk, (None, 0, 0)).shape),
                 cute.group_modes(sB, 0, 2), cute.group_modes(gB_nkl, 0, 2))
             k_tile_cnt = cute.size(gA_mkl, mode=[3])
+            sched = self._schedule(gD_mnl)
 
             pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mnk[:2])
             # Programmatic dependent launch: everything above (barrier init, descriptor
@@ -528,7 +551,7 @@ def _device():
                 cute.arch.setmaxregister_decrease(self.regs_load)
                 if warp_idx == self.load_warp_id:
                     work = cute.arch.block_idx()[2]
-                    tc, valid = self._tile_of(work, gD_mnl)
+                    tc, valid = self._tile_of(work, sched)
                     prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                         self.ab_stage)
                     while valid:
@@ -544,7 +567,7 @@ def _device():
                             ab_pipeline.producer_commit(prod)
                             prod.advance()
                         work += cute.arch.grid_dim()[2]
-                        tc, valid = self._tile_of(work, gD_mnl)
+                        tc, valid = self._tile_of(work, sched)
                     ab_pipeline.producer_tail(prod)
 
             # ------------------------------------------------------------ consumer warpgroups
@@ -630,7 +653,7 @@ def _device():
                             c_read.advance(epi_tile_num)
                             c_write.advance(epi_tile_num)
                         work += work_stride
-                tc, valid = self._tile_of(work, gD_mnl)
+                tc, valid = self._tile_of(work, sched)
 
                 while valid:
                     if const_expr(self.pingpong):
@@ -720,9 +743,12 @@ def _device():
                                               tma_bar_ptr=c_pipeline.producer_get_barrier(c_write))
                                     c_pipeline.producer_commit(c_write)
                                 c_write.advance()
-                            tRS_rD.store(tRS_rD.load() * alpha
-                                         + tRS_rC.load().to(Float32) * beta)
-                        else:
+                            if const_expr(self.unit_alpha):
+                                tRS_rD.store(tRS_rD.load() + tRS_rC.load().to(Float32) * beta)
+                            else:
+                                tRS_rD.store(tRS_rD.load() * alpha
+                                             + tRS_rC.load().to(Float32) * beta)
+                        elif const_expr(not self.unit_alpha):
                             tRS_rD.store(tRS_rD.load() * alpha)
                         tRS_rD_out.store(tRS_rD.load().to(self.d_dtype))
                         epi_buffer = (num_prev + epi_idx) % self.epi_stage
@@ -753,7 +779,7 @@ def _device():
                     else:
                         work += work_stride
                     tiles_done += 1
-                    tc, valid = self._tile_of(work, gD_mnl)
+                    tc, valid = self._tile_of(work, sched)
 
                 # the next kernel in the stream may start its prologue (it waits for our end)
                 cute.arch.griddepcontrol_launch_dependents()
@@ -804,13 +830,15 @@ _CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32
 
 
 def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
-          c: Optional[Tuple[str, str]], batched: Tuple[bool, bool, bool, bool], max_clusters: int,
-          arch: str = "sm_90a", extra_options: str = ""):
+          c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
+          max_clusters: int, arch: str = "sm_90a", extra_options: str = ""):
     """cute.compile one kernel class against fake tensors with symbolic shapes and strides.
 
-    Majorness words are the API's: ROW = last dim contiguous. `batched` says, for A, B, D and C,
-    whether that operand crosses as (L, rows, cols) (else (rows, cols); D decides whether the
-    problem is batched at all). Returns the TVM-FFI function f(a, b, d[, c], alpha[, beta], stream).
+    Majorness words are the API's: ROW = last dim contiguous. unit_alpha: a class for alpha == 1
+    whose epilogue does not scale (the alpha argument is then ignored; module docstring). `batched` says,
+    for A, B, D and C, whether that operand crosses as (L, rows, cols) (else (rows, cols); D
+    decides whether the problem is batched at all). Returns the TVM-FFI function
+    f(a, b, d[, c], alpha[, beta], stream).
     """
     cutlass, cute, Sm90Gemm, gemm_noc, gemm_c = _device()
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -834,7 +862,7 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     fa = fake(ab, m, k, a_major, l if a_b else None)
     fb = fake(ab, k, n, b_major, l if b_b else None)
     fd = fake(out, m, n, d_major, l)
-    op = Sm90Gemm(cfg, max_clusters, c is not None)
+    op = Sm90Gemm(cfg, max_clusters, c is not None, unit_alpha)
     stream = make_fake_stream()
     opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
     if c is None:
@@ -899,10 +927,10 @@ def compile_cached(key: Tuple, build_fn):
 
 
 def class_key(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
-              c: Optional[Tuple[str, str]], batched: Tuple[bool, bool, bool, bool],
+              c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
               max_clusters_: int, arch: str) -> Tuple:
     """The compile class: everything build() specializes on, and nothing shape-dependent."""
-    return (NAME, arch, cfg, ab, out, a_major, b_major, d_major, c, batched, max_clusters_)
+    return (NAME, arch, cfg, ab, out, a_major, b_major, d_major, c, unit_alpha, batched, max_clusters_)
 
 
 def compiled(*spec):
@@ -974,8 +1002,8 @@ class _Sm90Kernel:
         cfg = Config.from_policy(policy)
         return (cfg, a.dtype, out.dtype, unit_stride_dim(a.shape, a.strides), unit_stride_dim(b.shape, b.strides),
                 unit_stride_dim(out.shape, out.strides),
-                (c.dtype, unit_stride_dim(c.shape, c.strides)) if use_c else None, batched,
-                max_clusters(sm_count, cfg), arch)
+                (c.dtype, unit_stride_dim(c.shape, c.strides)) if use_c else None,
+                problem.epilogue.alpha == 1.0, batched, max_clusters(sm_count, cfg), arch)
 
     def run(self, problem, policy: Policy, operands, out, stream) -> None:
         fn, use_c, views = self._resolve(problem, policy, operands, out)
@@ -1043,9 +1071,9 @@ H200_SMS = 132
 
 def prebuild_classes(arch: str):
     """(key, build) for the common classes on an H200: every policy-table config as the policy
-    runs it for A, B, D row-major without C (torch's default layouts; the rows in SWAP_ROWS also
-    on the transposed problem, whose views are all column-major), unbatched and batched, in bf16
-    and fp16."""
+    runs it for matmul (alpha 1, no C) with A, B, D row-major (torch's default layouts; the rows
+    in SWAP_ROWS also on the transposed problem, whose views are all column-major), unbatched and
+    batched, in bf16 and fp16."""
     if not arch.startswith("sm_90"):
         return []
     items = []
@@ -1054,7 +1082,7 @@ def prebuild_classes(arch: str):
                              for major in ((ROW, COL) if name in SWAP_ROWS else (ROW,))):
         for ab in _AB_DTYPES:
             for batched in ((False, False, False, False), (True, True, True, False)):
-                spec = (cfg, ab, ab, major, major, major, None, batched,
+                spec = (cfg, ab, ab, major, major, major, None, True, batched,
                         max_clusters(H200_SMS, cfg), arch)
                 if spec in seen:
                     continue
