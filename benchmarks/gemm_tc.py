@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import platform
@@ -129,23 +130,21 @@ def capture(fn, reps: int):
 def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3, seed: int = 0,
                      per_trial: bool = False):
     """Median seconds per call for each replay function, trials interleaved: every trial replays
-    all implementations once, in an order shuffled per trial (seeded), so that each sees the same
-    clocks and temperature (the H200 runs power-limited) and none always follows the same peer.
+    all implementations once, in the order trial_orders gives (every order in turn for few
+    implementations, else shuffled per trial), so that each sees the same clocks and temperature
+    (the H200 runs power-limited) and none always follows the same peer.
     (A rotation of one fixed order keeps every predecessor: with it, one config timed twice as two
     entries differed by ~1%, the entry after quack faster than the one after xgemm.)
     per_trial: also return every trial's seconds per call ([implementation][trial]), for ratios
     taken within a trial (paired_ratio)."""
     torch = _torch()
-    order = random.Random(seed)
     t_end = time.perf_counter() + warm_s
     while time.perf_counter() < t_end:      # bring the clocks to their loaded state first
         for r in replays:
             r()
         torch.cuda.synchronize()
     times = [[] for _ in replays]
-    for _ in range(trials):
-        perm = list(range(len(replays)))
-        order.shuffle(perm)
+    for perm in trial_orders(len(replays), trials, seed):
         for j in perm:
             r = replays[j]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -156,6 +155,30 @@ def time_interleaved(replays, reps: int, trials: int, warm_s: float = 0.3, seed:
             times[j].append(start.elapsed_time(end) / 1e3 / reps)
     medians = [statistics.median(t) for t in times]
     return (medians, times) if per_trial else medians
+
+
+BALANCED_MAX = 4          # up to this many implementations, trials cycle through every order
+
+
+def trial_orders(n: int, trials: int, seed: int = 0) -> list:
+    """The order of the n implementations in each trial. A replay's time depends on the replay
+    before it (clock and power state, the previous output's dirty L2: up to ~5% on ~50 us calls,
+    launch_gaps.py's docstring), so for up to BALANCED_MAX implementations the trials cycle
+    through all n! orders (shuffled once, seeded): over a multiple of n! trials every
+    implementation runs after each other one equally often within a trial (gemm.py's three
+    implementations: 6 orders, so 18 trials). More implementations (sweeps) get a fresh seeded
+    shuffle per trial."""
+    rng = random.Random(seed)
+    if n <= BALANCED_MAX:
+        perms = [list(p) for p in itertools.permutations(range(n))]
+        rng.shuffle(perms)
+        return [perms[t % len(perms)] for t in range(trials)]
+    out = []
+    for _ in range(trials):
+        perm = list(range(n))
+        rng.shuffle(perm)
+        out.append(perm)
+    return out
 
 
 def median_ci(values, level: float = 0.95):
@@ -182,7 +205,8 @@ def paired_ratio(ours, peer):
 
 def timing_note(reps: int, trials: int) -> str:
     """How time_interleaved timed a run, for a results file's meta."""
-    return f"CUDA graph of {reps} calls, median of {trials} replays (order shuffled per trial)"
+    return (f"CUDA graph of {reps} calls, median of {trials} replays (orders: every permutation in turn "
+            f"for up to {BALANCED_MAX} implementations, else shuffled per trial)")
 
 
 class Inputs:

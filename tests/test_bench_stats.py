@@ -42,3 +42,14 @@ def test_paired_ratio_is_peer_time_over_ours_per_trial():
     lo, mid, hi = gemm_tc.paired_ratio(ours, peer)
     assert math.isclose(mid, 1.1) and math.isclose(lo, 1.1) and math.isclose(hi, 1.1)
     assert gemm_tc.paired_ratio(peer, ours)[1] < 1               # > 1 only when ours is faster
+
+
+def test_trial_orders_balance_who_runs_after_whom():
+    from collections import Counter
+    orders = gemm_tc.trial_orders(3, 18)
+    assert all(sorted(o) == [0, 1, 2] for o in orders)
+    after = Counter((o[i], o[i + 1]) for o in orders for i in range(2))
+    assert set(after.values()) == {6} and len(after) == 6       # each ordered pair 6 times in 18
+    assert gemm_tc.trial_orders(3, 18) == orders                 # seeded
+    many = gemm_tc.trial_orders(9, 5)                            # a sweep: shuffled per trial
+    assert len(many) == 5 and all(sorted(o) == list(range(9)) for o in many)
