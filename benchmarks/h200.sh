@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200 session: build the CuTe cache there, run the GPU tests of the public API and JAX,
 # then the JAX, host-overhead and fp32 GEMM benchmarks. Logs and JSON land in $OUT.
-#   carry: .gpu .cache/xgemm-cache.tar.xz     (see README: "On the H200")
+#   carry: .gpu .cache/xgemm-cache.tar.xz     (`python -m xgemm build-cache --pack` writes it; README: "On the H200")
 # Knobs: GLUON_TAR (the tarball of a build-cache dir: gluon cubins, CuTe objects), PREBUILD_S,
 # TESTS, PYTEST_X (empty: no -x), TEST_S, NATIVE=0, OVERHEAD=0, SGEMM_SHAPES, EXTRA (eval'd), RUN_JAX=0.
 set -u

@@ -88,6 +88,11 @@ def _build_cache(args) -> None:
             print(f"native torch fast path: {torch_native.library_path(build=True)}")
         except RuntimeError as exc:                         # no compiler: the Python fast path serves
             print(f"native torch fast path skipped: {exc}", file=sys.stderr)
+    if args.pack:
+        from . import cache_pack
+        dirs = cache_pack.pack(args.pack)
+        print(f"packed {len(dirs)} cache directories into {args.pack} "
+              f"({os.path.getsize(args.pack) / 2**20:.1f} MiB): " + ", ".join(map(str, dirs)))
 
 
 def main(argv=None) -> int:
@@ -100,6 +105,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("build-cache", help="compile the kernel set ahead of time (no GPU needed)")
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
+    p.add_argument("--pack", metavar="FILE", default="",
+                   help="then write FILE (.tar.xz): the cache directories of the installed sources only "
+                        "(xgemm/cache_pack.py), to carry to a GPU machine")
     args = parser.parse_args(argv)
     if args.cmd == "info":
         print(json.dumps(info(), indent=2))
