@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,16 +25,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def kernel_events(torch, replay) -> list:
-    """(start, end) in us of every kernel one replay() runs, in start order."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        replay()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        events = json.load(open(path))["traceEvents"]
-    ks = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    """(start, end, name), times in us, of every kernel one replay() runs, in start order."""
+    from multi_gpu_torch import gpu_events
+    ks = gpu_events(replay, torch.cuda.synchronize, cats=("kernel",))
     return sorted((e["ts"], e["ts"] + e.get("dur", 0), e.get("name", "")) for e in ks)
 
 

@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def timeline(torch, step, sync) -> str:
-    """One step() under torch.profiler: per device, its GPU kernels and copies (start, duration),
-    to see whether the ring's transfers run under the GEMMs."""
+def gpu_events(step, sync, cats=("kernel", "gpu_memcpy", "gpu_memset")) -> list:
+    """The GPU operations of one step() under torch.profiler (CUPTI): its chrome-trace events
+    ({"ts", "dur", "name", "args": {"device", "stream", ...}}, times in us) of the given cats."""
     import tempfile
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -42,7 +42,13 @@ def timeline(torch, step, sync) -> str:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         events = json.load(open(path))["traceEvents"]
-    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") in cats]
+
+
+def timeline(torch, step, sync) -> str:
+    """One step() under torch.profiler: per device, its GPU kernels and copies (start, duration),
+    to see whether the ring's transfers run under the GEMMs."""
+    ops = gpu_events(step, sync)
     if not ops:
         return "no GPU events in the trace"
     t0 = min(e["ts"] for e in ops)
