@@ -22,9 +22,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import _harness as h
+
+ROOT = h.ROOT
 
 PROBES = {
     "matmul_fp32_256x256x256": ("torch.float32", "xgemm.matmul(a, b)", "a @ b"),
@@ -78,7 +79,7 @@ def probe(dtype: str, call: str, ref: str):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(h.RESULTS))
     args = ap.parse_args()
     # an installed package has its bytecode compiled (pip does it): so does this checkout
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "xgemm")], check=True)
@@ -99,8 +100,7 @@ def main() -> int:
               f"{r['call_ms']:.1f}) ok={ok}  imports: {r['imports_ms']}", flush=True)
     records.append({"meta": {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
                              "python": sys.version.split()[0]}})
-    os.makedirs(args.out, exist_ok=True)
-    Path(args.out, "first_call-h200.json").write_text(json.dumps(records, indent=1))
+    h.write_json(h.result_path("first_call", out=args.out), records)
     return 0 if ok_all else 1
 
 

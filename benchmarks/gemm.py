@@ -1,10 +1,11 @@
 """xgemm GEMM vs cuBLAS (torch.matmul) and quack, one process on the H200: JSON + table + PNG.
 
     python benchmarks/gemm.py                      # H200: runs both benches below, then renders
-    python benchmarks/gemm.py --render             # any machine: table + PNG from the JSON files
+    python benchmarks/gemm.py --render             # any machine: table + PNG from results/gemm-h200.json
 
-bf16/fp16 (tensor cores) come from benchmarks/gemm_tc.py (CUDA-graph timing, interleaved replays,
-outputs verified), fp32 from benchmarks/gemm_sgemm.py (TF32 off, through xgemm.matmul). The PNG
+bf16/fp16 (tensor cores) come from _harness.bench_gemm (gemm_tc.py's timing: CUDA graphs,
+interleaved replays, outputs verified), fp32 from benchmarks/gemm_sgemm.py (TF32 off, through
+xgemm.matmul; this figure's fp32 half is that study's run). The PNG
 shows TFLOP/s per case with the measured cuBLAS figure and the datasheet peak as lines.
 """
 from __future__ import annotations
@@ -14,26 +15,24 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import _harness as h
+
+RESULTS = h.RESULTS
 PEAK = {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}     # H100/H200 SXM datasheet, dense
 SMALL = [(128, 128, 128), (1024, 1024, 1024), (8192, 8192, 128), (64, 8192, 8192)]
 
 
 def measure(out: Path, trials: int) -> None:
-    import gemm_sgemm
-    import gemm_tc
+    import gemm_sgemm      # the fp32 study (a genuine dependency: its run() is this figure's fp32 half)
     reps = 20
-    tc, notes = gemm_tc.bench(shapes=gemm_tc.SHAPES + SMALL, reps=reps, trials=trials)
+    tc, notes = h.bench_gemm(shapes=h.SHAPES + SMALL, reps=reps, trials=trials)
     fp32 = gemm_sgemm.run(gemm_sgemm.TARGETS)
     meta = gemm_sgemm.meta(argparse.Namespace())
     meta["meta"]["command"] = f"python benchmarks/gemm.py --trials {trials}"
-    meta["meta"]["timing_bf16_fp16"] = "gemm_tc: " + gemm_tc.timing_note(reps, trials)
+    meta["meta"]["timing_bf16_fp16"] = "gemm_tc: " + h.timing_note(reps, trials)
     # per-trial ratios (peer time / xgemm time within one trial): [CI low, median, CI high]
     meta["meta"]["paired"] = {k: v for k, v in notes.items() if k.endswith(" paired")}
-    (out / "gemm-h200.json").write_text(json.dumps(tc + fp32 + [meta], indent=1))
+    h.write_json(out / "gemm-h200.json", tc + fp32 + [meta])
 
 
 def load_paired(paths) -> dict:
@@ -68,11 +67,11 @@ def render(records: list, out: Path, stem: str, sources: str, paired: dict | Non
         per = [f"{p[1]:.3f} ({p[0]:.3f}-{p[2]:.3f})" if p else "-"
                for p in (paired.get(f"{c} xgemm/{peer} paired") for peer in impls[1:])]
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio:.3f} | " + " | ".join(per) + " |")
-    (out / f"{stem}.md").write_text(
-        "# GEMM on the H200 (TFLOP/s; each row's peers measured in the same run)\n\n"
-        f"From {sources}. `xgemm / best peer` divides medians; `per trial` is the median of the "
-        "peer's time over xgemm's within each trial (> 1: xgemm faster) with its 95% "
-        "distribution-free confidence interval (bf16/fp16 rows only).\n\n" + "\n".join(lines) + "\n")
+    h.write_text(out / f"{stem}.md",
+                 "# GEMM on the H200 (TFLOP/s; each row's peers measured in the same run)\n\n"
+                 f"From {sources}. `xgemm / best peer` divides medians; `per trial` is the median of the "
+                 "peer's time over xgemm's within each trial (> 1: xgemm faster) with its 95% "
+                 "distribution-free confidence interval (bf16/fp16 rows only).\n\n" + "\n".join(lines) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -95,21 +94,19 @@ def render(records: list, out: Path, stem: str, sources: str, paired: dict | Non
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--render", action="store_true", help="only render from the committed JSON files")
+    ap.add_argument("--render", action="store_true", help="only render the committed results/gemm-h200.json "
+                    "(into --out)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--trials", type=int, default=18, help="replays per bf16/fp16 implementation (a multiple of 6 "
                     "runs each of the 3 implementations after each other one equally often)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.render:
-        records = load([RESULTS / "gemm_tc-h200.json", RESULTS / "sgemm-policy-h200.json"])
-        render(records, out, "gemm-h200-render",
-               "gemm_tc-h200.json (bf16/fp16, one run) and sgemm-policy-h200.json (fp32, another run)")
-    else:
+    src = RESULTS if args.render else out
+    if not args.render:
         measure(out, args.trials)
-        render(load([out / "gemm-h200.json"]), out, "gemm-h200", "gemm-h200.json (one run)",
-               load_paired([out / "gemm-h200.json"]))
+    render(load([src / "gemm-h200.json"]), out, "gemm-h200", "gemm-h200.json (one run)",
+           load_paired([src / "gemm-h200.json"]))
     return 0
 
 

@@ -4,7 +4,7 @@ the H200, in one process: which of the two xgemm kernels the dispatch table shou
 
     python benchmarks/gemm_gluon.py [--shapes 8192x8192x8192] [--dtypes bfloat16] [--out x.json]
 
-Timing and verification as benchmarks/gemm_tc.py (whose helpers this reuses): CUDA graphs of
+Timing and verification as benchmarks/gemm_tc.py (benchmarks/_harness.py's): CUDA graphs of
 --reps calls over rotating input sets (> 2x L2), replayed round-robin --trials times, median;
 outputs checked against an fp32 torch.matmul (relative Frobenius error < 1e-2 -> verified).
 Needs the prebuilt cubins (python -m xgemm build-cache --arch sm_90a, XGEMM_CACHE_DIR)."""
@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import gemm_tc as tc  # noqa: E402
+import _harness as h
 
 
-def impl_gluon(x: "tc.Inputs", pol=None, name: str = "xgemm"):
+def impl_gluon(x: "h.Inputs", pol=None, name: str = "xgemm"):
     from xgemm.kernels import gluon_matmul_sm90 as gm
-    torch = tc._torch()
-    preps = [tc._problem(x.a[j], x.b[j], x.out(name, j)) for j in range(x.sets)]
+    torch = h._torch()
+    preps = [h.problem(x.a[j], x.b[j], x.out(name, j)) for j in range(x.sets)]
     pol = pol or gm.KERNEL.policy(preps[0][0])
     reason = gm.KERNEL.supports(preps[0][0])
     if reason:
@@ -41,33 +36,33 @@ def impl_gluon(x: "tc.Inputs", pol=None, name: str = "xgemm"):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=",".join("x".join(map(str, t)) for t in tc.SHAPES))
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, t)) for t in h.SHAPES))
     ap.add_argument("--dtypes", default="bfloat16")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
     ap.add_argument("--all-configs", action="store_true", help="also time every other built tile config")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gemm_gluon-h200.json"))
+    ap.add_argument("--out", default=str(h.result_path("gemm_gluon")))
     args = ap.parse_args(argv)
-    torch = tc._torch()
+    torch = h._torch()
     records, notes = [], {}
     for dtype in args.dtypes.split(","):
         for s in args.shapes.split(","):
             m, n, k = (int(v) for v in s.split("x"))
-            x = tc.Inputs(m, n, k, dtype)
-            impls = {"cublas": tc.impl_cublas(x), "quack": tc.impl_quack(x), "xgemm": impl_gluon(x),
-                     "xgemm:cute_gemm_sm90": tc.impl_xgemm(x, "xgemm:cute_gemm_sm90")}   # the table's pick
+            x = h.Inputs(m, n, k, dtype)
+            impls = {"cublas": h.impl_cublas(x), "quack": h.impl_quack(x), "xgemm": impl_gluon(x),
+                     "xgemm:cute_gemm_sm90": h.impl_xgemm(x, "xgemm:cute_gemm_sm90")}   # the table's pick
             if args.all_configs:    # every built tile config, as "xgemm:<policy summary>"
                 from xgemm.kernels import gluon_matmul_sm90 as gm
-                prob = tc._problem(x.a[0], x.b[0], x.out("xgemm", 0))[0]
+                prob = h.problem(x.a[0], x.b[0], x.out("xgemm", 0))[0]
                 for pol in gm.KERNEL.candidate_policies(prob)[1:]:
                     impls[f"xgemm:{pol.summary()}"] = impl_gluon(x, pol, f"xgemm:{pol.summary()}")
             replays, names = [], []
             for name, (call, note) in impls.items():
-                rep, how = tc.capture(call, args.reps)
+                rep, how = h.capture(call, args.reps)
                 replays.append(rep)
                 names.append(name)
                 notes[f"{name} {dtype} {s}"] = f"{note}; {how}"
-            secs = tc.time_interleaved(replays, args.reps, args.trials)
+            secs = h.time_interleaved(replays, args.reps, args.trials)
             tag = {"bfloat16": "bf16", "float16": "fp16"}[dtype]
             for name, t in zip(names, secs):
                 err = x.verify(name)
@@ -79,8 +74,7 @@ def main(argv=None):
             "versions": {"torch": torch.__version__}, "python": platform.python_version(),
             "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
             "timing": f"CUDA graph of {args.reps} calls, median of {args.trials} replays", "notes": notes}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(records + [{"meta": meta}], indent=1))
+    h.write_json(args.out, records + [{"meta": meta}])
     for r in records:
         print(f"{r['case']:28s} {r['impl']:8s} {r['value']:8.1f} TFLOP/s  verified={r['verified']}")
     return records

@@ -14,7 +14,6 @@ through the kernel protocol with a forced Policy: the data the table in cute_sge
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import statistics
@@ -22,12 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _harness as h
+from _harness import rel_err
+from _harness import fp32_input_sets as input_sets
 
 TARGETS = [(128, 128, 128), (1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192),
            (8192, 8192, 128), (64, 8192, 8192)]
-L2_BYTES = 60 * 2**20
 
 # candidates per shape for --sweep: (config name, split-K)
 EXTRA = [(256, 256, 256), (512, 512, 512), (2048, 2048, 2048), (8192, 64, 8192), (128, 4096, 4096)]
@@ -55,69 +54,24 @@ def _torch():
 
 def graph_time_us(calls, reps: int = 10) -> float:
     """Median kernel time per call: `calls` captured once into a CUDA graph, replayed `reps` times."""
-    torch = _torch()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):          # warm-up off the default stream, as capture requires
-        for f in calls:
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for f in calls:
-                f()
-        run_once = graph.replay
-    except Exception as exc:  # noqa: BLE001 - fall back to event timing of plain launches
-        print(f"graph capture failed ({type(exc).__name__}: {exc}); timing plain launches", flush=True)
-        torch.cuda.synchronize()
-
-        def run_once():
-            for f in calls:
-                f()
-    run_once()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        run_once()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1000.0 / len(calls))
-    return statistics.median(times)
-
-
-def input_sets(m, n, k, count=None):
-    torch = _torch()
-    per_set = 4 * (m * k + k * n + m * n)
-    count = count or max(1, min(512, math.ceil(2 * L2_BYTES / per_set)))
-    sets = []
-    for _ in range(count):
-        a = torch.randn(m, k, device="cuda")
-        b = torch.randn(k, n, device="cuda")
-        d = torch.empty(m, n, device="cuda")
-        sets.append((a, b, d))
-    return sets
-
-
-def rel_err(d, a, b) -> float:
-    torch = _torch()
-    ref = torch.matmul(a.double(), b.double())
-    return float((d.double() - ref).norm() / ref.norm())
+    _torch()                                # TF32 off
+    run_once, _ = h.capture(lambda i: calls[i](), len(calls), warm=len(calls), graph_stream=False,
+                            on_fail=lambda exc: print(f"graph capture failed ({type(exc).__name__}: {exc}); "
+                                                      "timing plain launches", flush=True))
+    return statistics.median([ms * 1000.0 / len(calls) for ms in h.replays_ms(run_once, reps)])
 
 
 def _view(t):
     """The ArrayView the API hands a kernel for tensor t."""
-    from xgemm import interop
-    return interop.view(t, "t", "gemm_sgemm")
+    from xgemm import arrays
+    return arrays.view(t, "t", "gemm_sgemm")
 
 
 def _kernel_call(a, b, d, policy=None):
     """cute_sgemm through its protocol, with the policy table's choice or a forced Policy."""
     from xgemm.kernels import cute_sgemm as S
-    from xgemm.problem import Device, Epilogue, GemmProblem, Operand, unit_stride_dim
+    from xgemm.core.layout import unit_stride_dim
+    from xgemm.core.problem import Device, Epilogue, GemmProblem, Operand
     torch = _torch()
     dev = Device("cuda", torch.cuda.current_device(), torch.cuda.get_device_capability())
     v = _view
@@ -137,20 +91,20 @@ def _api_call(a, b, d):
     """The public entry point, forced onto cute_sgemm (falls back to the protocol if absent)."""
     try:
         import xgemm
-        if "cute_sgemm" not in xgemm.policy.kernel_names("gemm"):
+        if "cute_sgemm" not in xgemm.core.policy.kernel_names("gemm"):
             raise ImportError("cute_sgemm not registered")
     except ImportError:
         return _kernel_call(a, b, d)[0], "protocol"
 
     def call():
-        with xgemm.policy.force("cute_sgemm"):
+        with xgemm.core.policy.force("cute_sgemm"):
             xgemm.matmul(a, b, out=d)
     return call, "xgemm.matmul"
 
 
 def warm_classes(shapes, sweep: bool) -> None:
     """Compile every class the run needs up front, in parallel worker processes."""
-    from xgemm import compile as xcompile
+    from xgemm.runtime import cute_cache as xcompile
     from xgemm.kernels import cute_sgemm as S
     torch = _torch()
     items = []
@@ -277,7 +231,7 @@ def meta(args) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--out", default=str(h.RESULTS))
     p.add_argument("--sweep", action="store_true", help="also time every policy candidate per shape")
     p.add_argument("--no-overhead", action="store_true")
     p.add_argument("--shapes", nargs="*", default=None, help="M,N,K ...")
@@ -297,13 +251,13 @@ def main(argv=None):
     records = [meta(args)]
     if args.sweep:
         rows = sweep(shapes, log)
-        (out / "sgemm-sweep-h200.json").write_text(json.dumps(rows, indent=1))
+        h.write_json(h.result_path("sgemm-sweep", out=out), rows)
     records += run(shapes, log)
     if not args.no_overhead:
         oh = host_overhead_us()
         log(f"host overhead at 256^3: {json.dumps(oh)}")
         records[0]["meta"]["host_overhead_256"] = oh
-    (out / "sgemm-h200.json").write_text(json.dumps(records, indent=1))
+    h.write_json(h.result_path("sgemm", out=out), records)
     table = ["| shape (M,N,K) | xgemm us | cuBLAS us | xgemm TFLOP/s | cuBLAS TFLOP/s | time ratio | verified |",
              "|---|---|---|---|---|---|---|"]
     by = {}
@@ -314,7 +268,7 @@ def main(argv=None):
         table.append(f"| {tuple(x['shape'])} | {x['value']:.1f} | {c['value']:.1f} | "
                      f"{rs[('xgemm', 'TFLOP/s')]['value']:.2f} | {rs[('cublas', 'TFLOP/s')]['value']:.2f} | "
                      f"{x['value'] / c['value']:.2f} | {x['verified']} |")
-    (out / "sgemm-h200.md").write_text("\n".join(table) + "\n")
+    h.write_text(h.result_path("sgemm", "md", out=out), "\n".join(table) + "\n")
     print("\n".join(table))
 
 

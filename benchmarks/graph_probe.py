@@ -12,29 +12,26 @@ the handler's launch counts (all / under capture) over those calls. One line per
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from multi_gpu import median_s  # noqa: E402  (wall-clock median around block_until_ready)
+from _harness import wall_median   # wall-clock median around block_until_ready
 
 
 def per_op_us(fn, args, ops, reps=30):
     """Median wall time of one call of the chain over `reps` calls (after one), per op."""
-    return median_s(fn, *args, warmup=1, reps=reps) / ops * 1e6
+    return wall_median(fn, *args, warmup=1, reps=reps) / ops * 1e6
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     import xgemm.jax as xj
-    from xgemm import jax_ffi
+    from xgemm.jax import ffi as jax_ffi
 
     flags = os.environ.get("XLA_FLAGS", "") or "(default)"
     graph_env = os.environ.get("XGEMM_JAX_TVM_GRAPH", "")

@@ -6,6 +6,8 @@
 # TESTS, PYTEST_X (empty: no -x), TEST_S, NATIVE=0, OVERHEAD=0, SGEMM_SHAPES, EXTRA (eval'd), RUN_JAX=0.
 set -u
 source .gpu/use-bundle .gpu
+# the scripts import xgemm from the environment (they no longer put the checkout on sys.path)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/xc && tar -xJf ${GLUON_TAR:-.cache/xgemm-cache.tar.xz} -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader

@@ -3,7 +3,8 @@
     python benchmarks/host_cost.py [--n 20000] [--repeats 5] [--json FILE] [--root CHECKOUT]
 
 --root times the xgemm of another checkout (e.g. `git archive <rev> | tar -x -C /tmp/old`), with
-this file's recorders: run it on both trees for a before/after table.
+this file's recorders: run it on both trees for a before/after table. (The script then runs
+itself again with that checkout first on PYTHONPATH.)
 
 CPU torch tensors are dressed as an sm_90 CUDA device and the lowest launch call is a no-op
 recorder (tests/fake_cuda.py says exactly what is stubbed): the TVM-FFI function for the CuTe
@@ -25,24 +26,45 @@ both on the H200).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if "--root" in sys.argv:                      # before importing xgemm
-    ROOT_XGEMM = Path(sys.argv[sys.argv.index("--root") + 1]).resolve()
-else:
-    ROOT_XGEMM = ROOT
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT_XGEMM))
+
+
+def _with_root_first() -> None:
+    """--root CHECKOUT: run this script again with CHECKOUT first on PYTHONPATH (before xgemm is
+    imported), so `import xgemm` finds that checkout's package."""
+    if "--root" not in sys.argv:
+        return
+    root = str(Path(sys.argv[sys.argv.index("--root") + 1]).resolve())
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if path[:1] != [root]:
+        os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, PYTHONPATH=os.pathsep.join([root] + path)))
+
+
+def _fake_cuda():
+    """tests/fake_cuda.py, loaded from its file (tests/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("fake_cuda", ROOT / "tests" / "fake_cuda.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["fake_cuda"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_with_root_first()
 
 import torch  # noqa: E402
 
 import xgemm  # noqa: E402
-from xgemm import fastpath  # noqa: E402
-from fake_cuda import Fake, normalize  # noqa: E402
+from xgemm.torch import fastpath  # noqa: E402
+
+_fc = _fake_cuda()
+Fake, normalize = _fc.Fake, _fc.normalize
 
 
 def per_call_us(fn, n: int, repeats: int) -> float:
@@ -132,7 +154,7 @@ def _driver_rows(us, x, y):
     block (cuLaunchKernelEx, and the legacy cuLaunchKernel where the kernel needs no cluster), and
     a no-op ctypes call into libcuda: what the launcher's own Python costs on top."""
     import ctypes
-    from xgemm import driver
+    from xgemm.runtime import driver
     from xgemm.kernels import gluon_softmax as gs
     lau = next(iter(gs.KERNEL._launchers.values()))[0]
     stream = torch._C._cuda_getCurrentRawStream(0)
@@ -162,7 +184,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--root", default=str(ROOT), help="checkout whose xgemm is timed")
+    ap.add_argument("--root", default=None, help="checkout whose xgemm is timed (default: the xgemm Python "
+                    "imports, e.g. PYTHONPATH=$PWD)")
     ap.add_argument("--gpu", action="store_true", help="on a CUDA machine: real launches, a breakdown")
     args = ap.parse_args()
     if args.gpu:

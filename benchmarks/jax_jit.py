@@ -18,7 +18,8 @@ Cases (issue 5's acceptance), every peer in the same process:
           device copy of the same bytes (the faster of torch copy_ and torch.neg, graphs; bar: >= 0.95x),
           plus torch.softmax. The jit rows are wall clock over --softmax-calls (40) async calls and
           one block: with 10, the dispatch of the first call and the final sync (shared by the
-          sample) cost the same kernel ~3% (H200: 3951 vs 4080 GB/s, results/jax_softmax40-h200.json).
+          sample) cost the same kernel ~3% (H200: 3951 vs 4080 GB/s; that run's jax_softmax40-h200.json is in
+          git history).
   grad    jax.grad through xgemm matmul and softmax in jit vs jnp (fp32 tolerance), timed.
   cmdbuf  the chain again in a fresh process with XLA command buffers (CUDA graphs) for custom calls
           ("_cmdbuf" cases; --no-cmdbuf skips it): XLA_FLAGS += CMDBUF_FLAGS (custom calls may be
@@ -41,13 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
+import _harness as h
 
 
 class Bench:
@@ -71,44 +66,13 @@ class Bench:
         """Median seconds per call of each jitted fn (`calls` async dispatches then one block per
         sample), the fns' samples interleaved (order flipped every round), so clock and power
         drift over the measurement weighs on each alike."""
-        block = self.jax.block_until_ready
-        for fn in fns:
-            block(fn(*args))
-        times = [[] for _ in fns]
-        for r in range(reps or self.reps):
-            for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
-                t0 = time.perf_counter()
-                y = None
-                for _ in range(calls):
-                    y = fns[i](*args)
-                block(y)
-                times[i].append((time.perf_counter() - t0) / calls)
-        return [median(t) for t in times]
+        return h.wall_interleaved(fns, *args, calls=calls, warmup=1, reps=reps or self.reps,
+                                  block=self.jax.block_until_ready, median=h.upper_median)
 
     def graph(self, body, calls=1):
         """Median seconds per call of body() (which makes `calls` launches) replayed as a CUDA graph."""
-        torch = self.torch
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            body()
-            body()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
-        g.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(self.reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            g.replay()
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) * 1e-3 / calls)
-        return median(times)
+        replay, _ = h.capture(lambda i: body(), 1, warm=2, graph_stream=False, fallback=False)
+        return h.upper_median([ms * 1e-3 / calls for ms in h.replays_ms(replay, self.reps)])
 
     def record(self, case, shape, dtype, impl, metric, value, verified):
         self.records.append({"case": case, "shape": list(shape), "dtype": dtype, "impl": impl, "metric": metric,
@@ -204,7 +168,7 @@ class Bench:
         a = jax.random.normal(key, (n, n), jnp.bfloat16)
         b = jax.random.normal(jax.random.fold_in(key, 1), (n, n), jnp.bfloat16)
         ours = jax.jit(lambda a, b: xj.matmul(a, b))
-        xla = jax.jit(lambda a, b: jnp.matmul(a, b))
+        xla = jax.jit(h.xla_matmul)
         case = f"gemm_bf16_{n}x{n}x{n}"
         self.lowered_to(case, ours, a, b)
         self.kernels[case] = xj.explain_gemm(a, b).kernel_name
@@ -235,7 +199,7 @@ class Bench:
         m = 512 if self.args.quick else 4096            # 4096 x 65536 fp32: 1 GiB in, 1 GiB out
         x = jax.random.normal(jax.random.key(2), (m, n), jnp.float32) * 3
         ours = jax.jit(lambda x: xj.softmax(x, axis=-1))
-        xla = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
+        xla = jax.jit(h.xla_softmax)
         case = f"softmax_fp32_{m}x{n}"
         self.lowered_to(case, ours, x)
         self.kernels[case] = xj.explain_softmax(x).kernel_name
@@ -315,12 +279,7 @@ class Bench:
                 import traceback
                 traceback.print_exc()
                 self.notes.append(f"{step.__name__} failed: {exc!r}")
-        versions = {}
-        for mod in ("jax", "jaxlib", "torch", "cutlass", "triton", "numpy"):
-            try:
-                versions[mod] = getattr(__import__(mod), "__version__", "?")
-            except Exception:
-                versions[mod] = "absent"
+        versions = h.versions(("jax", "jaxlib", "torch", "cutlass", "triton", "numpy"))
         import xgemm
         versions["xgemm"] = xgemm.__version__
         dev = jax.devices()[0]
@@ -337,9 +296,9 @@ class Bench:
                          "notes": self.notes}}
         out = Path(self.args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{self.args.name}.json").write_text(json.dumps([meta] + self.records, indent=1))
+        h.write_json(out / f"{self.args.name}.json", [meta] + self.records)
         md = self.markdown(meta)
-        (out / f"{self.args.name}.md").write_text(md)
+        h.write_text(out / f"{self.args.name}.md", md)
         print("\n" + md)
 
     def markdown(self, meta):
@@ -359,7 +318,7 @@ class Bench:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(h.RESULTS))
     ap.add_argument("--name", default="jax-h200")
     ap.add_argument("--quick", action="store_true", help="smaller shapes and fewer repeats (smoke run)")
     ap.add_argument("--only", default="chain,gemm,softmax,grads", help="cases to run (comma-separated)")
@@ -398,7 +357,7 @@ def prebuild(carry: str = "") -> None:
     import jax
     import jax.numpy as jnp
     import xgemm.jax as xj
-    from xgemm import gluon_cache
+    from xgemm.runtime import gluon_cache
     used = []
     lookup = gluon_cache.lookup
 

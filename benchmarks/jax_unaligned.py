@@ -10,39 +10,30 @@ checked against jnp.matmul in float32 (relative Frobenius error < 1e-2).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _harness as h
 
 CALLS, SAMPLES = 20, 9
 
 
 def timed(f, *args) -> float:
-    jax.block_until_ready(f(*args))
-    t0 = time.perf_counter()
-    for _ in range(CALLS):
-        out = f(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / CALLS
+    """One sample: a warm call, then CALLS async calls and one block, seconds per call."""
+    return h.wall_median(f, *args, calls=CALLS, warmup=1, reps=1, block=jax.block_until_ready)
 
 
 def main() -> int:
     import xgemm.jax as xj
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4096x50257x4096,8191x8191x8191,2500x2500x2500,1024x1000x999")
-    ap.add_argument("--out", default="")
+    ap.add_argument("--out", default=str(h.result_path("jax_unaligned")), help="JSON file ('' for none)")
     args = ap.parse_args()
     dev = jax.devices("cuda")[0]
-    impls = {"xgemm": jax.jit(xj.matmul), "xla": jax.jit(jnp.matmul)}
+    impls = {"xgemm": jax.jit(xj.matmul), "xla": jax.jit(h.xla_matmul)}
     records = []
     for m, n, k in (tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")):
         ka, kb = jax.random.split(jax.random.PRNGKey(0))
@@ -68,7 +59,7 @@ def main() -> int:
         meta = {"meta": {"gpu": dev.device_kind, "jax": jax.__version__, "command": " ".join(sys.argv),
                          "timing": f"wall clock of {CALLS} async jit calls + one block, median of {SAMPLES}, "
                                    "implementations interleaved"}}
-        Path(args.out).write_text(json.dumps(records + [meta], indent=1))
+        h.write_json(args.out, records + [meta])
     return 0
 
 

@@ -6,7 +6,7 @@ from one kernel's end to the next one's start, for xgemm, quack and cuBLAS (torc
 Why: at short K quack's lead in gemm_tc.py's graph timing (time per call of 20 back-to-back calls)
 was ~7% while one kernel alone under Nsight Compute differed by ~2%, so the rest lies between the
 calls (launch, programmatic dependent launch overlap) or in how a call runs after another. Each
-implementation's calls are captured in a graph (inputs rotating as in gemm_tc.Inputs), replayed
+implementation's calls are captured in a graph (inputs rotating as in _harness.Inputs), replayed
 once to warm up and once under the profiler; every output is checked against torch.matmul. A
 negative gap means the next kernel started before the previous one ended (PDL prologue overlap).
 Records: per implementation and shape, the median kernel duration and median gap (us).
@@ -14,40 +14,34 @@ Records: per implementation and shape, the median kernel duration and median gap
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import _harness as h
 
 
 def kernel_events(torch, replay) -> list:
     """(start, end, name), times in us, of every kernel one replay() runs, in start order."""
-    from multi_gpu_torch import gpu_events
-    ks = gpu_events(replay, torch.cuda.synchronize, cats=("kernel",))
+    ks = h.gpu_events(replay, torch.cuda.synchronize, cats=("kernel",))
     return sorted((e["ts"], e["ts"] + e.get("dur", 0), e.get("name", "")) for e in ks)
 
 
 def main() -> int:
     import torch
-    import gemm_tc
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="8192x8192x128,8192x8192x1024")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--calls", type=int, default=20)
-    ap.add_argument("--out", default="")
+    ap.add_argument("--out", default=str(h.result_path("launch_gaps")), help="JSON file ('' for none)")
     args = ap.parse_args()
-    makers = {"cublas": gemm_tc.impl_cublas, "quack": gemm_tc.impl_quack, "xgemm": gemm_tc.impl_xgemm}
+    makers = h.PEERS
     records = []
     for m, n, k in (tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")):
-        x = gemm_tc.Inputs(m, n, k, args.dtype)
+        x = h.Inputs(m, n, k, args.dtype)
         for name in args.impls.split(","):
             call, _ = makers[name](x)
-            replay, how = gemm_tc.capture(call, args.calls)
+            replay, how = h.capture(call, args.calls)
             replay()
             torch.cuda.synchronize()
             ks = kernel_events(torch, replay)
@@ -70,7 +64,7 @@ def main() -> int:
         meta = {"meta": {"gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv),
                          "timing": f"one CUDA graph of {args.calls} calls under torch.profiler (CUPTI); "
                                    "medians of kernel durations and of end-to-next-start gaps"}}
-        Path(args.out).write_text(json.dumps(records + [meta], indent=1))
+        h.write_json(args.out, records + [meta])
     return 0
 
 

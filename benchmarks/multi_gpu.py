@@ -19,37 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _harness as h
+from _harness import wall_interleaved as interleaved, wall_median as median_s
+
 MATMUL_CALLS, SOFTMAX_CALLS = 3, 10       # async calls per timed sample (~20 ms of work either way)
-
-
-def median_s(fn, *args, calls=1, warmup=2, reps=7):
-    return interleaved([fn], *args, calls=calls, warmup=warmup, reps=reps)[0]
-
-
-def interleaved(fns, *args, calls=1, warmup=2, reps=7):
-    """Median seconds per call of each fn: `calls` async calls then one block per sample, the
-    fns' samples interleaved (order flipped every round), so clock and power drift weighs on
-    every impl alike and the dispatch to every device and the final sync are amortized."""
-    for fn in fns:
-        for _ in range(warmup):
-            fn(*args).block_until_ready()
-    times = [[] for _ in fns]
-    for r in range(reps):
-        order = list(range(len(fns)))[::(1 if r % 2 == 0 else -1)]
-        for i in order:
-            t = time.perf_counter()
-            for _ in range(calls):
-                y = fns[i](*args)
-            y.block_until_ready()
-            times[i].append((time.perf_counter() - t) / calls)
-    return [statistics.median(x) for x in times]
 
 
 def profile(fn, args, where: str) -> str:
@@ -83,7 +60,7 @@ def profile(fn, args, where: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(h.RESULTS))
     ap.add_argument("--smoke", action="store_true", help="small shapes on 2 fake CPU devices")
     ap.add_argument("--size", type=int, default=16384, help="M = N = K of the bf16 matmul")
     ap.add_argument("--rows", type=int, default=2 ** 15)
@@ -118,7 +95,7 @@ def main() -> int:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     import xgemm
-    from xgemm import jax_sharding
+    from xgemm.jax import sharding as jax_sharding
     if args.ring_sm_margin is not None:
         jax_sharding.K_RING_SM_MARGIN = args.ring_sm_margin
     if args.k_reduction:
@@ -151,7 +128,7 @@ def main() -> int:
     A = jax.random.randint(ka, (s, s), -5, 6).astype(dtype)
     B = jax.random.randint(kb, (s, s), -5, 6).astype(dtype)
     xg = jax.jit(lambda a, b: xgemm.matmul(a, b))
-    xla = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(a.dtype))
+    xla = jax.jit(h.xla_matmul_f32acc)
     flops = 2.0 * s ** 3
     a1, b1 = one(A), one(B)
     # values are checked on device 0 (the arrays are GiBs: no trip through NumPy)
@@ -171,8 +148,7 @@ def main() -> int:
         a, b = put(A, sa), put(B, sb)
         outs = None if so is None else NamedSharding(mesh, so)
         fx = jax.jit(lambda a, b: xgemm.matmul(a, b), out_shardings=outs)
-        fj = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(a.dtype),
-                     out_shardings=outs)
+        fj = jax.jit(h.xla_matmul_f32acc, out_shardings=outs)
         hlo = fx.lower(a, b).compile().as_text()
         gathers = hlo.count("all-gather(") if name in ("rows", "cols") else None   # K sums gather the result
         # how the K sum moved: xgemm's copy-engine exchanges vs XLA collective-permutes
@@ -208,7 +184,7 @@ def main() -> int:
         r, c = args.rows, args.cols
         X = jax.random.normal(jax.random.PRNGKey(1), (r, c), jnp.float32) * 3
         xs = jax.jit(lambda x: xgemm.softmax(x))
-        js = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
+        js = jax.jit(h.xla_softmax)
         nbytes = 2.0 * r * c * 4
         x1 = one(X)
         close = jax.jit(lambda y, r: jnp.allclose(y, r, rtol=1e-5, atol=1e-7))
@@ -230,9 +206,7 @@ def main() -> int:
                              "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}})
     print("| case | impl | value | verified |\n|---|---|---|---|\n" + "\n".join(rows))
     if not args.smoke:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "multi_gpu-h200.json"), "w") as fh:
-            json.dump(records, fh, indent=1)
+        h.write_json(h.result_path("multi_gpu", out=args.out), records)
     bad = [x["case"] + "/" + x["impl"] for x in records if "meta" not in x and not x["verified"]]
     gathered = [x["case"] for x in records if x.get("all_gathers")]
     if bad or gathered:

@@ -19,30 +19,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def gpu_events(step, sync, cats=("kernel", "gpu_memcpy", "gpu_memset")) -> list:
-    """The GPU operations of one step() under torch.profiler (CUPTI): its chrome-trace events
-    ({"ts", "dur", "name", "args": {"device", "stream", ...}}, times in us) of the given cats."""
-    import tempfile
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        sync()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        events = json.load(open(path))["traceEvents"]
-    return [e for e in events if e.get("ph") == "X" and e.get("cat") in cats]
+import _harness as h
+from _harness import gpu_events
 
 
 def timeline(torch, step, sync) -> str:
@@ -59,7 +41,7 @@ def timeline(torch, step, sync) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(h.RESULTS))
     ap.add_argument("--smoke", action="store_true", help="small shapes on two 'cpu' devices")
     ap.add_argument("--size", type=int, default=16384, help="M = N = K of the bf16 matmul")
     ap.add_argument("--rows", type=int, default=2 ** 15)
@@ -146,17 +128,7 @@ def main() -> int:
     def walls(steps, reps):
         """wall() of each step, their repeats interleaved (order flipped every round) so clock
         and power drift weighs on every impl alike."""
-        for step in steps:
-            step()
-            sync()
-        times = [[] for _ in steps]
-        for r in range(reps):
-            for i in (range(len(steps)) if r % 2 == 0 else reversed(range(len(steps)))):
-                t = time.perf_counter()
-                steps[i]()
-                sync()
-                times[i].append(time.perf_counter() - t)
-        return [statistics.median(x) for x in times]
+        return h.wall_interleaved(steps, warmup=1, reps=reps, block=lambda _: sync())
 
     def split(x, dim, parts):
         return [c.contiguous() for c in torch.chunk(x, parts, dim=dim)]
@@ -371,9 +343,7 @@ def main() -> int:
                              "torch": torch.__version__, "command": " ".join(sys.argv)}})
     print("| case | impl | value | verified |\n|---|---|---|---|\n" + "\n".join(table))
     if not args.smoke:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "multi_gpu_torch-h200.json"), "w") as fh:
-            json.dump(records, fh, indent=1)
+        h.write_json(h.result_path("multi_gpu_torch", out=args.out), records)
     bad = [x["case"] + "/" + x["impl"] for x in records if "meta" not in x and not x["verified"]]
     if bad:
         print(f"FAILED: unverified {bad}", file=sys.stderr)

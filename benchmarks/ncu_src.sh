@@ -3,8 +3,8 @@
 # with per-instruction SASS counters (instructions executed, warp-stall samples by reason), so the
 # two kernels can be compared region by region (mainloop, epilogue, scheduler).
 #   SHAPE=8192x8192x1024 bash benchmarks/ncu_src.sh      (on the H200; writes $OUT)
-# Out: det_<impl>.txt (the sections' details), src_<impl>.csv.gz (`ncu --page source --csv
-# --print-source sass`: one row per SASS instruction).
+# Out: ncu_src_<impl>-h200.txt (the sections' details), ncu_src_<impl>-h200.csv.gz (`ncu --page source
+# --csv --print-source sass`: one row per SASS instruction): the names kept in benchmarks/results/.
 set -u
 N=${NCU:-/usr/local/cuda/bin/ncu}
 $N --version | tail -1
@@ -13,9 +13,9 @@ for impl in xgemm quack; do
      --section SpeedOfLight --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second \
      -o /tmp/ncu_$impl -f python3 benchmarks/one_gemm.py --impl $impl --shape ${SHAPE:-8192x8192x1024} \
      > $OUT/ncu_run_$impl.log 2>&1; echo "$impl rc=$?"
-  $N -i /tmp/ncu_$impl.ncu-rep --page details > $OUT/det_$impl.txt 2>&1
+  $N -i /tmp/ncu_$impl.ncu-rep --page details > $OUT/ncu_src_$impl-h200.txt 2>&1
   $N -i /tmp/ncu_$impl.ncu-rep --page source --csv --print-source sass > /tmp/src_$impl.csv 2>$OUT/src_err_$impl.txt
   echo "source rc=$? $(wc -l < /tmp/src_$impl.csv) lines"
-  gzip -c /tmp/src_$impl.csv > $OUT/src_$impl.csv.gz
+  gzip -c /tmp/src_$impl.csv > $OUT/ncu_src_$impl-h200.csv.gz
 done
-grep -h "Duration\|Warp Cycles Per Issued\|inst_executed\|SM Frequency" $OUT/det_*.txt
+grep -h "Duration\|Warp Cycles Per Issued\|inst_executed\|SM Frequency" $OUT/ncu_src_*-h200.txt

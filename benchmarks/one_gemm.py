@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> int:
@@ -32,7 +29,7 @@ def main() -> int:
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     b = torch.randn(k, n, device="cuda", dtype=dtype)
     if args.impl == "xgemm" and args.config:
-        from gemm_tc import impl_xgemm_config, Inputs
+        from _harness import Inputs, impl_xgemm_config
         cfg = tuple(int(v) for v in args.config.split(","))
         cfg = cfg[:4] + tuple(bool(v) for v in cfg[4:6]) + cfg[6:8] + tuple(bool(v) for v in cfg[8:])
         x = Inputs(m, n, k, args.dtype)

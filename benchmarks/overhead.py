@@ -11,53 +11,21 @@ Each record says how many of its calls the native module served.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
-
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import xgemm  # noqa: E402
-from xgemm import fastpath, torch_native  # noqa: E402
+import xgemm
+from xgemm.torch import fastpath
+from xgemm.torch import native as torch_native
 
-
-def per_call_us(fn, n=1000):
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
-
-
-def graph_us(fn, n=200):
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        fn()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for _ in range(20):
-                fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n // 20):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / n
+import _harness as h
+from _harness import graph_us, wall_us_per_call as per_call_us
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--out", default=str(h.RESULTS))
     args = ap.parse_args()
     native = torch_native.load()
     print(f"native fast path: {torch_native.status()}")
@@ -76,10 +44,10 @@ def main():
     y = xgemm.softmax(x)
     cases.append(("softmax_float32_64x1024", lambda: xgemm.softmax(x), lambda: torch.softmax(x, -1),
                   torch.allclose(y, torch.softmax(x, -1), atol=1e-6), str(xgemm.explain(x)).splitlines()[1].strip()))
-    saved = (fastpath.native, fastpath.compiling)
+    saved = torch_native.active
     for case, ours, peer, ok, plan in cases:
         for impl, fn in (("xgemm", ours), ("xgemm_python", ours), ("torch", peer)):
-            fastpath.use_native(*(saved if impl == "xgemm" else (None, saved[1])))
+            torch_native.active = saved if impl == "xgemm" else None
             hits = native.stats()["hits"] if native is not None else 0
             wall = per_call_us(fn)
             served = (native.stats()["hits"] - hits) if native is not None else 0
@@ -89,13 +57,11 @@ def main():
                             "wall_us": wall, "kernel_us": kern, "plan": plan, "native_calls": served})
             print(f"{case:<28} {impl:<12} wall {wall:7.2f} us  kernel {kern:7.2f} us  overhead {wall - kern:6.2f} us  "
                   f"native {served:4d}/1001  ok={ok}  {plan if impl == 'xgemm' else ''}")
-        fastpath.use_native(*saved)
+        torch_native.active = saved
     records.append({"meta": {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
                              "torch": torch.__version__, "native": torch_native.status(),
                              "command": "python benchmarks/overhead.py"}})
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "overhead-h200.json"), "w") as f:
-        json.dump(records, f, indent=1)
+    h.write_json(h.result_path("overhead", out=args.out), records)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,12 @@ replays, implementations interleaved); every output checked against an fp32 torc
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _harness as h
 
 
 def padded(rows, cols, pad_to, src=None):
@@ -34,21 +31,11 @@ def padded(rows, cols, pad_to, src=None):
     return view
 
 
-def graph_of(fn, calls=20):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return g
-
-
 def main() -> int:
     import xgemm
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="5000x5000x5000,5056x5056x5056,6000x6000x6000,6016x6016x6016")
-    ap.add_argument("--out", default="")
+    ap.add_argument("--out", default=str(h.result_path("row_alignment")), help="JSON file ('' for none)")
     args = ap.parse_args()
     records = []
     for m, n, k in (tuple(int(x) for x in v.split("x")) for v in args.shapes.split(",")):
@@ -73,16 +60,11 @@ def main() -> int:
             b_st.copy_(b0)
             return xgemm.matmul(a_st, b_st, out=d_st)
         cases[("xgemm", "staged")] = (staged, a_st, b_st)
-        graphs = {key: graph_of(v[0]) for key, v in cases.items()}
+        graphs = {key: h.graph_of(v[0]) for key, v in cases.items()}
         times = {key: [] for key in cases}
         for _ in range(7):
             for key, g in graphs.items():
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                g.replay()
-                e1.record()
-                e1.synchronize()
-                times[key].append(e0.elapsed_time(e1) * 1e3 / 20)
+                times[key].append(h.event_ms(g.replay) * 1e3 / 20)
         for (impl, layout), (fn, a, b) in cases.items():
             d = fn()
             torch.cuda.synchronize()
@@ -97,7 +79,7 @@ def main() -> int:
     if args.out:
         meta = {"meta": {"gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv),
                          "timing": "CUDA graph of 20 calls, median of 7 replays, implementations interleaved"}}
-        Path(args.out).write_text(json.dumps(records + [meta], indent=1))
+        h.write_json(args.out, records + [meta])
     return 0
 
 

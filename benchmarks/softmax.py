@@ -27,8 +27,9 @@ import textwrap
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _harness as h
+
+ROOT = h.ROOT
 
 SWEEP_N = [256, 1024, 4096, 16384, 65536, 262144]
 GIB = 1 << 30
@@ -53,7 +54,7 @@ TUNE = {
 
 def tune_configs(n: int, dtype: str):
     from xgemm.kernels import gluon_softmax as gs
-    from xgemm.problem import Policy
+    from xgemm.core.problem import Policy
     out = []
     block_n = max(gs.MIN_BLOCK_N, 1 << (n - 1).bit_length())
     for m, w, c, o in TUNE.get(block_n, []):
@@ -89,7 +90,7 @@ def main(argv=None):
     ap.add_argument("--peers", default="torch,jax,quack")
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--list-entries", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(h.RESULTS))
     ap.add_argument("--name", default="softmax-h200")
     ap.add_argument("--render", metavar="DIR", help="only rebuild the .md/.png in --out from DIR's JSON files")
     args = ap.parse_args(argv)
@@ -121,7 +122,7 @@ class Bench:
                 import jax
                 import jax.numpy as jnp  # noqa: F401
                 self.jax = jax
-                self.jsoftmax = jax.jit(lambda a: jax.nn.softmax(a, axis=-1))
+                self.jsoftmax = jax.jit(h.xla_softmax)
             except Exception as exc:   # report, keep going
                 self.notes.append(f"jax unavailable: {exc!r}")
         if "quack" in self.peers:
@@ -134,56 +135,20 @@ class Bench:
     # -- timing ------------------------------------------------------------------------------
     def time_graph(self, fn, n_calls=10, reps=7):
         """Median ms per call of fn(i) captured n_calls times in one CUDA graph (events around replays)."""
-        torch = self.torch
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for i in range(2):
-                fn(i)
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        try:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for i in range(n_calls):
-                    fn(i)
-            run = g.replay
-            how = "graph"
-        except Exception as exc:        # capture unsupported: time eager launches with events
-            torch.cuda.synchronize()
-            self.notes.append(f"graph capture failed ({exc!r}); eager event timing used")
-
-            def run():
-                for i in range(n_calls):
-                    fn(i)
-            how = "events"
-        run()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            run()
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) / n_calls)
-        return sorted(times)[len(times) // 2], how, (run, g if how == "graph" else None)
+        # capture unsupported: time eager launches with events
+        run, how = h.capture(fn, n_calls, warm=2, graph_stream=False, on_fail=lambda exc: self.notes.append(
+            f"graph capture failed ({exc!r}); eager event timing used"))
+        return h.upper_median([ms / n_calls for ms in h.replays_ms(run, reps)]), how.split()[0], (run, None)
 
     def time_eager(self, fn, n_calls=10, reps=7):
         """Median ms per call of n_calls eager launches between events."""
-        torch = self.torch
         fn(0)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
+        self.torch.cuda.synchronize()
+
+        def run():
             for i in range(n_calls):
                 fn(i)
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) / n_calls)
-        return sorted(times)[len(times) // 2]
+        return h.upper_median([ms / n_calls for ms in h.replays_ms(run, reps, warm=False)])
 
     def time_wall(self, fn, n_calls=10, reps=7):
         fn(0).block_until_ready()
@@ -195,7 +160,7 @@ class Bench:
                 y = fn(i)
             y.block_until_ready()
             times.append((time.perf_counter() - t0) * 1e3 / n_calls)
-        return sorted(times)[len(times) // 2]
+        return h.upper_median(times)
 
     # -- verification ------------------------------------------------------------------------
     def verify(self, y, ref, dtype):
@@ -264,11 +229,11 @@ class Bench:
 
         # xgemm through the kernel protocol
         def xgemm_runner(policy=None):
-            from xgemm import interop
-            from xgemm.problem import ROW, Device, Operand, SoftmaxProblem
+            from xgemm import arrays
+            from xgemm.core.problem import ROW, Device, Operand, SoftmaxProblem
             dev = Device("cuda", 0, (9, 0))
             ys = [torch.empty_like(x) for x in xs]
-            view = lambda t: interop.view(t, "x", "softmax bench")          # noqa: E731
+            view = lambda t: arrays.view(t, "x", "softmax bench")          # noqa: E731
             p = SoftmaxProblem(m, n, (m, n), 1, Operand((m, n), (n, 1), dtype, ROW, 16), dtype, "torch", dev)
             assert gs.KERNEL.supports(p) is None, gs.KERNEL.supports(p)
             pol = policy or gs.KERNEL.policy(p)
@@ -372,13 +337,13 @@ class Bench:
                         raise ImportError("triton blocked")
             sys.meta_path.insert(0, Block())
             t0 = time.perf_counter()
-            from xgemm import interop
+            from xgemm import arrays
             from xgemm.kernels import gluon_softmax as gs
-            from xgemm.problem import ROW, Device, Operand, SoftmaxProblem
+            from xgemm.core.problem import ROW, Device, Operand, SoftmaxProblem
             t_import = time.perf_counter()
             cb = "cuda.bindings.driver" in sys.modules
             dev = Device("cuda", 0, (9, 0))
-            v = lambda t: interop.view(t, "x", "softmax bench")          # noqa: E731
+            v = lambda t: arrays.view(t, "x", "softmax bench")          # noqa: E731
             p = SoftmaxProblem(4096, 4096, (4096, 4096), 1, Operand((4096, 4096), (4096, 1), "float32", ROW, 16),
                                "float32", "torch", dev)
             assert gs.KERNEL.supports(p) is None
@@ -414,7 +379,8 @@ class Bench:
 
     def host_cost(self):
         torch = self.torch
-        from xgemm import gluon_cache, launch
+        from xgemm.runtime import gluon_cache
+        from xgemm.runtime import launch
         from xgemm.kernels import gluon_softmax as gs
         x = torch.randn(1, 16, device="cuda")
         y = torch.empty_like(x)
@@ -430,7 +396,7 @@ class Bench:
                 lau(1, stream, x.data_ptr(), y.data_ptr(), 1, 16, 0, 0)
             ts.append((time.perf_counter() - t0) / 200 * 1e6)
         torch.cuda.synchronize()
-        us = sorted(ts)[len(ts) // 2]
+        us = h.upper_median(ts)
         ok = bool(torch.allclose(y, torch.softmax(x, -1)))
         self.records.append({"case": "softmax_launcher_host_cost_per_call", "shape": [1, 16], "dtype": "float32",
                              "impl": "xgemm", "metric": "us", "value": round(us, 2), "verified": ok})
@@ -446,24 +412,18 @@ class Bench:
         self.first_call()
         out = Path(self.args.out)
         out.mkdir(parents=True, exist_ok=True)
-        versions = {}
-        for mod in ("torch", "jax", "jaxlib", "quack", "cutlass", "cuda.bindings", "numpy"):
-            try:
-                m = __import__(mod, fromlist=["__version__"])
-                versions[mod] = getattr(m, "__version__", "?")
-            except Exception:
-                versions[mod] = "absent"
+        versions = h.versions(("torch", "jax", "jaxlib", "quack", "cutlass", "cuda.bindings", "numpy"))
         meta = {"meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                          "gpu": self.gpu, "l2_bytes": self.l2, "versions": versions, "python": platform.python_version(),
                          "command": " ".join([sys.executable] + sys.argv),
                          "xgemm_cache": os.environ.get("XGEMM_CACHE_DIR", "~/.cache/xgemm"),
                          "timing": "CUDA graph of 10 calls, median of 7 replays (jax: wall clock, 10 async calls)",
                          "notes": self.notes}}
-        (out / f"{self.args.name}.json").write_text(json.dumps([meta] + self.records, indent=1))
+        h.write_json(out / f"{self.args.name}.json", [meta] + self.records)
         if self.tune_records:
-            (out / f"{self.args.name}-tune.json").write_text(json.dumps([meta] + self.tune_records, indent=1))
+            h.write_json(out / f"{self.args.name}-tune.json", [meta] + self.tune_records)
         md = render_markdown(self.records, self.tune_records, meta)
-        (out / f"{self.args.name}.md").write_text(md)
+        h.write_text(out / f"{self.args.name}.md", md)
         render_plot(self.records, out / f"{self.args.name}.png", self.gpu, self.notes)
         print("\n" + md)
 
@@ -561,7 +521,7 @@ def render(src: Path, out: Path, name: str):
     tune = json.loads(tune_path.read_text())[1:] if tune_path.exists() else []
     meta, records = data[0], data[1:]
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.md").write_text(render_markdown(records, tune, meta))
+    h.write_text(out / f"{name}.md", render_markdown(records, tune, meta))
     render_plot(records, out / f"{name}.png", meta["meta"]["gpu"])
 
 

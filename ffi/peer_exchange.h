@@ -33,24 +33,12 @@
 #include <vector>
 
 #include "cuda_min.h"
+#include "foreign_abi.h"
 
 namespace xgemm_exchange {
 
-struct Driver {        // driver entry points (filled by the caller from the dlopen'ed library)
-  PFN_cuStreamGetCtx stream_get_ctx = nullptr;
-  PFN_cuCtxPushCurrent ctx_push = nullptr;
-  PFN_cuCtxPopCurrent ctx_pop = nullptr;
-  PFN_cuEventCreate event_create = nullptr;
-  PFN_cuEventRecord event_record = nullptr;
-  PFN_cuStreamWaitEvent stream_wait_event = nullptr;
-  PFN_cuStreamCreate stream_create = nullptr;
-  PFN_cuMemcpyAsync memcpy_async = nullptr;
-  PFN_cuCtxEnablePeerAccess ctx_enable_peer_access = nullptr;
-  bool ok() const {
-    return stream_get_ctx && ctx_push && ctx_pop && event_create && event_record && stream_wait_event &&
-           stream_create && memcpy_async && ctx_enable_peer_access;
-  }
-};
+// The caller's loaded driver; the exchange needs its exchange_ok() entry points.
+using Driver = xgemm_foreign::CudaDriver;
 
 struct Route {
   int64_t channel = 0;

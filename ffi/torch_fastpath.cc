@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "cuda_min.h"
+#include "foreign_abi.h"
 
 namespace {
 
@@ -47,16 +48,12 @@ constexpr int kMaxParamBytes = 1024;
 constexpr size_t kMaxEntries = 1024;
 enum Role { kA = 0, kB = 1, kC = 2, kOut = 3 };
 
-// TVM-FFI C ABI (tvm/ffi/c_api.h), the same cells xgemm/tvm_abi.py marshals.
-struct DLDevice { int32_t device_type, device_id; };
-struct DLDataType { uint8_t code, bits; uint16_t lanes; };
-struct DLTensor {
-  void* data; DLDevice device; int32_t ndim; DLDataType dtype;
-  int64_t* shape; int64_t* strides; uint64_t byte_offset;
-};
-struct TVMFFIAny { int32_t type_index; uint32_t zero_padding; union { int64_t v_int64; double v_float64; void* v_ptr; }; };
-constexpr int32_t kTvmDLTensorPtr = 7, kTvmStaticObjectBegin = 64;
-typedef int (*TVMSafeCall)(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+using xgemm_foreign::DLTensor;
+using xgemm_foreign::TVMFFIAny;
+using xgemm_foreign::TVMFFIErrorCellHead;
+using xgemm_foreign::TVMFFISafeCallType;
+using xgemm_foreign::TvmObjectCell;
+using xgemm_foreign::kTVMFFIDLTensorPtr, xgemm_foreign::kTVMFFIStaticObjectBegin;
 
 // ---- key -------------------------------------------------------------------------------------
 struct Key {
@@ -75,7 +72,7 @@ struct KeyHash {
 
 // ---- entries ---------------------------------------------------------------------------------
 struct TvmCall {
-  TVMSafeCall fn = nullptr;
+  TVMFFISafeCallType fn = nullptr;
   std::vector<TVMFFIAny> cells;
   std::vector<DLTensor> tensors;            // shape / strides point into dims
   std::vector<int> tensor_cell, tensor_role;
@@ -203,11 +200,10 @@ PyObject* TvmError(int rc) {
   std::string kind = "RuntimeError", message = "CuTe function call failed (" + std::to_string(rc) + ")";
   void* err = nullptr;
   if (move) move(&err);
-  if (err) {       // TVMFFIObjectHeader (24 bytes), then kind and message byte arrays
-    struct Bytes { const char* data; size_t size; };
-    const Bytes* b = reinterpret_cast<const Bytes*>(static_cast<char*>(err) + 24);
-    kind.assign(b[0].data, b[0].size);
-    message.assign(b[1].data, b[1].size);
+  if (err) {
+    const TVMFFIErrorCellHead* cell = TvmObjectCell<TVMFFIErrorCellHead>(err);
+    kind.assign(cell->kind.data, cell->kind.size);
+    message.assign(cell->message.data, cell->message.size);
     TvmDecRef(err);
   }
   return RaiseFrom(g_tvm_error, Py_BuildValue("(ss)", kind.c_str(), message.c_str()));
@@ -232,16 +228,17 @@ PyObject* RunTvm(const TvmCall& call, void* const ptrs[4], uint64_t stream) {
   TVMFFIAny result{};
   int rc = call.fn(nullptr, cells, (int32_t)n, &result);
   if (rc != 0) return TvmError(rc);
-  if (result.type_index >= kTvmStaticObjectBegin && result.v_ptr) TvmDecRef(result.v_ptr);
+  if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_ptr) TvmDecRef(result.v_ptr);
   Py_RETURN_NONE;
 }
 
+// Only cuLaunchKernelEx: modules and functions come loaded from the Python side.
 bool LoadDriver() {
   if (g_launch) return true;
-  void* lib = dlopen(g_driver_path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  g_launch = lib ? (PFN_cuLaunchKernelEx)dlsym(lib, "cuLaunchKernelEx") : nullptr;
-  if (!g_launch) PyErr_Format(PyExc_RuntimeError, "xgemm native fast path: no cuLaunchKernelEx in %s",
-                              g_driver_path.c_str());
+  std::string unused;                       // the message below says the same for both failures
+  void* lib = xgemm_foreign::OpenCudaDriver(g_driver_path, &unused);
+  if (!lib || !xgemm_foreign::CudaSym(lib, "cuLaunchKernelEx", &g_launch, &unused))
+    PyErr_Format(PyExc_RuntimeError, "xgemm native fast path: no cuLaunchKernelEx in %s", g_driver_path.c_str());
   return g_launch != nullptr;
 }
 
@@ -364,11 +361,11 @@ PyObject* StoreTvm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!Roles(args[12], roles)) return nullptr;
   const TVMFFIAny* cells = reinterpret_cast<const TVMFFIAny*>(cells_addr);
   TvmCall call;
-  call.fn = reinterpret_cast<TVMSafeCall>(fn);
+  call.fn = reinterpret_cast<TVMFFISafeCallType>(fn);
   call.cells.assign(cells, cells + n);
   call.stream_cell = (int)n - 1;
   for (long i = 0; i < n; ++i) {
-    if (cells[i].type_index != kTvmDLTensorPtr) continue;
+    if (cells[i].type_index != kTVMFFIDLTensorPtr) continue;
     size_t j = call.tensors.size();
     if (j >= roles.size() || j >= 4) { PyErr_SetString(PyExc_ValueError, "store_tvm: more tensors than roles"); return nullptr; }
     DLTensor t = *static_cast<const DLTensor*>(cells[i].v_ptr);

@@ -40,12 +40,25 @@
 #include <unordered_map>
 
 #include "cuda_min.h"
+#include "foreign_abi.h"
 #include "peer_exchange.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
+
+using xgemm_foreign::DLDataType;
+using xgemm_foreign::DLTensor;
+using xgemm_foreign::kDLBfloat, xgemm_foreign::kDLBool, xgemm_foreign::kDLCPU, xgemm_foreign::kDLCUDA,
+    xgemm_foreign::kDLFloat, xgemm_foreign::kDLInt, xgemm_foreign::kDLUInt;
+using xgemm_foreign::TVMFFIAny;
+using xgemm_foreign::TVMFFIErrorCellHead;
+using xgemm_foreign::TVMFFIFunctionCell;
+using xgemm_foreign::TvmObjectCell;
+using xgemm_foreign::kTVMFFIBool, xgemm_foreign::kTVMFFIDLTensorPtr, xgemm_foreign::kTVMFFIFloat,
+    xgemm_foreign::kTVMFFIInt, xgemm_foreign::kTVMFFINone, xgemm_foreign::kTVMFFIOpaquePtr,
+    xgemm_foreign::kTVMFFIStaticObjectBegin;
 
 constexpr int64_t kAbiVersion = 1;
 constexpr int kMaxParams = 64;
@@ -66,21 +79,7 @@ enum ParamKind : int64_t {
 };
 
 // ---------------------------------------------------------------------------------------------
-// DLPack description of XLA buffers (dlpack.h v1 struct layout)
-
-struct DLDevice { int32_t device_type; int32_t device_id; };
-struct DLDataType { uint8_t code; uint8_t bits; uint16_t lanes; };
-struct DLTensor {
-  void* data;
-  DLDevice device;
-  int32_t ndim;
-  DLDataType dtype;
-  int64_t* shape;
-  int64_t* strides;
-  uint64_t byte_offset;
-};
-enum { kDLCPU = 1, kDLCUDA = 2 };
-enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
+// DLPack description of XLA buffers
 
 bool ToDLDataType(ffi::DataType t, DLDataType* out) {
   switch (t) {
@@ -106,36 +105,16 @@ struct Described {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The CUDA driver, opened at run time
+// The CUDA driver, opened at run time (foreign_abi.h)
 
-struct Driver {
-  bool ok = false;
+struct Driver : xgemm_foreign::CudaDriver {
+  bool ok = false;                     // every launching entry point was found
   std::string error;
-  PFN_cuGetErrorString get_error_string = nullptr;
-  PFN_cuModuleLoadData module_load_data = nullptr;
-  PFN_cuModuleGetFunction module_get_function = nullptr;
-  PFN_cuFuncSetAttribute func_set_attribute = nullptr;
-  PFN_cuLaunchKernelEx launch_kernel_ex = nullptr;
-  PFN_cuStreamGetCtx stream_get_ctx = nullptr;
-  PFN_cuStreamIsCapturing stream_is_capturing = nullptr;
-  PFN_cuCtxPushCurrent ctx_push = nullptr;
-  PFN_cuCtxPopCurrent ctx_pop = nullptr;
-  xgemm_exchange::Driver exchange;     // optional: only the peer exchange needs these
 };
 
 std::mutex g_driver_mu;
 std::string g_driver_path = "libcuda.so.1";
 std::atomic<const Driver*> g_driver{nullptr};
-
-template <typename T>
-bool Sym(void* lib, const char* name, T* out, std::string* error) {
-  *out = reinterpret_cast<T>(dlsym(lib, name));
-  if (*out == nullptr) {
-    *error = std::string("symbol ") + name + " not found in the CUDA driver library";
-    return false;
-  }
-  return true;
-}
 
 const Driver& GetDriver() {
   const Driver* d = g_driver.load(std::memory_order_acquire);
@@ -144,32 +123,8 @@ const Driver& GetDriver() {
   d = g_driver.load(std::memory_order_relaxed);
   if (d != nullptr) return *d;
   auto* drv = new Driver();  // lives for the process, like the modules it loads
-  void* lib = dlopen(g_driver_path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* why = dlerror();
-    drv->error = "cannot open the CUDA driver " + g_driver_path + ": " + (why ? why : "?");
-  } else {
-    std::string& e = drv->error;
-    drv->ok = Sym(lib, "cuGetErrorString", &drv->get_error_string, &e) &&
-              Sym(lib, "cuModuleLoadData", &drv->module_load_data, &e) &&
-              Sym(lib, "cuModuleGetFunction", &drv->module_get_function, &e) &&
-              Sym(lib, "cuFuncSetAttribute", &drv->func_set_attribute, &e) &&
-              Sym(lib, "cuLaunchKernelEx", &drv->launch_kernel_ex, &e) &&
-              Sym(lib, "cuStreamGetCtx", &drv->stream_get_ctx, &e) &&
-              Sym(lib, "cuStreamIsCapturing", &drv->stream_is_capturing, &e) &&
-              Sym(lib, "cuCtxPushCurrent_v2", &drv->ctx_push, &e) &&
-              Sym(lib, "cuCtxPopCurrent_v2", &drv->ctx_pop, &e);
-    xgemm_exchange::Driver& x = drv->exchange;
-    x.stream_get_ctx = drv->stream_get_ctx;
-    x.ctx_push = drv->ctx_push;
-    x.ctx_pop = drv->ctx_pop;
-    x.event_create = reinterpret_cast<PFN_cuEventCreate>(dlsym(lib, "cuEventCreate"));
-    x.event_record = reinterpret_cast<PFN_cuEventRecord>(dlsym(lib, "cuEventRecord"));
-    x.stream_wait_event = reinterpret_cast<PFN_cuStreamWaitEvent>(dlsym(lib, "cuStreamWaitEvent"));
-    x.stream_create = reinterpret_cast<PFN_cuStreamCreate>(dlsym(lib, "cuStreamCreate"));
-    x.memcpy_async = reinterpret_cast<PFN_cuMemcpyAsync>(dlsym(lib, "cuMemcpyAsync"));
-    x.ctx_enable_peer_access = reinterpret_cast<PFN_cuCtxEnablePeerAccess>(dlsym(lib, "cuCtxEnablePeerAccess"));
-  }
+  if (void* lib = xgemm_foreign::OpenCudaDriver(g_driver_path, &drv->error))
+    drv->ok = xgemm_foreign::LoadCudaDriver(lib, drv, &drv->error);
   g_driver.store(drv, std::memory_order_release);
   return *drv;
 }
@@ -481,41 +436,8 @@ auto BindAttrs(B&& binding) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// TVM-FFI calls (tvm/ffi/c_api.h ABI, declared here: no tvm-ffi headers needed to build)
+// TVM-FFI calls (the ABI: foreign_abi.h)
 
-struct TVMFFIAny {
-  int32_t type_index;
-  uint32_t zero_padding;
-  union {
-    int64_t v_int64;
-    double v_float64;
-    void* v_ptr;
-  };
-};
-static_assert(sizeof(TVMFFIAny) == 16, "TVMFFIAny is 16 bytes");
-typedef int (*TVMFFISafeCallType)(void* handle, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result);
-struct TVMFFIObjectHeader {
-  uint64_t combined_ref_count;
-  int32_t type_index;
-  uint32_t padding;
-  void* deleter;
-};
-struct TVMFFIFunctionCell {
-  TVMFFISafeCallType safe_call;
-  void* cpp_call;
-};
-struct TVMFFIByteArray {
-  const char* data;
-  size_t size;
-};
-struct TVMFFIErrorCellHead {
-  TVMFFIByteArray kind;
-  TVMFFIByteArray message;
-};
-enum : int32_t {
-  kTVMFFINone = 0, kTVMFFIInt = 1, kTVMFFIBool = 2, kTVMFFIFloat = 3, kTVMFFIOpaquePtr = 4,
-  kTVMFFIDLTensorPtr = 7, kTVMFFIStaticObjectBegin = 64,
-};
 // Argument kinds of the "args" attribute.
 enum ArgKind : int64_t { kArgTensor = 0, kArgInt = 1, kArgF64 = 2, kArgNone = 3, kArgStream = 4, kArgBool = 5 };
 
@@ -533,8 +455,7 @@ std::string TvmFfiErrorMessage(int rc) {
     void* err = nullptr;
     move(&err);
     if (err != nullptr) {
-      auto* cell = reinterpret_cast<const TVMFFIErrorCellHead*>(static_cast<const char*>(err) +
-                                                                sizeof(TVMFFIObjectHeader));
+      const TVMFFIErrorCellHead* cell = TvmObjectCell<TVMFFIErrorCellHead>(err);
       msg = std::string(cell->kind.data, cell->kind.size) + ": " + std::string(cell->message.data, cell->message.size);
       if (decref != nullptr) decref(err);
     }
@@ -597,8 +518,7 @@ ffi::Error TvmCall(CUstream stream, ffi::RemainingArgs& args, ffi::RemainingRets
     }
   }
   void* handle = reinterpret_cast<void*>(t.function);
-  auto* cell = reinterpret_cast<const TVMFFIFunctionCell*>(static_cast<const char*>(handle) +
-                                                           sizeof(TVMFFIObjectHeader));
+  const TVMFFIFunctionCell* cell = TvmObjectCell<TVMFFIFunctionCell>(handle);
   TVMFFIAny result;
   result.type_index = kTVMFFINone;
   result.zero_padding = 0;
@@ -707,12 +627,12 @@ ffi::Error ExchangeCallCuda(CUstream stream, int32_t device, ffi::RunId run, ffi
                             ffi::RemainingRets rets, XGEMM_TVM_PARAMS, XGEMM_XCHG_PARAMS) {
   const Driver& drv = GetDriver();
   if (!drv.ok) return ffi::Error::Internal("xgemm_exchange: " + drv.error);
-  if (!drv.exchange.ok())
+  if (!drv.exchange_ok())
     return ffi::Error::Internal("xgemm_exchange: the CUDA driver lacks an event / stream / memcpy entry point");
   const ExchangeAttrs x = XGEMM_XCHG_ATTRS;
   Prepared p;
   if (ffi::Error e = PrepareExchange(args, rets, x, device, &p); e.failure()) return e;
-  xgemm_exchange::CudaExchange ex(drv.exchange, stream, p.group, p.rank, x.sources.begin(), run.run_id);
+  xgemm_exchange::CudaExchange ex(drv, stream, p.group, p.rank, x.sources.begin(), run.run_id);
   std::string error = ex.Begin(p.send, p.recv, p.bytes, p.local);
   ffi::Error call = ffi::Error::Success();
   if (error.empty() && function != 0) call = TvmCall(stream, args, rets, XGEMM_TVM_ATTRS, kDLCUDA, device);

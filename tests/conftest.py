@@ -45,7 +45,7 @@ def have(module: str) -> bool:
 def gluon_cache_dir(tmp_path_factory):
     """A fresh XGEMM_CACHE_DIR for one test module's Gluon compiles (the old one restored after;
     the in-process entry and availability memos are cleared on both sides)."""
-    from xgemm import gluon_cache
+    from xgemm.runtime import gluon_cache
     root = tmp_path_factory.mktemp("xgemm_cache")
     old = os.environ.get("XGEMM_CACHE_DIR")
     os.environ["XGEMM_CACHE_DIR"] = str(root)
@@ -71,7 +71,7 @@ def tvm_echo(tmp_path_factory):
     import subprocess
     from pathlib import Path
 
-    from xgemm import tvm_abi
+    from xgemm.runtime import tvm_abi
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         pytest.skip("no C compiler")

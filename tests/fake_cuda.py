@@ -7,9 +7,9 @@ What is stubbed -- and nothing else, so the Python that runs is the real hot pat
   fastpath._torch_cuda is re-made from its own source with cuda read as cpu (same cost);
 - the stream: torch.cuda.current_stream(...) and torch._C._cuda_getCurrentRawStream(...) give
   STREAM (a CPU torch has neither; their real cost is measured on the GPU host);
-- CuTe: xgemm.compile.cute(key, build) and cute_eager(key, build) return a Recorder per key in
+- CuTe: xgemm.runtime.cute_cache.cute(key, build) and cute_eager(key, build) return a Recorder per key in
   place of the compiled function (so nothing compiles); cute_gemm_sm90._sm_count gives 132 (H200);
-- Gluon: launch._driver() is xgemm.driver (real CUlaunchConfig struct) with module loading
+- Gluon: launch._driver() is xgemm.runtime.driver (real CUlaunchConfig struct) with module loading
   stubbed and cuLaunchKernelEx replaced by a recorder of what the GPU would receive: kernel
   name, grid, block, shared bytes, stream and the packed parameter block.
 """
@@ -59,18 +59,23 @@ class Fake:
 
     def __enter__(self) -> "Fake":
         import torch
-        from xgemm import compile as xcompile, fastpath, interop, launch, policy
-        from xgemm.problem import Device
-        from xgemm.kernels import cute_gemm_sm90, cute_sgemm, gluon_softmax
 
-        self._caches = [interop._torch_devices, launch._launchers,
+        from xgemm import arrays
+        from xgemm.core import policy
+        from xgemm.core.problem import Device
+        from xgemm.kernels import cute_gemm_sm90, cute_sgemm, gluon_softmax
+        from xgemm.runtime import cute_cache as xcompile
+        from xgemm.runtime import launch
+        from xgemm.torch import fastpath
+
+        self._caches = [arrays.views._torch_devices, launch._launchers,
                         cute_sgemm.KERNEL._plans, gluon_softmax.KERNEL._launchers, policy._plans,
                         fastpath._gemm, fastpath._softmax]
         self._saved = [dict(c) for c in self._caches]
         for c in self._caches[1:]:
             c.clear()
         cuda0 = Device("cuda", 0, (9, 0))
-        interop._torch_devices[("cpu", None)] = interop._torch_devices[torch.device("cpu")] = cuda0
+        arrays.views._torch_devices[("cpu", None)] = arrays.views._torch_devices[torch.device("cpu")] = cuda0
         src = inspect.getsource(fastpath._torch_cuda).replace('"cuda"', '"cpu"').replace(".is_cuda", ".is_cpu")
         ns: dict = {}
         exec(compile(src, "<fake_cuda>", "exec"), fastpath.__dict__, ns)
@@ -104,7 +109,7 @@ class Fake:
 
     # -- the Gluon side: a driver whose module loading and launch are stubs ---------------------
     def _make_driver(self):
-        from xgemm import driver as real
+        from xgemm.runtime import driver as real
         fake = types.SimpleNamespace(**{k: v for k, v in vars(real).items() if k.isupper()})
         fake.launch_config, fake.check, fake.CudaError = real.launch_config, real.check, real.CudaError
         fake.load_kernel = lambda cubin, name, device, shared, cluster=1: real.LoadedKernel("module", name, 0, 0)
@@ -116,7 +121,7 @@ class Fake:
         if not self.keep:
             self.last = (cfg, func, params_addr)
             return 0
-        from xgemm import launch
+        from xgemm.runtime import launch
         owner = next(v for v in launch._launchers.values() if v._params_addr == params_addr)
         n = len(owner.meta["params"])
         slots = (ctypes.c_void_p * n).from_address(params_addr)

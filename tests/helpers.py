@@ -1,9 +1,9 @@
 """Building test inputs in each framework with a chosen dtype and memory layout."""
 from __future__ import annotations
 
-import numpy as np
-
 import os
+
+import numpy as np
 
 FRAMEWORKS = tuple(os.environ.get("XGEMM_TEST_FRAMEWORKS", "numpy,torch,jax").split(","))
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -79,9 +79,9 @@ def hopper() -> bool:
 
 
 def kernel_view(t):
-    """interop.ArrayView of a torch tensor, as the API hands operands to a kernel's run()."""
-    from xgemm import interop
-    return interop.view(t, "t", "test")
+    """arrays.ArrayView of a torch tensor, as the API hands operands to a kernel's run()."""
+    from xgemm import arrays
+    return arrays.view(t, "t", "test")
 
 
 def run_on_fake_devices(script: str, devices: int, timeout: int = 300, **env: str) -> str:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-import xgemm
 from conftest import to_f64
 from helpers import DTYPES, FRAMEWORKS, LAYOUTS, make, rounded
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import xgemm
 
 DIMS = st.sampled_from([0, 1, 2, 3, 5, 7, 13, 16, 17])
 BATCHES = st.sampled_from([((), ()), ((2,), ()), ((), (3,)), ((2, 1), (3,)), ((1, 3), (2, 1)), ((4,), (4,))])

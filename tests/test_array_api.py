@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import xgemm
 from conftest import to_f64
 from helpers import FRAMEWORKS, make
+
+import xgemm
 
 
 def generic_attention(xp, q, k, v):

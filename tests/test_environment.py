@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import have
 
 REQUIRED = ("numpy", "torch", "jax", "triton", "cutlass", "tvm_ffi", "cuda.bindings", "hypothesis", "flatbuffers")

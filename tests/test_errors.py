@@ -141,12 +141,13 @@ def test_mixed_frameworks_without_rule():
 
 def test_mixed_devices():
     from dataclasses import replace
-    from xgemm import api, interop
-    from xgemm.problem import Device
-    cpu = interop.view(A, "a", "t")
-    gpu = replace(interop.view(B, "b", "t"), device=Device("cuda", 0, (9, 0)))
+
+    from xgemm import arrays, prepare
+    from xgemm.core.problem import Device
+    cpu = arrays.view(A, "a", "t")
+    gpu = replace(arrays.view(B, "b", "t"), device=Device("cuda", 0, (9, 0)))
     with raises(errors.DeviceError, "a is on cpu and b on cuda:0", "move b"):
-        api._same_device("matmul", [("a", cpu), ("b", gpu)])
+        prepare._same_device("matmul", [("a", cpu), ("b", gpu)])
 
 
 def test_device_dlpack_cannot_describe():
@@ -157,10 +158,10 @@ def test_device_dlpack_cannot_describe():
 
 def test_forced_kernel_that_declines_raises():
     with raises(errors.KernelUnavailableError, "cute_sgemm"):
-        with xgemm.policy.force("cute_sgemm"):
+        with xgemm.core.policy.force("cute_sgemm"):
             xgemm.matmul(A, B)
     with raises(errors.KernelUnavailableError, "not one of"):
-        with xgemm.policy.force("no_such_kernel"):
+        with xgemm.core.policy.force("no_such_kernel"):
             xgemm.matmul(A, B)
 
 

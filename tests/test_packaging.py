@@ -30,11 +30,14 @@ def test_wheel_ships_the_native_sources(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     wheel, = (tmp_path / "dist").glob("xgemm-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for src in ("xgemm_ffi.cc", "torch_fastpath.cc", "cuda_min.h", "peer_exchange.h", "testing/fake_libcuda.cc"):
+    for src in ("xgemm_ffi.cc", "torch_fastpath.cc", "cuda_min.h", "foreign_abi.h", "peer_exchange.h",
+                "testing/fake_libcuda.cc"):
         assert f"xgemm/_ffi/{src}" in names, sorted(n for n in names if "_ffi" in n)
-    assert "xgemm/kernels/cute_gemm_sm90.py" in names
+    for module in ("kernels/cute_gemm_sm90.py", "core/registry.py", "arrays/views.py", "torch/ops.py", "jax/lowering.py",
+                   "runtime/cute_cache.py"):
+        assert f"xgemm/{module}" in names, module
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
-    code = "from xgemm import native_build; print(native_build.source_dir())"
+    code = "from xgemm.runtime import native_build; print(native_build.source_dir())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"}, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -11,8 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cuda.bindings")
-import xgemm  # noqa: E402
 from fake_cuda import Fake  # noqa: E402
+
+import xgemm  # noqa: E402
 
 
 def ints(*shape, dtype=torch.bfloat16):

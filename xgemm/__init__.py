@@ -7,8 +7,9 @@
 
 Importing xgemm imports no framework and no compiler; they load when an array of theirs arrives.
 """
-from . import array_api, errors, policy
-from .api import explain, gemm, matmul, softmax
+from xgemm import array_api, errors
+from xgemm.api import explain, gemm, matmul, softmax
+from xgemm.core import policy
 
 __version__ = "0.1.0"
 __all__ = ["matmul", "gemm", "softmax", "explain", "errors", "policy", "array_api", "__version__"]

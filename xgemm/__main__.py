@@ -12,6 +12,12 @@ import json
 import os
 import sys
 
+import xgemm
+from xgemm.core import registry
+from xgemm.runtime import cute_cache, driver, gluon_cache
+from xgemm.runtime import pack as cache_pack
+from xgemm.torch import native as torch_native
+
 
 def _version(module: str) -> str:
     if importlib.util.find_spec(module) is None:
@@ -26,8 +32,7 @@ def _version(module: str) -> str:
 
 
 def _gpus() -> list:
-    """GPUs through the driver (xgemm.driver: ctypes on libcuda; no framework, no cuda-python)."""
-    from . import driver
+    """GPUs through the driver (xgemm.runtime.driver: ctypes on libcuda; no framework, no cuda-python)."""
     try:
         count = driver.device_count()
     except driver.CudaError:        # no NVIDIA driver here, or it finds no device
@@ -40,12 +45,11 @@ def _gpus() -> list:
 
 
 def info() -> dict:
-    from . import policy
     gpus = _gpus()
     families = {}
-    for op in ("gemm", "softmax"):
-        for name, target in policy._TABLE[op]:
-            spec = importlib.util.find_spec(target.partition(":")[0])
+    for op, names in registry.TABLE.items():
+        for name in names:
+            spec = importlib.util.find_spec(registry.module_name(name))
             families[f"{op}/{name}"] = "present" if spec is not None else "not in this install"
     needs = {"CuTe-DSL kernels (cute_*)": "cutlass", "Gluon build (gluon_*, build-cache)": "triton"}
     return {
@@ -61,7 +65,6 @@ def info() -> dict:
 
 def _explain(args) -> None:
     import numpy as np
-    import xgemm
     m, n, k = args.shape
     a = np.ones((m, k), np.float32)
     b = np.ones((k, n), np.float32)
@@ -72,24 +75,20 @@ def _explain(args) -> None:
 def _build_cache(args) -> None:
     built = []
     try:
-        from . import gluon_cache
         built += gluon_cache.build(arch=args.arch)
     except ImportError as exc:
         print(f"gluon kernels skipped: {exc}", file=sys.stderr)
     try:
-        from . import compile as cute_compile
-        built += cute_compile.prebuild(arch=args.arch, jobs=args.jobs, progress=print)
+        built += cute_cache.prebuild(arch=args.arch, jobs=args.jobs, progress=print)
     except ImportError as exc:
         print(f"CuTe kernels skipped: {exc}", file=sys.stderr)
     print(f"{len(built)} kernel entries in the cache")
     if importlib.util.find_spec("torch") is not None:      # built against this machine's torch
-        from . import torch_native
         try:
             print(f"native torch fast path: {torch_native.library_path(build=True)}")
         except RuntimeError as exc:                         # no compiler: the Python fast path serves
             print(f"native torch fast path skipped: {exc}", file=sys.stderr)
     if args.pack:
-        from . import cache_pack
         dirs = cache_pack.pack(args.pack)
         print(f"packed {len(dirs)} cache directories into {args.pack} "
               f"({os.path.getsize(args.pack) / 2**20:.1f} MiB): " + ", ".join(map(str, dirs)))
@@ -107,7 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
     p.add_argument("--pack", metavar="FILE", default="",
                    help="then write FILE (.tar.xz): the cache directories of the installed sources only "
-                        "(xgemm/cache_pack.py), to carry to a GPU machine")
+                        "(xgemm/runtime/pack.py), to carry to a GPU machine")
     args = parser.parse_args(argv)
     if args.cmd == "info":
         print(json.dumps(info(), indent=2))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import api
+from xgemm import api
 
 _cache: dict = {}
 

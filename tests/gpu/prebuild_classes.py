@@ -19,8 +19,9 @@ sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
 
 def main() -> int:
     import test_gemm_tc_gpu as T
-    from xgemm import compile as xcompile
+
     from xgemm.kernels.cute_gemm_sm90 import H200_SMS
+    from xgemm.runtime import cute_cache as xcompile
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()

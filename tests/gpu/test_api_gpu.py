@@ -88,7 +88,7 @@ def test_current_stream_is_used():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_repeat_calls_through_the_fast_path_stay_exact(dtype):
-    from xgemm import fastpath
+    from xgemm.torch import fastpath
     for i in range(4):                       # same signature, fresh buffers: calls 2..4 skip planning
         a, ga = ints(192, 96, dtype=dtype)
         b, gb = ints(96, 160, dtype=dtype, layout="col")

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import xgemm  # noqa: E402
-from xgemm import fastpath  # noqa: E402
+from xgemm.torch import fastpath  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -11,14 +11,13 @@ they need can be enumerated and prebuilt on a CPU machine (`cases_for_prebuild()
 """
 from __future__ import annotations
 
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from xgemm import interop  # noqa: E402
-from xgemm.interop import ArrayView  # noqa: E402
-from xgemm.problem import Device, Epilogue, GemmProblem  # noqa: E402
+from xgemm import arrays  # noqa: E402
+from xgemm.arrays import ArrayView  # noqa: E402
+from xgemm.core.problem import Device, Epilogue, GemmProblem  # noqa: E402
 
 
 def _hopper() -> bool:
@@ -157,8 +156,8 @@ def build_case(case, device="cuda", seed=0):
     va, vb, vo = view(a, dev), view(b, dev), view(out, dev)
     vc = view(c, dev) if c is not None else None
     ep = Epilogue(alpha=alpha, beta=beta, has_c=c is not None, out_dtype=out_dt)
-    prob = GemmProblem(m=m, n=n, k=k, batch=batch, a=interop.operand(va), b=interop.operand(vb),
-                       c=interop.operand(vc) if vc is not None and beta != 0.0 else None, epilogue=ep,
+    prob = GemmProblem(m=m, n=n, k=k, batch=batch, a=arrays.operand(va), b=arrays.operand(vb),
+                       c=arrays.operand(vc) if vc is not None and beta != 0.0 else None, epilogue=ep,
                        framework="torch", device=dev)
     return dict(a=a, b=b, c=c, out=out, views=(va, vb, vc), vout=vo, problem=prob)
 
@@ -197,7 +196,8 @@ def run_kernel(kernel, case, policy=None):
 
 def cases_for_prebuild():
     """(kernel module, case, policy-or-None) for every launch this file makes (CPU-safe)."""
-    from xgemm.kernels import cute_gemm_sm90 as k90, cute_mma_sm80 as k80
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    from xgemm.kernels import cute_mma_sm80 as k80
     out = [(k90, c, None) for c in SM90_CASES] + [(k80, c, None) for c in SM80_CASES]
     for cfg in CONFIG_CASES:
         out.append((k90, _config_case(cfg), k90.Config(*cfg).policy("forced")))
@@ -288,7 +288,7 @@ def test_through_api(forced):
     a = _ints((2, 3, 136, 72), "cuda", gen).to(torch.bfloat16)
     b = _ints((72, 264), "cuda", gen).to(torch.bfloat16)
     c = _ints((2, 3, 136, 264), "cuda", gen).to(torch.bfloat16)
-    with xgemm.policy.force(forced):
+    with xgemm.core.policy.force(forced):
         d = xgemm.gemm(a, b, c, alpha=1.0, beta=1.0)
         e = xgemm.matmul(a, b)
     torch.cuda.synchronize()

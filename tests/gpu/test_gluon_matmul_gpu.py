@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from helpers import hopper, kernel_view  # noqa: E402
-from xgemm import interop  # noqa: E402
-from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem  # noqa: E402
 
+from xgemm import arrays  # noqa: E402
+from xgemm.core.problem import COL, ROW, Device, Epilogue, GemmProblem  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not hopper(), reason="needs a Hopper (sm_90) GPU")]
 
@@ -40,7 +40,7 @@ def test_exact(case):
     b = (b64.t().contiguous().to(TORCH_DT[dt]).cuda().t() if lb == "col" else b64.to(TORCH_DT[dt]).cuda())
     out = torch.full((m, n), float("nan"), dtype=TORCH_DT[odt], device="cuda")
     va, vb, vo = kernel_view(a), kernel_view(b), kernel_view(out)
-    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=interop.operand(va), b=interop.operand(vb), c=None,
+    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=arrays.operand(va), b=arrays.operand(vb), c=None,
                        epilogue=Epilogue(out_dtype=odt), framework="torch", device=dev)
     assert prob.b.majorness == (COL if lb == "col" else ROW)
     reason = KERNEL.supports(prob)

@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from helpers import hopper, kernel_view  # noqa: E402
-from xgemm import interop  # noqa: E402
-from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem  # noqa: E402
 
+from xgemm import arrays  # noqa: E402
+from xgemm.core.problem import COL, ROW, Device, Epilogue, GemmProblem  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not hopper(), reason="needs a Hopper (sm_90) GPU")]
 
@@ -45,7 +45,7 @@ def test_exact_every_split(case):
     b = (b64.t().contiguous().to(TORCH_DT[dt]).cuda().t() if lb == "col" else b64.to(TORCH_DT[dt]).cuda())
     out = torch.full((m, n), float("nan"), dtype=TORCH_DT[odt], device="cuda")
     va, vb, vo = kernel_view(a), kernel_view(b), kernel_view(out)
-    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=interop.operand(va), b=interop.operand(vb), c=None,
+    prob = GemmProblem(m=m, n=n, k=k, batch=(), a=arrays.operand(va), b=arrays.operand(vb), c=None,
                        epilogue=Epilogue(alpha=alpha, out_dtype=odt), framework="torch", device=dev)
     assert prob.b.majorness == (COL if lb == "col" else ROW)
     pol = sk.policy_of(sk.Config(dt, odt, bn, *sk._tile(bn, split), split, lb == "col"))
@@ -69,7 +69,7 @@ def test_repeat_calls_are_deterministic():
     for _ in range(3):
         out = torch.full((64, 4096), float("nan"), dtype=torch.float32, device="cuda")
         va, vb, vo = kernel_view(a), kernel_view(b), kernel_view(out)
-        prob = GemmProblem(m=64, n=4096, k=8192, batch=(), a=interop.operand(va), b=interop.operand(vb), c=None,
+        prob = GemmProblem(m=64, n=4096, k=8192, batch=(), a=arrays.operand(va), b=arrays.operand(vb), c=None,
                            epilogue=Epilogue(out_dtype="float32"), framework="torch", device=dev)
         pol = sk.policy_of(sk.Config("bfloat16", "float32", 64, *sk._tile(64, 4), 4, False))
         sk.KERNEL.run(prob, pol, (va, vb, None), vo, torch.cuda.current_stream().cuda_stream)
@@ -103,6 +103,7 @@ def test_jit_uses_it():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
     import numpy as np
+
     import xgemm
     if not any(d.platform == "gpu" for d in jax.devices()):
         pytest.skip("jax has no GPU here")

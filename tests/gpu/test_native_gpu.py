@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import xgemm  # noqa: E402
-from xgemm import torch_native  # noqa: E402
+from xgemm.torch import native as torch_native  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

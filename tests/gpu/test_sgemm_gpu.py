@@ -4,7 +4,7 @@ ragged shapes, all 8 majorness combinations of A/B/D (and C), misaligned and off
 K = 0, every tile config; against float64 references. Inputs are integers in [-5, 5] so fp32 results
 are exact; every output lives inside a NaN-filled buffer, so unwritten elements and writes outside
 the output both show. Every class the cases need is compiled first, in parallel worker processes
-(xgemm.compile.warm), then the cases run from the disk cache.
+(xgemm.runtime.cute_cache.warm), then the cases run from the disk cache.
 """
 import os
 import subprocess
@@ -23,10 +23,11 @@ DEVICE = os.environ.get("XGEMM_TEST_DEVICE", "cuda")
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from xgemm import compile as xcompile  # noqa: E402
-from xgemm.interop import ArrayView  # noqa: E402
+from xgemm.arrays import ArrayView  # noqa: E402
+from xgemm.core.layout import unit_stride_dim
+from xgemm.core.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand  # noqa: E402
 from xgemm.kernels import cute_sgemm as S  # noqa: E402
-from xgemm.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand, unit_stride_dim  # noqa: E402
+from xgemm.runtime import cute_cache as xcompile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCH = torch.cuda.get_device_capability() if DEVICE == "cuda" else (9, 0)
@@ -233,14 +234,14 @@ def test_policy_table_covers_targets():
 def test_public_api_routes_fp32_here():
     """xgemm.gemm on fp32 CUDA tensors reaches this kernel (forced) and is exact on integer data."""
     xgemm = pytest.importorskip("xgemm")
-    if "cute_sgemm" not in xgemm.policy.kernel_names("gemm"):
+    if "cute_sgemm" not in xgemm.core.policy.kernel_names("gemm"):
         pytest.skip("cute_sgemm is not registered in the dispatch table")
     g = torch.Generator(device="cuda")
     g.manual_seed(7)
     a = torch.randint(-5, 6, (3, 70, 90), generator=g, device="cuda").float()
     b = torch.randint(-5, 6, (90, 50), generator=g, device="cuda").float()
     c = torch.randint(-5, 6, (70, 50), generator=g, device="cuda").float()
-    with xgemm.policy.force("cute_sgemm"):
+    with xgemm.core.policy.force("cute_sgemm"):
         d = xgemm.gemm(a, b, c, alpha=2.0, beta=-1.0)
     torch.cuda.synchronize()
     ref = 2.0 * torch.matmul(a.double(), b.double()) - c.double()
@@ -258,10 +259,10 @@ def test_new_process_loads_from_disk(built, tmp_path):
         out = torch.full((192, 160), float("nan"), device="cuda")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        from xgemm import compile as xc
-        from xgemm.interop import ArrayView
+        from xgemm.runtime import cute_cache as xc
+        from xgemm.arrays import ArrayView
         from xgemm.kernels import cute_sgemm as S
-        from xgemm.problem import Device, Epilogue, GemmProblem, Operand, ROW
+        from xgemm.core.problem import Device, Epilogue, GemmProblem, Operand, ROW
         t1 = time.perf_counter()
         dev = Device("cuda", 0, torch.cuda.get_device_capability())
         v = lambda t: ArrayView(t, "torch", dev, t.data_ptr(), tuple(t.shape), tuple(t.stride()), "float32", 4, False)

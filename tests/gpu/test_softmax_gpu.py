@@ -21,9 +21,9 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
     pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
 
-from xgemm.interop import ArrayView  # noqa: E402
+from xgemm.arrays import ArrayView  # noqa: E402
+from xgemm.core.problem import ROW, Device, Operand, SoftmaxProblem  # noqa: E402
 from xgemm.kernels import gluon_softmax as gs  # noqa: E402
-from xgemm.problem import ROW, Device, Operand, SoftmaxProblem  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -248,7 +248,8 @@ def test_host_cost_per_call():
     The bare launcher's and KERNEL.run's costs are reported alongside: the launcher alone measured
     9.0 us on a slow host, while the public repeat call there took 4.9-6.7 us natively."""
     import xgemm
-    from xgemm import fastpath, gluon_cache, launch, torch_native
+    from xgemm.runtime import gluon_cache, launch
+    from xgemm.torch import native as torch_native
     torch_native.load()                      # builds it now if it can (else the Python path serves)
     x = randn(1, 16, "float32")
     out = torch.empty_like(x)
@@ -261,7 +262,7 @@ def test_host_cost_per_call():
     lau = launch.get_launcher(gluon_cache.lookup(cfg.key).cubin, gluon_cache.lookup(cfg.key).meta, 0)
     for _ in range(3):
         y = xgemm.softmax(x)                 # the first call plans; later ones take the fast path
-    path = "native" if fastpath.native is not None else "python"
+    path = "native" if torch_native.active is not None else "python"
 
     def per_call(fn, n=200, reps=15):
         ts = []
@@ -299,9 +300,9 @@ def test_fresh_process_first_call_without_triton(tmp_path):
                     raise ImportError("triton blocked")
         sys.meta_path.insert(0, Block())
         t0 = time.perf_counter()
-        from xgemm.interop import ArrayView
+        from xgemm.arrays import ArrayView
         from xgemm.kernels import gluon_softmax as gs
-        from xgemm.problem import ROW, Device, Operand, SoftmaxProblem
+        from xgemm.core.problem import ROW, Device, Operand, SoftmaxProblem
         dev = Device("cuda", 0, (9, 0))
         v = lambda t: ArrayView(t, "torch", dev, t.data_ptr(), tuple(t.shape), tuple(t.stride()), "float32", 4, False)
         p = SoftmaxProblem(4096, 4096, (4096, 4096), 1, Operand((4096, 4096), (4096, 1), "float32", ROW, 16),

@@ -54,7 +54,13 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ..problem import COL, ROW, Policy, unit_stride_dim
+from xgemm.core.layout import unit_stride_dim
+from xgemm.core.problem import COL, ROW, Policy
+from xgemm.kernels._common import xla_tensors, xla_views
+from xgemm.runtime import cute_cache
+from xgemm.runtime.calls import Arg, TvmFfiCall
+from xgemm.runtime.driver import sm_count
+from xgemm.runtime.roles import OUT, A, B, C
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -269,8 +275,8 @@ def _device():
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float16, Float32, Int32, const_expr
     from cutlass.cute.nvgpu import cpasync, warp, warpgroup
-    from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
     from cutlass.memory import SmemAllocator
+    from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
     from cutlass.tensor_utils import LayoutEnum
 
     # Named barrier ids; 0 is __syncthreads.
@@ -911,7 +917,6 @@ def _as_kernel_arg(v, L: int, rows: int, cols: int):
 
 
 def _sm_count(device_index: int) -> int:
-    from ..driver import sm_count            # cached there
     return sm_count(device_index)
 
 
@@ -922,8 +927,7 @@ def max_clusters(sm_count: int, cfg: Config) -> int:
 
 def compile_cached(key: Tuple, build_fn):
     """The one call site of the compile cache (memory -> disk -> build)."""
-    from .. import compile as xcompile
-    return xcompile.cute(key, build_fn)
+    return cute_cache.cute(key, build_fn)
 
 
 def class_key(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
@@ -939,19 +943,20 @@ def compiled(*spec):
 
 
 def compiled_eager(*spec):
-    """compiled(), as eager calls take it (xgemm.compile.cute_eager: ctypes, no tvm_ffi import)."""
-    from .. import compile as xcompile
-    return xcompile.cute_eager(class_key(*spec), functools.partial(build, *spec))
+    """compiled(), as eager calls take it (xgemm.runtime.cute_cache.cute_eager: ctypes, no tvm_ffi import)."""
+    return cute_cache.cute_eager(class_key(*spec), functools.partial(build, *spec))
 
 
 def build_for_key(key: Tuple):
-    """The build callable for a class_key (xgemm.compile.warm compiles keys in worker processes)."""
+    """The build callable for a class_key (xgemm.runtime.cute_cache.warm compiles keys in worker processes)."""
     assert key[0] == NAME, key
     return functools.partial(build, *key[2:], key[1])
 
 
 class _Sm90Kernel:
     name = NAME
+    ops = ("gemm",)
+    backend = "cute"
 
     def supports(self, problem) -> Optional[str]:
         dev = problem.device
@@ -1027,7 +1032,6 @@ class _Sm90Kernel:
         alpha, beta = float(problem.epilogue.alpha), float(problem.epilogue.beta)
         swap = swapped(policy)
         if hasattr(fn, "prepare"):       # ctypes: marshalled once, data pointers + stream per call
-            from ..torch_native import A, B, C, OUT
             roles = ((B, A, OUT) if swap else (A, B, OUT)) + ((C,) if use_c else ())
             return fn.prepare(*[transposed(v) if swap else v for v, _, _ in views], alpha,
                               *((beta,) if use_c else ()), 0).go(roles)
@@ -1044,7 +1048,6 @@ class _Sm90Kernel:
     def _resolve(self, problem, policy: Policy, operands, out):
         """(compiled function, whether C is read, [(view, rows, cols)] in argument order: the
         untransposed views, which a swapped run transposes)."""
-        from .. import compile as xcompile
         a, b, c = operands
         use_c = problem.epilogue.reads_c and c is not None
         m, n, k = problem.m, problem.n, problem.k
@@ -1053,18 +1056,47 @@ class _Sm90Kernel:
             why = _tma_why(v.shape, v.strides, v.itemsize, v.ptr)
             if why:
                 raise ValueError(f"{NAME}: operand {v.shape} strides {v.strides}: {why}")
-        fn = compiled_eager(*self.spec(problem, policy, operands, out, xcompile.arch_for(problem.device),
+        fn = compiled_eager(*self.spec(problem, policy, operands, out, cute_cache.arch_for(problem.device),
                                        _sm_count(problem.device.index)))
         if swapped(policy):              # the kernel's A, B are the transposes of B, A
             views = [views[1], views[0], *views[2:]]
         return fn, use_c, views
 
 
+    def jax_lowering(self, problem, policy: Policy, *, portable: bool = False, sm_margin: int = 0):
+        """The compiled function, called as run() calls it, on XLA's (L,)rows x cols buffers (already
+        the arrays _as_kernel_arg makes). sm_margin: SMs the persistent grid leaves free (the class
+        is compiled for that many fewer)."""
+        if portable:                      # its TVM-FFI handle is process-local
+            return None
+        a, b, c, out = xla_views(problem)
+        try:
+            sms = _sm_count(problem.device.index)
+        except Exception:                 # cross-lowering without a GPU: the H200's count
+            sms = H200_SMS
+        sms = max(sms - sm_margin, 1)
+        fn = compiled(*self.spec(problem, policy, (a, b, c), out, cute_cache.arch_for(problem.device), sms))
+        ep = problem.epilogue
+        scalars = (Arg.f64(ep.alpha), Arg.f64(ep.beta)) if c is not None else (Arg.f64(ep.alpha),)
+        if swapped(policy):       # D^T = B^T @ A^T (+ C^T): transposed views of the same buffers
+            def t(role, i, v):
+                v = transposed(v)
+                return Arg.tensor(role, i, v.shape, v.strides)
+            tensors = (t("in", 1, b), t("in", 0, a), t("out", 0, out)) + ((t("in", 2, c),) if c is not None else ())
+        else:
+            tensors = xla_tensors(c)
+        return TvmFfiCall(fn, tensors + scalars + (Arg.stream(),))
+
+    def prebuild(self, arch: str):
+        return prebuild_classes(arch)
+
+
 KERNEL = _Sm90Kernel()
+KERNELS = (KERNEL,)
 
 
 # ----------------------------------------------------------------------------------------------
-# Ahead-of-time classes (`python -m xgemm build-cache`, see xgemm/compile.py)
+# Ahead-of-time classes (`python -m xgemm build-cache`, see xgemm/runtime/cute_cache.py)
 # ----------------------------------------------------------------------------------------------
 H200_SMS = 132
 

@@ -11,7 +11,7 @@ Contract
               the contiguous extent of A, B and D a multiple of 16 bytes (predication works per
               128-bit vector); C needs only element alignment (read one element at a time).
   arch        sm_80 .. sm_90 (mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}); on sm_90 only
-              when forced (`xgemm.policy.force("cute_mma_sm80")`) or when the sm90 kernel declines.
+              when forced (`xgemm.core.policy.force("cute_mma_sm80")`) or when the sm90 kernel declines.
   limits      M, N, K >= 1; batch dims collapse into one stride (stride 0 = broadcast is fine:
               cp.async has no 16-byte stride rule).
 Design
@@ -28,8 +28,13 @@ import functools
 import math
 from typing import Optional, Tuple
 
-from ..dtypes import ITEMSIZE
-from ..problem import ROW, Policy, unit_stride_dim
+from xgemm.core.dtypes import ITEMSIZE
+from xgemm.core.layout import unit_stride_dim
+from xgemm.core.problem import ROW, Policy
+from xgemm.kernels._common import xla_tensors, xla_views
+from xgemm.runtime import cute_cache
+from xgemm.runtime.calls import Arg, TvmFfiCall
+from xgemm.runtime.cute_cache import arch_number
 
 NAME = "cute_mma_sm80"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -41,8 +46,7 @@ STAGES = 4
 
 def compile_cached(key: Tuple, build_fn):
     """The one call site of the compile cache (memory -> disk -> build)."""
-    from .. import compile as xcompile
-    return xcompile.cute(key, build_fn)
+    return cute_cache.cute(key, build_fn)
 
 
 @functools.lru_cache(maxsize=None)
@@ -513,6 +517,8 @@ def _matrix_view(v, L: int, rows: int, cols: int):
 
 class _Sm80Kernel:
     name = NAME
+    ops = ("gemm",)
+    backend = "cute"
 
     def supports(self, problem) -> Optional[str]:
         dev = problem.device
@@ -565,20 +571,30 @@ class _Sm80Kernel:
                 problem.batch_count > 1, arch)
 
     def run(self, problem, policy: Policy, operands, out, stream) -> None:
-        from .. import compile as xcompile
         a, b, c = operands
         for v in (a, b, out):
             why = _vec_ok(v.shape, v.strides, v.itemsize, v.ptr)
             if why:
                 raise ValueError(f"{NAME}: operand {v.shape} strides {v.strides}: {why}")
         use_c = problem.epilogue.reads_c and c is not None
-        spec = self.spec(problem, policy, operands, out, xcompile.arch_for(problem.device))
-        fn = xcompile.cute_eager(class_key(*spec), functools.partial(build, *spec))
+        spec = self.spec(problem, policy, operands, out, cute_cache.arch_for(problem.device))
+        fn = cute_cache.cute_eager(class_key(*spec), functools.partial(build, *spec))
         L, m, n, k = problem.batch_count, problem.m, problem.n, problem.k
         args = [_matrix_view(a, L, m, k), _matrix_view(b, L, k, n), _matrix_view(out, L, m, n)]
         if use_c:
             args.append(_matrix_view(c, L, m, n))
         fn(*args, stream)
+
+    def jax_lowering(self, problem, policy: Policy, *, portable: bool = False, sm_margin: int = 0):
+        """The compiled function, called as run() calls it: fn(a, b, d[, c], stream)."""
+        if portable:                      # its TVM-FFI handle is process-local
+            return None
+        a, b, c, out = xla_views(problem)
+        fn = compiled(*self.spec(problem, policy, (a, b, c), out, cute_cache.arch_for(problem.device)))
+        return TvmFfiCall(fn, xla_tensors(c) + (Arg.stream(),))
+
+    def prebuild(self, arch: str):
+        return prebuild_classes(arch)
 
 
 def class_key(ab: str, out: str, a_major: str, b_major: str, d_major: str,
@@ -593,18 +609,18 @@ def compiled(*spec):
 
 
 def build_for_key(key: Tuple):
-    """The build callable for a class_key (xgemm.compile.warm compiles keys in worker processes)."""
+    """The build callable for a class_key (xgemm.runtime.cute_cache.warm compiles keys in worker processes)."""
     assert key[0] == NAME and key[2] == TILE and key[3] == STAGES, key
     return functools.partial(build, *key[4:], key[1])
 
 
 KERNEL = _Sm80Kernel()
+KERNELS = (KERNEL,)
 
 
 def prebuild_classes(arch: str):
     """(key, build) for the common classes: A, B, D row-major without C, bf16 and fp16,
     unbatched and batched."""
-    from ..compile import arch_number
     if arch_number(arch) // 10 not in (8, 9):
         return []
     items = []

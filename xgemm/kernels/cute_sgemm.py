@@ -37,7 +37,15 @@ never per shape: shapes are symbolic in the compiled function (see xgemm/compile
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ..problem import COL, ROW, GemmProblem, Policy, unit_stride_dim
+from xgemm import arrays
+from xgemm.core.layout import unit_stride_dim
+from xgemm.core.problem import COL, ROW, GemmProblem, Policy
+from xgemm.kernels._common import xla_views
+from xgemm.runtime import cute_cache
+from xgemm.runtime.calls import Arg, TvmFfiCall
+from xgemm.runtime.cute_cache import arch_number
+from xgemm.runtime.driver import sm_count
+from xgemm.runtime.roles import OUT, A, B, C
 
 NAME = "cute_sgemm"
 _INT32_MAX = 2**31 - 1
@@ -649,7 +657,6 @@ def compile_gemm(v: Variant, split_mode: bool, arch: str, extra_options: str = "
     import cutlass.cute as cute
     _, _, SGemm, _ = _build_dsl()
     fa, fb, fd, fc = _gemm_fake_args(v, split_mode)
-    from ..compile import arch_number
     op = SGemm(v, split_mode, pdl=arch_number(arch) >= 90)
     stream = cute.runtime.make_fake_stream()
     opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
@@ -702,7 +709,6 @@ _sm_counts: dict = {}
 def _num_sms(index: int) -> int:
     if index not in _sm_counts:
         try:
-            from ..driver import sm_count
             count = sm_count(index)
         except Exception:  # noqa: BLE001 - no driver: the table's default machine
             count = 0
@@ -769,9 +775,8 @@ class _Launch:
         if self.splits == 1:
             self.gemm(a.obj, b.obj, out.obj, cobj, alpha, beta, self.kps, 1, stream)
             return
-        from .. import interop
         # fp32 partials (splits*L, M, N), padded to a 16-byte leading dim, ordered like D
-        full = interop.empty(out.framework, self.ws_shape, "float32", out.device, out.obj)
+        full = arrays.empty(out.framework, self.ws_shape, "float32", out.device, out.obj)
         w = full[:, :, : self.ws_cut]
         if self.ws_col:
             w = w.transpose(-1, -2) if out.framework == "torch" else w.swapaxes(-1, -2)
@@ -781,6 +786,8 @@ class _Launch:
 
 class _CuteSgemm:
     name = NAME
+    ops = ("gemm",)
+    backend = "cute"
 
     def __init__(self):
         self._plans: dict = {}
@@ -840,7 +847,6 @@ class _CuteSgemm:
         gemm, kps = launch.gemm, launch.kps
         alpha, beta = float(problem.epilogue.alpha), float(problem.epilogue.beta)
         if hasattr(gemm, "prepare"):     # ctypes: marshalled once, data pointers + stream per call
-            from ..torch_native import A, B, C, OUT
             roles = (A, B, OUT, C) if launch.reads_c else (A, B, OUT)
             return gemm.prepare(a, b, out, c if launch.reads_c else None, alpha, beta, kps, 1, 0).go(roles)
         if launch.reads_c:
@@ -868,9 +874,8 @@ class _CuteSgemm:
     # -- resolution -------------------------------------------------------------------------
     def resolve(self, problem, policy: Policy, a, b, c, out):
         """(_Launch without its functions, [(key, build)] it needs): no compiling here."""
-        from .. import compile as xcompile
         cfg = _config_for(policy)
-        arch = xcompile.arch_for(problem.device)
+        arch = cute_cache.arch_for(problem.device)
         for label, v in (("A", a), ("B", b), ("out", out)) + ((("C", c),) if c is not None else ()):
             if v.dtype != "float32" or v.ndim < 2 or unit_stride_dim(v.shape, v.strides) is None:
                 raise ValueError(f"{NAME}: {label} {v.shape} strides {v.strides} {v.dtype} is outside this "
@@ -908,20 +913,42 @@ class _CuteSgemm:
         reads_c = c is not None and problem.epilogue.beta != 0.0
         return self.resolve(problem, policy, a, b, c if reads_c else None, out)[1]
 
-    def _plan(self, problem, policy: Policy, a, b, c, out) -> _Launch:
-        from .. import compile as xcompile
+    def jax_lowering(self, problem, policy: Policy, *, portable: bool = False, sm_margin: int = 0):
+        """The compiled function, called as run() calls it. Split-K is turned off inside jit (one
+        launch, no workspace): the policy's other choices stay."""
+        if portable:                      # its TVM-FFI handle is process-local
+            return None
+        import dataclasses
+
+        policy = dataclasses.replace(policy, split_k=1)
+        ep = problem.epilogue
+        a, b, c, out = xla_views(problem)
         launch, builds = self.resolve(problem, policy, a, b, c, out)
-        fns = [xcompile.cute_eager(key, build) for key, build in builds]
+        if launch.splits != 1 or len(builds) != 1:
+            return None
+        fn = cute_cache.cute(*builds[0])
+        args = (Arg.tensor("in", 0), Arg.tensor("in", 1), Arg.tensor("out", 0),
+                Arg.tensor("in", 2) if c is not None else Arg.none(),
+                Arg.f64(ep.alpha), Arg.f64(ep.beta), Arg.i64(launch.kps), Arg.i64(1), Arg.stream())
+        return TvmFfiCall(fn, args)
+
+    def prebuild(self, arch: str):
+        return prebuild_classes(arch)
+
+    def _plan(self, problem, policy: Policy, a, b, c, out) -> _Launch:
+        launch, builds = self.resolve(problem, policy, a, b, c, out)
+        fns = [cute_cache.cute_eager(key, build) for key, build in builds]
         launch.gemm = fns[0]
         launch.reduce = fns[1] if len(fns) > 1 else None
         return launch
 
 
 KERNEL = _CuteSgemm()
+KERNELS = (KERNEL,)
 
 
 # --------------------------------------------------------------------------------------------
-# Ahead-of-time: the classes `python -m xgemm build-cache` compiles (see compile.prebuild)
+# Ahead-of-time: the classes `python -m xgemm build-cache` compiles (see runtime/cute_cache.prebuild)
 # --------------------------------------------------------------------------------------------
 def prebuild_classes(arch: str):
     """(key, build) for the common classes: every majorness combination of A/B/D on the big tile,

@@ -58,8 +58,11 @@ import threading
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
-from ..dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
-from ..problem import ROW, COL, Policy, sm90_half_gemm_reason
+from xgemm.core.dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
+from xgemm.core.problem import COL, ROW, Policy
+from xgemm.kernels._common import sm90_half_gemm_reason
+from xgemm.runtime import driver, gluon_cache
+from xgemm.runtime.gluon_cache import parse_key
 
 NAME = "gluon_matmul_sm90"
 IN_DTYPES = ("float16", "bfloat16")
@@ -83,7 +86,6 @@ class Config(namedtuple("Config", "arch in_dtype out_dtype bm bn bk stages warps
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
-        from ..gluon_cache import parse_key
         (arch, i, o), f = parse_key(key, NAME)
         return cls(arch, _LONG[i], _LONG[o], f["m"], f["n"], f["k"], f["s"], f["w"], f["g"], bool(f["b"]))
 
@@ -131,8 +133,13 @@ def pick_config(in_dtype: str, out_dtype: str, b_kmajor: bool, arch: str = "sm_9
 def _define_sm90():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
 
     @gluon.jit
     def _tile_coords(t, num_m, num_n, GROUP_M: gl.constexpr):
@@ -232,9 +239,13 @@ def _define_sm90():
 def _define_sm100():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.blackwell import (
+        allocate_tensor_memory,
+        tcgen05_commit,
+        tcgen05_mma,
+        tcgen05_mma_barrier_count,
+    )
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
-    from triton.experimental.gluon.language.nvidia.blackwell import (allocate_tensor_memory, tcgen05_commit,
-                                                                     tcgen05_mma, tcgen05_mma_barrier_count)
 
     @gluon.jit
     def xgemm_matmul_sm100_2cta(a_desc, b_desc, c_desc, M, N, K,
@@ -419,7 +430,6 @@ def tma_params(meta: dict, ptr: int, shape, strides) -> TmaParams:
 
 def encode_tma(p: TmaParams, ptr: int) -> bytes:
     """The 128-byte CUtensorMap (cuTensorMapEncodeTiled through xgemm/driver.py; needs the driver)."""
-    from .. import driver
     return driver.tensor_map_encode_tiled(p.dtype, ptr, p.dims, p.strides, p.box, p.elem_strides, p.swizzle,
                                           str(p))
 
@@ -442,7 +452,6 @@ class _Launcher:
     (launch.Launcher packs 8-byte slots only; this one adds 128-byte by-value maps.)"""
 
     def __init__(self, cubin: bytes, meta: dict, device: int):
-        from .. import driver as d
         self.meta, self.name, self.device = meta, meta["name"], device
         self.num_ctas = int(meta["num_ctas"])
         self.shared = int(meta["shared"])
@@ -454,10 +463,10 @@ class _Launcher:
         base = (ctypes.addressof(self._buf) + 63) // 64 * 64      # maps need 64-byte alignment
         self._base = base
         self._ptrs = (ctypes.c_void_p * len(self.slots))(*[base + o for o, _ in self.slots])
-        self._module, self._func = d.load_kernel(cubin, self.name, device, self.shared, self.num_ctas)[:2]
-        self._config = d.launch_config(32 * int(meta["num_warps"]), self.shared, self.num_ctas, spread=False)
+        self._module, self._func = driver.load_kernel(cubin, self.name, device, self.shared, self.num_ctas)[:2]
+        self._config = driver.launch_config(32 * int(meta["num_warps"]), self.shared, self.num_ctas, spread=False)
         self._config_ref = ctypes.byref(self._config)
-        self._launch, self._check = d.launcher(), d.check
+        self._launch, self._check = driver.launcher(), driver.check
         self._lock = threading.Lock()
 
     def __call__(self, clusters: int, stream: int, values: List) -> None:
@@ -482,6 +491,8 @@ class _Launcher:
 
 class GluonMatmulSm90:
     name = NAME
+    ops = ("gemm",)
+    backend = "gluon"
 
     def __init__(self):
         self._launchers: Dict[tuple, tuple] = {}
@@ -506,7 +517,6 @@ class GluonMatmulSm90:
             if op.alignment < 16:       # a view's base or row stride (e.g. x[:, 1:]), not just K, N
                 return f"{label} is not 16-byte aligned (TMA needs 16-byte base and row stride)"
         cfg = pick_config(a.dtype, problem.epilogue.out_dtype, b.majorness == COL)
-        from .. import gluon_cache
         return gluon_cache.available(cfg.key)
 
     def policy(self, problem) -> Policy:
@@ -556,13 +566,21 @@ class GluonMatmulSm90:
         key = (cfg, device)
         hit = self._launchers.get(key)
         if hit is None:
-            from .. import driver, gluon_cache
             entry = gluon_cache.lookup(cfg.key)
             metas = entry.meta["tensordesc_meta"]
             sms = driver.sm_count(device)
             hit = (_Launcher(entry.cubin, entry.meta, device), metas, sms)
             self._launchers[key] = hit
         return hit
+
+
+    def jax_lowering(self, problem, policy, *, portable: bool = False, sm_margin: int = 0):
+        """None: no launch of this kernel inside jit yet (its TMA descriptors are encoded on the
+        host per call), so jax.jit runs XLA's dot where this kernel would be chosen."""
+        return None
+
+    def prebuild(self, arch: str):
+        return gluon_entries(arch)
 
 
 def _plain_epilogue(problem) -> bool:
@@ -574,3 +592,4 @@ def _plain_epilogue(problem) -> bool:
 
 
 KERNEL = GluonMatmulSm90()
+KERNELS = (KERNEL,)

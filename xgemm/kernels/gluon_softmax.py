@@ -99,8 +99,13 @@ from __future__ import annotations
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
-from ..dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
-from ..problem import ROW, Policy
+from xgemm.core.dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
+from xgemm.core.problem import ROW, Policy
+from xgemm.errors import KernelUnavailableError
+from xgemm.runtime import gluon_cache, launch
+from xgemm.runtime.calls import Param, triton_launch
+from xgemm.runtime.gluon_cache import parse_key
+from xgemm.runtime.roles import OUT, A
 
 NAME = "gluon_softmax"
 MAX_COLS = 1 << 19
@@ -205,7 +210,6 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
-        from ..gluon_cache import parse_key
         (i, o), f = parse_key(key, NAME)
         return cls(_LONG[i], _LONG[o], f["n"], f["m"], f["w"], f["c"], f["v"], f["a"], f.get("o", 0))
 
@@ -545,6 +549,8 @@ def _rows_view(shape, strides):
 
 class GluonSoftmax:
     name = NAME
+    ops = ("softmax",)
+    backend = "gluon"
 
     def __init__(self):
         self._launchers: Dict[tuple, tuple] = {}
@@ -573,7 +579,6 @@ class GluonSoftmax:
         if problem.rows == 0 or problem.cols == 0:
             return None
         aligned = x.alignment >= 16 and problem.cols % (16 // _ITEMSIZE[x.dtype]) == 0
-        from .. import gluon_cache
         return gluon_cache.available(pick_config(problem.cols, x.dtype, problem.out_dtype, aligned).key)
 
 
@@ -583,6 +588,23 @@ class GluonSoftmax:
                           problem.out_dtype if problem.out_dtype in DTYPES else "float32",
                           problem.x.alignment >= 16)
         return policy_of(cfg)
+
+    # -- jax.jit -------------------------------------------------------------------------------
+    def jax_lowering(self, problem, policy, *, portable: bool = False, sm_margin: int = 0):
+        """Its prebuilt cubin on XLA's buffers: rows x cols with row stride cols (the lowering asks
+        XLA for the reduced dim minor-most)."""
+        vec = 16 // _ITEMSIZE[problem.x.dtype]
+        aligned = problem.x.alignment >= 16 and problem.cols % vec == 0   # XLA buffers: >= 16-byte bases
+        cfg = config_from_policy(policy, problem.x.dtype, problem.out_dtype, aligned)
+        entry = gluon_cache.lookup(cfg.key)
+        if entry is None:
+            raise ValueError(f"{NAME}: no cache entry {cfg.key}")
+        rows, cols = problem.rows, problem.cols
+        args = (Param.input(0), Param.output(0), Param.i32(rows), Param.i32(cols), Param.i64(cols), Param.i64(cols))
+        return triton_launch(entry.cubin, entry.meta, -(-rows // cfg.block_m), args, alignment=16 if aligned else 1)
+
+    def prebuild(self, arch: str):
+        return gluon_entries(arch)
 
     # -- run -----------------------------------------------------------------------------------
     def run(self, problem, policy, operands, out, stream) -> None:
@@ -603,7 +625,6 @@ class GluonSoftmax:
 
         def go(x, y, stream: int) -> None:
             launcher(grid, stream, x.data_ptr(), y.data_ptr(), rows, cols, xs, ys)
-        from ..torch_native import A, OUT
         go.native = launcher.native_recipe(grid, (A, OUT), (rows, cols, xs, ys))
         return go
 
@@ -619,7 +640,6 @@ class GluonSoftmax:
             xv = _rows_view(x.shape, xst)
             yv = _rows_view(out.shape, yst)
             if xv is None or yv is None or (cols > 1 and (xv[1] != 1 or yv[1] != 1)):
-                from ..errors import KernelUnavailableError
                 raise KernelUnavailableError(
                     f"{NAME}: x (shape {x.shape}, strides {xst}) or out (shape {out.shape}, strides "
                     f"{yst}) is not rows x cols with a contiguous reduced dim; compact it first")
@@ -637,7 +657,6 @@ class GluonSoftmax:
         return launcher, (rows + block_m - 1) // block_m, xs, ys
 
     def _prepare(self, lkey, policy, in_dtype, out_dtype, aligned, device_index):
-        from .. import gluon_cache, launch
         cfg = config_from_policy(policy, in_dtype, out_dtype, aligned)
         entry = gluon_cache.lookup(cfg.key)
         if entry is None:
@@ -648,3 +667,4 @@ class GluonSoftmax:
 
 
 KERNEL = GluonSoftmax()
+KERNELS = (KERNEL,)

@@ -48,8 +48,13 @@ from __future__ import annotations
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
-from ..dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
-from ..problem import COL, ROW, Policy, sm90_half_gemm_reason
+from xgemm.core.dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
+from xgemm.core.problem import COL, ROW, Policy
+from xgemm.kernels._common import sm90_half_gemm_reason
+from xgemm.runtime import driver, gluon_cache, launch
+from xgemm.runtime.calls import Param, triton_launch
+from xgemm.runtime.gluon_cache import parse_key
+from xgemm.runtime.roles import OUT, A, B
 
 NAME = "gluon_splitk_sm90"
 IN_DTYPES = ("float16", "bfloat16")
@@ -72,7 +77,6 @@ class Config(namedtuple("Config", "in_dtype out_dtype bn bk stages split b_kmajo
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
-        from ..gluon_cache import parse_key
         (_, i, o), f = parse_key(key, NAME)
         return cls(_LONG[i], _LONG[o], f["n"], f["k"], f["s"], f["x"], bool(f["b"]))
 
@@ -149,8 +153,12 @@ def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool
 def _define():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
-                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy,
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
 
     @gluon.jit
     def _load_stage(a_ptr, b_ptr, a_slot, b_slot, am, ak, bn, bk, M, N, K, lda, ldb, k0, valid,
@@ -337,7 +345,6 @@ def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
 def cluster_capacity(cfg: Config, device: int = 0) -> int:
     """Clusters of this config the device holds at once (cuOccupancyMaxActiveClusters on the
     loaded cubin: a cluster must fit in one GPC)."""
-    from .. import driver, gluon_cache, launch
     entry = gluon_cache.lookup(cfg.key)
     launcher = launch.get_launcher(entry.cubin, entry.meta, device)
     config = driver.launch_config(32 * WARPS, launcher.shared, cfg.split)
@@ -347,7 +354,6 @@ def cluster_capacity(cfg: Config, device: int = 0) -> int:
 
 def _sm_count(device: int) -> int:
     try:
-        from .. import driver
         return driver.sm_count(device)
     except Exception:       # lowering for cuda on a machine without one: the H200's count
         return H200_SMS
@@ -355,6 +361,8 @@ def _sm_count(device: int) -> int:
 
 class GluonSplitkSm90:
     name = NAME
+    ops = ("gemm",)
+    backend = "gluon"
 
     def __init__(self):
         self._launchers: Dict[tuple, object] = {}
@@ -380,7 +388,6 @@ class GluonSplitkSm90:
         if n % 8 or k % 8 or a.alignment < 16 or b.alignment < 16:
             return "16-byte cp.async vectors need N and K multiples of 8 and 16-byte aligned A and B"
         cfg = choose(m, n, k, a.dtype, ep.out_dtype, b.majorness == COL, _sm_count(problem.device.index))
-        from .. import gluon_cache
         return gluon_cache.available(cfg.key)
 
     @staticmethod
@@ -408,7 +415,6 @@ class GluonSplitkSm90:
 
         def go(a, b, c, d, stream: int) -> None:
             launcher(grid, stream, a.data_ptr(), b.data_ptr(), d.data_ptr(), *args)
-        from ..torch_native import A, B, OUT
         go.native = launcher.native_recipe(grid, (A, B, OUT), args)
         return go
 
@@ -425,22 +431,24 @@ class GluonSplitkSm90:
         key = (cfg, a.device.index)
         launcher = self._launchers.get(key)
         if launcher is None:
-            from .. import gluon_cache, launch
             entry = gluon_cache.lookup(cfg.key)
             launcher = self._launchers[key] = launch.get_launcher(entry.cubin, entry.meta, a.device.index)
         return launcher, _tiles(m, n, cfg.bn), (m, n, k, *strides, float(problem.epilogue.alpha))
 
     # -- jax.jit -----------------------------------------------------------------------------------
-    def jax_launch(self, problem, policy):
-        """The same cubin under jit: xgemm/ffi's handler launches it on XLA's stream."""
-        from .. import gluon_cache, jax_ffi
+    def jax_lowering(self, problem, policy, *, portable: bool = False, sm_margin: int = 0):
+        """The same cubin under jit: xgemm/ffi's handler launches it on XLA's stream (the cubin
+        travels in the module, so an export keeps it)."""
         cfg = config_of(policy, problem.a.dtype, problem.epilogue.out_dtype, problem.b.majorness == COL)
         entry = gluon_cache.lookup(cfg.key)
-        P = jax_ffi.Param
+        P = Param
         m, n, k = problem.m, problem.n, problem.k
         args = (P.input(0), P.input(1), P.output(0), P.i32(m), P.i32(n), P.i32(k), P.i64(problem.a.strides[-2]),
                 P.i64(_ldb(problem.b.strides, cfg.b_kmajor)), P.i64(n), P.f32(float(problem.epilogue.alpha)))
-        return jax_ffi.triton_launch(entry.cubin, entry.meta, _tiles(m, n, cfg.bn), args)
+        return triton_launch(entry.cubin, entry.meta, _tiles(m, n, cfg.bn), args)
+
+    def prebuild(self, arch: str):
+        return gluon_entries(arch)
 
 
 def policy_of(cfg: Config) -> Policy:
@@ -454,3 +462,4 @@ def config_of(policy: Policy, in_dtype: str, out_dtype: str, b_kmajor: bool) -> 
 
 
 KERNEL = GluonSplitkSm90()
+KERNELS = (KERNEL,)

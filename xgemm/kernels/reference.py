@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Optional
 
-from ..problem import Policy
+from xgemm.core.problem import Policy
 
 
 def _xp(x: Any):
@@ -44,11 +44,24 @@ def _store(result: Any, out: Optional[Any]) -> Any:
     return out.obj
 
 
-class _ReferenceGemm:
+class _Reference:
+    """What the embedded default declares beside run(): it accepts every problem, inside jax.jit it
+    is XLA's own op (jax/primitives.py's reference), and it has nothing to build ahead of time."""
     name = "reference"
+    backend = "host"
 
     def supports(self, problem) -> Optional[str]:
         return None
+
+    def jax_lowering(self, problem, policy, *, portable: bool = False, sm_margin: int = 0):
+        return None
+
+    def prebuild(self, arch: str):
+        return []
+
+
+class _ReferenceGemm(_Reference):
+    ops = ("gemm",)
 
     def policy(self, problem) -> Policy:
         return Policy(notes=(f"{problem.framework}.matmul on {problem.device.kind}",))
@@ -67,11 +80,8 @@ class _ReferenceGemm:
             return _store(xp.astype(acc, _dtype(xp, epi.out_dtype)), out)
 
 
-class _ReferenceSoftmax:
-    name = "reference"
-
-    def supports(self, problem) -> Optional[str]:
-        return None
+class _ReferenceSoftmax(_Reference):
+    ops = ("softmax",)
 
     def policy(self, problem) -> Policy:
         return Policy(notes=(f"{problem.framework} max/exp/sum on {problem.device.kind}",))
@@ -93,3 +103,4 @@ class _ReferenceSoftmax:
 
 GEMM = _ReferenceGemm()
 SOFTMAX = _ReferenceSoftmax()
+KERNELS = (GEMM, SOFTMAX)

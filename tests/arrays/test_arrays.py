@@ -1,0 +1,97 @@
+"""The interop layer: views, majorness/alignment classes, zero-copy sharing, light import."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import xgemm
+from xgemm import arrays
+from xgemm.core import layout
+from xgemm.core.problem import COL, ROW, STRIDED
+
+
+def test_import_xgemm_loads_no_framework_or_compiler():
+    code = ("import sys, xgemm; import xgemm.api, xgemm.core.policy, xgemm.arrays;"
+            "heavy = [m for m in ('numpy', 'torch', 'jax', 'cupy', 'triton', 'cutlass', 'cuda', 'array_api_compat')"
+            " if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_numpy_matmul_imports_no_other_framework():
+    code = ("import sys, numpy as np, xgemm; xgemm.matmul(np.ones((2,2)), np.ones((2,2))); xgemm.softmax(np.ones(3));"
+            "print([m for m in ('torch', 'jax', 'cupy', 'triton', 'cutlass') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+@pytest.mark.parametrize("shape,strides,expected", [
+    ((3, 4), (4, 1), ROW), ((3, 4), (1, 3), COL), ((3, 4), (8, 2), STRIDED), ((3, 4), (-4, 1), STRIDED),
+    ((1, 4), (99, 1), ROW), ((3, 1), (1, 99), ROW), ((3, 4), (5, 1), ROW), ((3, 4), (1, 5), COL),
+    ((3, 4), (0, 1), STRIDED), ((1, 1), (7, 7), ROW),
+])
+def test_majorness(shape, strides, expected):
+    assert layout.majorness(shape, strides) == expected
+
+
+def test_view_and_alignment_numpy():
+    base = np.zeros(64 + 1, np.float32)
+    x = base[1:65].reshape(8, 8)      # 4 bytes past a 16-byte boundary at best
+    v = arrays.view(x, "x", "t")
+    assert v.framework == "numpy" and v.shape == (8, 8) and v.strides == (8, 1) and v.dtype == "float32"
+    assert v.ptr == x.ctypes.data
+    aligned = np.zeros((8, 8), np.float32)
+    assert arrays.alignment(arrays.view(aligned, "x", "t"), ROW) == (16 if aligned.ctypes.data % 16 == 0 else 4)
+    assert arrays.alignment(v, ROW) <= 8
+    odd = np.zeros((8, 5), np.float32)   # a 20-byte leading stride: not vectorizable by 16
+    assert arrays.alignment(arrays.view(odd, "x", "t"), ROW) == 4
+
+
+def test_view_negative_strides_and_span():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)[::-1]
+    v = arrays.view(x, "x", "t")
+    assert v.strides == (-4, 1)
+    lo, hi = v.span()
+    assert hi - lo == 12 * 4
+
+
+def test_torch_and_numpy_share_without_copy():
+    torch = pytest.importorskip("torch")
+    b = np.ones((4, 5), np.float32)
+    t = arrays.import_into("torch", b, "b", "t")
+    assert t.data_ptr() == b.ctypes.data                     # zero-copy through DLPack
+    a = torch.ones(3, 4)
+    d = xgemm.matmul(a, b)
+    assert isinstance(d, torch.Tensor) and torch.equal(d, torch.full((3, 5), 4.0))
+    back = arrays.import_into("numpy", d, "d", "t")
+    assert back.ctypes.data == d.data_ptr()
+
+
+def test_torch_and_jax_share_without_copy():
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    j = jnp.ones((4, 5), jnp.float32)
+    t = arrays.import_into("torch", j, "b", "t")
+    assert t.data_ptr() == j.unsafe_buffer_pointer()
+    d = xgemm.matmul(torch.ones(3, 4), j)
+    assert isinstance(d, torch.Tensor) and torch.equal(d, torch.full((3, 5), 4.0))
+
+
+def test_explain_reports_kernel_policy_and_no_copy_on_cpu():
+    plan = xgemm.explain(np.ones((3, 4), np.float32), np.ones((4, 5), np.float32))
+    text = str(plan)
+    assert plan.kernel_name == "reference" and "kernel: reference" in text and "zero-copy" in text
+    assert "declined" in text       # the GPU kernels say why they do not serve a CPU problem
+    plan = xgemm.explain(np.ones((3, 4), np.float32))
+    assert plan.op == "softmax" and plan.kernel_name == "reference"
+
+
+def test_cli_info_and_explain():
+    out = subprocess.run([sys.executable, "-m", "xgemm", "info"], capture_output=True, text=True, check=True).stdout
+    assert '"frameworks"' in out and '"gpus"' in out and '"kernels"' in out
+    out = subprocess.run([sys.executable, "-m", "xgemm", "explain", "8", "8", "8"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "kernel: reference" in out

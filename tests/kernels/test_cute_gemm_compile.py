@@ -1,0 +1,295 @@
+"""cute_gemm_sm90 and cute_mma_sm80, compile-only on the CPU (--gpu-arch sm_90a): the PTX of a
+few representative classes holds the instructions meant (wgmma + TMA + cluster multicast; mma.sync
+m16n8k16 + ldmatrix + cp.async), and the host-side logic (supports / policy / compile class)."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import have
+
+from xgemm.core.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand, Policy
+from xgemm.kernels import cute_gemm_sm90 as K90
+from xgemm.kernels import cute_mma_sm80 as K80
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _have_dsl() -> bool:
+    return have("cutlass")
+
+
+needs_dsl = pytest.mark.skipif(not _have_dsl(), reason="needs nvidia-cutlass-dsl")
+
+
+# ----------------------------------------------------------------------------------------------
+# host-side logic (no compiler)
+# ----------------------------------------------------------------------------------------------
+def test_import_is_light():
+    code = ("import sys, xgemm.kernels.cute_gemm_sm90, xgemm.kernels.cute_mma_sm80; "
+            "print('cutlass' in sys.modules, 'torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert res.stdout.split() == ["False", "False"], res.stderr
+
+
+def _op(shape, dtype="bfloat16", major=ROW, alignment=16, strides=None):
+    if strides is None:
+        strides = (shape[-1], 1) if major == ROW else (1, shape[-2])
+        if len(shape) == 3:
+            strides = (shape[-1] * shape[-2],) + strides
+    return Operand(tuple(shape), tuple(strides), dtype, major, alignment)
+
+
+def _problem(m, n, k, dtype="bfloat16", out_dtype=None, kind="cuda", arch=(9, 0), alpha=1.0, beta=0.0,
+             a=None, b=None, c=None, batch=()):
+    a = a or _op(batch + (m, k), dtype)
+    b = b or _op(batch + (k, n), dtype)
+    ep = Epilogue(alpha=alpha, beta=beta, has_c=c is not None, out_dtype=out_dtype or dtype)
+    return GemmProblem(m, n, k, batch, a, b, c if beta != 0.0 else None, ep, "torch",
+                       Device(kind, 0, arch if kind == "cuda" else None))
+
+
+def test_sm90_supports():
+    assert K90.KERNEL.supports(_problem(256, 256, 256)) is None
+    assert K90.KERNEL.supports(_problem(64, 64, 64, kind="cpu")) == "needs a CUDA device"
+    assert "sm_90" in K90.KERNEL.supports(_problem(64, 64, 64, arch=(8, 0)))
+    assert "float16 or bfloat16" in K90.KERNEL.supports(_problem(64, 64, 64, dtype="float32"))
+    # K = 100: A's row stride of 200 bytes is no multiple of 16 -> TMA cannot describe it
+    assert "A" in K90.KERNEL.supports(_problem(64, 64, 100))
+    assert "D's row stride" in K90.KERNEL.supports(_problem(64, 60, 64))
+    assert "contiguous" in K90.KERNEL.supports(_problem(64, 64, 64, a=_op((64, 64), strides=(128, 2))))
+    assert "aligned" in K90.KERNEL.supports(_problem(64, 64, 64, a=_op((64, 64), alignment=8)))
+    # every majorness, alpha/beta with C of another dtype/majorness, and a broadcast batch operand
+    c = _op((3, 64, 64), "float32", COL)
+    bc = _op((3, 64, 64), strides=(0, 64, 1))
+    p = _problem(64, 64, 64, a=_op((3, 64, 64), major=COL), b=bc, c=c, alpha=2.0, beta=-1.0, batch=(3,),
+                 out_dtype="float32")
+    assert K90.KERNEL.supports(p) is None
+
+
+def test_sm80_supports():
+    assert K80.KERNEL.supports(_problem(256, 256, 256)) is None
+    assert K80.KERNEL.supports(_problem(256, 256, 256, arch=(8, 6))) is None
+    assert "alpha" in K80.KERNEL.supports(_problem(64, 64, 64, alpha=2.0))
+    c = _op((64, 64))
+    assert "beta" in K80.KERNEL.supports(_problem(64, 64, 64, beta=0.5, c=c))
+    assert K80.KERNEL.supports(_problem(64, 64, 64, beta=1.0, c=c)) is None
+    assert "sm_80" in K80.KERNEL.supports(_problem(64, 64, 64, arch=(7, 5)))
+    assert "16 bytes" in K80.KERNEL.supports(_problem(64, 64, 60))     # K extent 60 x 2 B
+
+
+@pytest.mark.parametrize("mnkl", [(8192, 8192, 8192, 1), (4096, 4096, 4096, 1), (8192, 8192, 1024, 1),
+                                  (2048, 8192, 8192, 1), (64, 8192, 8192, 1), (8192, 8192, 128, 1),
+                                  (128, 128, 128, 1), (1, 8, 8, 1), (512, 512, 512, 8)])
+def test_policy_is_a_valid_table_row(mnkl):
+    m, n, k, l = mnkl
+    pol = K90.KERNEL.policy(_problem(m, n, k, batch=(l,) if l > 1 else ()))
+    cfg = K90.Config.from_policy(pol)
+    cfg.check()
+    assert cfg in [c for row in K90.POLICY_TABLE for c in row[2]]
+    assert Policy(**{f: getattr(pol, f) for f in ("tile", "stages", "cluster", "warps", "raster", "notes")}) == pol
+    assert K90.Config.from_policy(cfg.policy()) == cfg
+
+
+@pytest.mark.parametrize("mnk,expect", [
+    ((8192, 8192, 8192), (128, 192, 2, 1)),     # the large row's tuned config: 98.5% of its waves useful
+    ((8192, 8192, 1024), (128, 192, 2, 1)),
+    ((4096, 4096, 4096), (128, 128, 2, 1)),     # the mid row's
+    ((4224, 8192, 8192), (128, 128, 1, 2)),     # 33 M tiles: half a 2x1 cluster empty (89% -> 100%)
+    ((8192, 4224, 8192), (128, 128, 2, 1)),     # 97% -> 100%
+    ((12288, 12288, 4096), (128, 192, 2, 1)),   # 99.0% vs 99.7%: inside WAVE_MARGIN, kept
+    ((3000, 5000, 4096), (128, 192, 2, 1)),     # skinny M: 40 N tiles of 128 fill 87% of 8 waves
+    ((2048, 8192, 8192), (128, 128, 2, 1)),     # skinny M's tuned config: 97%
+])
+def test_policy_picks_the_best_filled_waves(mnk, expect):
+    name, cfg = K90.choose_config(*mnk, 1)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n) == expect, (name, cfg)
+    assert "waves" in name and "% full" in name
+
+
+@pytest.mark.parametrize("mnk", [(8192, 8192, 1024), (3000, 5000, 4096), (4096, 4096, 4096), (2048, 8192, 8192)])
+def test_row_major_operands_run_transposed(mnk):
+    """On the wave-aware rows, row-major A and B run as D^T = B^T @ A^T with the (N, M) config;
+    any other majorness runs as given, and so do the medium and small rows."""
+    m, n, k = mnk
+    pol = K90.KERNEL.policy(_problem(m, n, k))
+    assert K90.swapped(pol) and K90.row_of(m, n, k, 1) in K90.SWAP_ROWS
+    assert K90.Config.from_policy(pol) == K90.choose_config(n, m, k, 1)[1]
+    a_col = _problem(m, n, k, a=_op((m, k), major=COL))
+    assert not K90.swapped(K90.KERNEL.policy(a_col))
+    assert K90.Config.from_policy(K90.KERNEL.policy(a_col)) == K90.choose_config(m, n, k, 1)[1]
+    for small in ((256, 8192, 8192), (128, 128, 128), (8192, 8192, 128), (8192, 8192, K90.SWAP_MIN_K - 8)):
+        assert not K90.swapped(K90.KERNEL.policy(_problem(*small)))
+
+
+def test_transposed_run_compiles_the_transposed_class():
+    """spec() of a swapped policy: the kernel's A is B^T (N x K, M-major), its B is A^T, D is D^T
+    (column-major); the compiled config is the policy's own."""
+    from xgemm.arrays import ArrayView
+    dev = Device("cuda", 0, (9, 0))
+
+    def v(shape, strides, dtype="bfloat16"):
+        return ArrayView(None, "torch", dev, 0, shape, strides, dtype, 2, False)
+    m, n, k = 3000, 5000, 4096
+    a, b, d = v((m, k), (k, 1)), v((k, n), (n, 1)), v((m, n), (n, 1), "float32")
+    pol = K90.KERNEL.policy(_problem(m, n, k))
+    spec = K90.KERNEL.spec(_problem(m, n, k), pol, (a, b, None), d, "sm_90a", 132)
+    assert spec[:6] == (K90.Config.from_policy(pol), "bfloat16", "float32", COL, COL, COL)
+    plain = K90.KERNEL.spec(_problem(m, n, k), K90.Config.from_policy(pol).policy(), (a, b, None), d, "sm_90a", 132)
+    assert plain[3:6] == (ROW, ROW, ROW)
+    t = K90.transposed(v((3, m, k), (m * k, k, 1)))
+    assert (t.shape, t.strides) == ((3, k, m), (m * k, 1, k))
+
+
+def test_prebuilt_classes_are_the_ones_the_policy_runs():
+    keys = {key for key, _ in K90.prebuild_classes("sm_90a")}
+    for mnk in ((8192, 8192, 8192), (4096, 4096, 4096), (256, 8192, 8192), (128, 128, 128), (8192, 8192, 128)):
+        pol = K90.KERNEL.policy(_problem(*mnk))
+        major = COL if K90.swapped(pol) else ROW
+        cfg = K90.Config.from_policy(pol)
+        spec = (cfg, "bfloat16", "bfloat16", major, major, major, None, True, (False,) * 4,   # matmul: alpha 1
+                K90.max_clusters(K90.H200_SMS, cfg), "sm_90a")
+        assert K90.class_key(*spec) in keys, mnk
+
+
+def test_wave_efficiency_counts_edge_tiles_and_the_last_wave():
+    cfg = K90.Config(128, 192, 2, 1, True, False, 8)
+    # 8192^2: 32 x 43 cluster tiles of 256x192 = 1376 over 66 clusters = 21 waves
+    assert K90.wave_efficiency(8192, 8192, 1, cfg) == pytest.approx(8192 * 8192 / (21 * 66 * 256 * 192))
+    assert K90.wave_efficiency(256 * 66, 192, 1, cfg) == 1.0        # exactly one full wave
+    assert K90.wave_efficiency(256 * 66 + 1, 192, 1, cfg) < 0.51    # one more row: a second wave
+
+
+def test_config_check():
+    with pytest.raises(ValueError):
+        K90.Config(128, 256, 2, 1, True).check()          # pingpong accumulators would spill
+    with pytest.raises(ValueError):
+        K90.Config(128, 128, 2, 2, False).check()         # 2x2 cluster not offered
+    K90.Config(256, 128, 1, 2, False).check()
+
+
+def test_compile_class_ignores_shape():
+    """Two shapes of one class map to one compiled function (symbolic dims)."""
+    pol = K90.Config().policy()
+
+    class V:      # minimal ArrayView stand-in
+        def __init__(self, shape, dtype="bfloat16"):
+            self.shape, self.dtype = shape, dtype
+            self.strides = (shape[-1], 1)
+    specs = []
+    for m, n, k in ((300, 264, 200), (8192, 8192, 8192)):
+        p = _problem(m, n, k)
+        specs.append(K90.KERNEL.spec(p, pol, (V((m, k)), V((k, n)), None), V((m, n)), "sm_90a", 132))
+    assert specs[0] == specs[1]
+    key = K90.class_key(*specs[0])
+    assert key[:2] == ("cute_gemm_sm90", "sm_90a")
+    # build_for_key inverts class_key (xgemm.runtime.cute_cache.warm rebuilds a key in a worker process)
+    assert K90.build_for_key(key).args == specs[0]
+    k80 = K80.class_key("float16", "float32", ROW, COL, ROW, ("float32", COL), True, "sm_86")
+    assert K80.build_for_key(k80).args == ("float16", "float32", ROW, COL, ROW, ("float32", COL), True, "sm_86")
+
+
+# ----------------------------------------------------------------------------------------------
+# compile-only: PTX of representative classes (shared across tests)
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory):
+    if not _have_dsl():
+        pytest.skip("needs nvidia-cutlass-dsl")
+    dump = tmp_path_factory.mktemp("ptx")
+    opts = f"--keep-ptx --dump-dir={dump}"
+    nob = (False, False, False, False)
+    fns = {
+        # the big-problem default: pingpong 128x192, 2x1 cluster (B multicast), torch layouts
+        "pp_2x1": K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
+                            ROW, None, False, nob, 66, "sm_90a", opts),
+        # the same for alpha == 1 (matmul): the epilogue does not scale
+        "pp_2x1_unit": K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW,
+                                 ROW, ROW, None, True, nob, 66, "sm_90a", opts),
+        # cooperative 256x128, 1x2 cluster (A multicast), every operand column-major, fp32 D,
+        # a bf16 C read through TMA, batched with A broadcast over the batch
+        "coop_1x2_c": K90.build(K90.Config(256, 128, 1, 2, False, False, 4), "float16", "float32", COL,
+                                COL, COL, ("bfloat16", ROW), False, (False, True, True, True), 66, "sm_90a", opts),
+        "mma_sm80": K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", opts),
+        "mma_sm80_c": K80.build("float16", "float32", COL, COL, COL, ("float16", ROW), True, "sm_90a", opts),
+    }
+    return {name: (fn, fn.__ptx__) for name, fn in fns.items()}
+
+
+def _count(text, pattern):
+    return len(re.findall(pattern, text))
+
+
+@needs_dsl
+def test_ptx_sm90_pingpong_multicast(ptx):
+    text = ptx["pp_2x1"][1]
+    assert _count(text, r"wgmma\.mma_async\.sync\.aligned\.m64n192k16\.f32\.bf16\.bf16") >= 8
+    assert _count(text, r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global[^;]*multicast::cluster") >= 1
+    assert _count(text, r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") >= 1     # TMA store of D
+    assert "setmaxnreg.inc" in text and "setmaxnreg.dec" in text
+    assert _count(text, r"mbarrier\.try_wait") >= 1
+    assert "ld.local" not in text and "st.local" not in text      # accumulators stay in registers
+
+
+@needs_dsl
+def test_ptx_sm90_unit_alpha_does_not_scale(ptx):
+    """alpha == 1 compiles a class whose epilogue has no multiply (a 128x192 tile: 192 per thread);
+    the general class scales every accumulator."""
+    general, unit = ptx["pp_2x1"][1], ptx["pp_2x1_unit"][1]
+    assert _count(general, r"\bmul(\.rn)?(\.ftz)?\.f32\b") >= 96
+    assert _count(unit, r"\bmul(\.rn)?(\.ftz)?\.f32\b") == 0
+    assert _count(unit, r"wgmma\.mma_async") == _count(general, r"wgmma\.mma_async")
+
+
+@needs_dsl
+def test_ptx_sm90_cooperative_with_c(ptx):
+    text = ptx["coop_1x2_c"][1]
+    assert _count(text, r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16") >= 8
+    assert _count(text, r"multicast::cluster") >= 1                      # A shared along N
+    # C arrives by TMA into shared memory (a non-multicast load besides the multicast one)
+    assert _count(text, r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.tile\.mbarrier[^;]*"
+                        r"bytes(\.L2::cache_hint)?\s") >= 1 or \
+        _count(text, r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global") >= 1
+    assert "ld.local" not in text and "st.local" not in text
+
+
+@needs_dsl
+def test_ptx_sm80(ptx):
+    text = ptx["mma_sm80"][1]
+    assert _count(text, r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") >= 32
+    assert _count(text, r"ldmatrix\.sync\.aligned") >= 2
+    assert _count(text, r"cp\.async\.c[ag]\.shared\.global[^;]*, 16") >= 1
+    assert "wgmma" not in text
+    text_c = ptx["mma_sm80_c"][1]
+    assert _count(text_c, r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32") >= 32
+    assert _count(text_c, r"ld\.global") >= 1                           # C is read
+
+
+@needs_dsl
+def test_no_c_variant_takes_no_c(ptx, tmp_path):
+    """beta == 0 compiles a signature without C, so C cannot be read; the C variant names it.
+    (Exported and reloaded, as the disk cache does, then called with CPU tensors: the TVM-FFI
+    wrapper rejects them with a message that spells out the signature.)"""
+    torch = pytest.importorskip("torch")
+    import cutlass.cute as cute
+    x = torch.zeros(8, 8)
+    for name, has_c in (("pp_2x1", False), ("coop_1x2_c", True), ("mma_sm80", False), ("mma_sm80_c", True)):
+        obj = tmp_path / f"{name}.o"
+        ptx[name][0].export_to_c(object_file_path=str(obj), function_name="f")
+        fn = cute.runtime.load_module(str(obj), enable_tvm_ffi=True)["f"]
+        with pytest.raises(Exception) as info:
+            fn(x, x, x, 0)
+        assert ("c: Tensor" in str(info.value)) == has_c, str(info.value)
+
+
+def test_sm_margin_shrinks_the_persistent_grid(monkeypatch):
+    """jax_sharding's ring asks for SMs left free: the class compiled for that many fewer SMs
+    (132 - 8 = 124 SMs: 62 2x1 clusters instead of 66)."""
+    pytest.importorskip("jax")
+    seen = []
+    monkeypatch.setattr(K90, "compiled", lambda *spec: seen.append(spec) or (lambda *a: None))
+    p, pol = _problem(8192, 8192, 8192), K90.Config().policy()
+    for margin in (0, 8):
+        K90.KERNEL.jax_lowering(p, pol, sm_margin=margin)
+    assert seen[0][:-2] == seen[1][:-2] and (seen[0][-2], seen[1][-2]) == (66, 62)

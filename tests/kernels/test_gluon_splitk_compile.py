@@ -1,0 +1,132 @@
+"""gluon_splitk_sm90, compile-only on the CPU: the PTX of the cluster split-K kernel (wgmma fed by
+cp.async, the DSMEM sum: barrier.cluster, mapa, ld.shared::cluster), its cache metadata, the
+policy's split choice, what supports() declines, and that jax's cuda lowering of a skinny matmul
+launches its cubin with the cluster attribute."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from xgemm.core.problem import ROW, Device, Epilogue, GemmProblem, Operand
+from xgemm.kernels import gluon_splitk_sm90 as sk
+
+triton = pytest.importorskip("triton")
+from xgemm.runtime import gluon_cache  # noqa: E402
+
+if not gluon_cache.can_compile():
+    pytest.skip(f"needs triton >= 3.8 (found {triton.__version__})", allow_module_level=True)
+
+BF16_X2 = sk.Config("bfloat16", "bfloat16", 64, *sk._tile(64, 2), 2, False)     # 64x4096x4096's pick
+F16_F32_X8 = sk.Config("float16", "float32", 128, *sk._tile(128, 8), 8, True)
+
+
+@pytest.fixture(scope="module")
+def built(gluon_cache_dir):
+    return {cfg: (gluon_cache.compile_kernel(cfg.key)[0], gluon_cache.lookup(cfg.key))
+            for cfg in (BF16_X2, F16_F32_X8)}
+
+
+@pytest.mark.parametrize("cfg", [BF16_X2, F16_F32_X8], ids=["bf16-x2-bN", "f16-f32-x8-bK"])
+def test_ptx_wgmma_from_cp_async_and_a_dsmem_sum(built, cfg):
+    ptx = built[cfg][0].asm["ptx"]
+    it = {"float16": "f16", "bfloat16": "bf16"}[cfg.in_dtype]
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{cfg.bn}k16\.f32\.{it}\.{it}", ptx)
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)   # 16-byte vectors
+    assert "cp.async.bulk" not in ptx                     # no TMA: plain pointers (the FFI needs no maps)
+    assert "fence.proxy.async.shared::cta" in ptx         # cp.async (generic) -> wgmma (async proxy)
+    assert re.search(rf"\.reqnctapercluster\s+{cfg.split}\b", ptx)
+    assert ptx.count("barrier.cluster.arrive") >= 2       # partials ready; buffers kept alive
+    assert ptx.count("mapa.shared::cluster") == cfg.split  # one window per source CTA
+    assert "ld.shared::cluster.v4.f32" in ptx
+    assert "%cluster_ctarank" in ptx
+
+
+def test_metadata(built):
+    for cfg in (BF16_X2, F16_F32_X8):
+        meta = built[cfg][1].meta
+        assert meta["num_ctas"] == cfg.split and meta["num_warps"] == sk.WARPS
+        assert meta["global_scratch_size"] == 0 and meta["profile_scratch_size"] == 0
+        assert 0 < meta["shared"] <= 227 * 1024
+        assert [p["name"] for p in meta["params"]] == ["a_ptr", "b_ptr", "d_ptr", "M", "N", "K", "lda", "ldb",
+                                                       "ldd", "alpha", "global_scratch", "profile_scratch"]
+
+
+def _pick(m, n, k):
+    c = sk.choose(m, n, k, "bfloat16", "bfloat16", False, 132)
+    return c.bn, c.bk, c.stages, c.split
+
+
+def test_about_one_cta_per_sm():
+    assert _pick(64, 8192, 8192) == (64, 128, 4, 1)       # 128 tiles of 64x64: no split
+    assert _pick(64, 4096, 4096) == (64, 128, 4, 2)       # 64 tiles x 2
+    assert _pick(64, 2048, 8192) == (64, 64, 6, 4)        # 4-CTA clusters: the 96 KB tile
+    assert _pick(64, 16384, 4096) == (128, 128, 4, 1)     # 256 tiles of 64 > 132: BN 128
+    assert _pick(1, 1024, 1024) == (64, 64, 6, 4)         # split 8 would leave 2 K blocks per CTA
+    assert _pick(64, 65536, 4096) == (128, 128, 4, 1)     # several waves: no split
+    for cfg in sk.tune_configs("bfloat16", "bfloat16", False):
+        cfg.check()
+    keys = sk.gluon_entries("sm_90a")
+    assert len(keys) == len(set(keys)) == 64 and not sk.gluon_entries("sm_100a")
+    for i in sk.IN_DTYPES:           # every config the policy can pick is in the default build
+        for m, n, k in [(64, 8192, 8192), (64, 4096, 4096), (64, 2048, 8192), (64, 16384, 4096), (1, 1024, 1024),
+                        (8, 1024, 65536)]:
+            assert sk.choose(m, n, k, i, "float32", True, 132).key in keys
+
+
+def _problem(m, n, k, *, dtype="bfloat16", b_major=ROW, beta=0.0, batch=(), align=16):
+    a = Operand((m, k), (k, 1), dtype, ROW, align)
+    b = Operand((k, n), (n, 1) if b_major == ROW else (1, k), dtype, b_major, 16)
+    c = Operand((m, n), (n, 1), dtype, ROW, 16) if beta else None
+    return GemmProblem(m=m, n=n, k=k, batch=batch, a=a, b=b, c=c,
+                       epilogue=Epilogue(beta=beta, has_c=bool(beta), out_dtype=dtype), framework="torch",
+                       device=Device("cuda", 0, (9, 0)))
+
+
+def test_supports_only_skinny_aligned_plain_problems(built):
+    assert sk.KERNEL.supports(_problem(64, 4096, 4096)) is None
+    for prob, why in [(_problem(65, 8192, 8192), "M = 65"), (_problem(64, 8192, 512), "K = 512"),
+                      (_problem(64, 8192, 8192, beta=1.0), "beta"), (_problem(64, 8196, 8192), "multiples of 8"),
+                      (_problem(64, 8192, 8192, align=8), "aligned"), (_problem(64, 8192, 8192, batch=(2,)), "batch"),
+                      (_problem(64, 8192, 8192, dtype="float32"), "dtypes")]:
+        assert why in (sk.KERNEL.supports(prob) or ""), prob.summary()
+
+
+def test_cuda_lowering_launches_the_cluster_cubin(built):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from xgemm import jax as xj
+    a = jax.ShapeDtypeStruct((64, 4096), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
+    text = jax.jit(lambda a, b: xj.matmul(a, b)).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+    (call,) = [line for line in text.splitlines() if "xgemm_cubin_launch_v1" in line]
+    assert 'kernel = "xgemm_splitk_sm90"' in call and "cluster = dense<[2, 1, 1]>" in call
+    assert "grid = dense<[128, 1, 1]>" in call           # 64 tiles x 2 CTAs
+
+
+def test_api_sends_an_out_it_cannot_write_elsewhere(built):
+    """xgemm.matmul(..., out=) with a column-major or misaligned out: the split-K kernel declines
+    (the Epilogue says where D goes) instead of failing in run(); a plain call still takes it."""
+    torch = pytest.importorskip("torch")
+    from fake_cuda import Fake
+
+    import xgemm
+    from xgemm import prepare
+    a = torch.randn(64, 4096).bfloat16()
+    b = torch.randn(4096, 4096).bfloat16()
+    col = torch.empty(4096, 64, dtype=torch.bfloat16).t()
+    odd = torch.empty(64 * 4096 + 1, dtype=torch.bfloat16)[1:].view(64, 4096)     # 2-byte aligned
+    with Fake(keep=True):
+        assert prepare.prepare_gemm("matmul", a, b, None, 1.0, 0.0, None).plan.kernel_name == sk.NAME
+        assert prepare.prepare_gemm("matmul", a, b, None, 1.0, 0.0, torch.empty(64, 4096, dtype=torch.bfloat16)
+                                 ).plan.kernel_name == sk.NAME
+        prep = prepare.prepare_gemm("matmul", a, b, None, 1.0, 0.0, col)
+        assert prep.plan.kernel_name != sk.NAME
+        assert "row-major, 16-byte aligned" in dict(prep.plan.declined)[sk.NAME]
+        xgemm.matmul(a, b, out=col)                  # reaches a (recorded) launch without raising
+        # a misaligned D: no kernel writes it in place; one writes an aligned temporary copied into it
+        prep = prepare.prepare_gemm("matmul", a, b, None, 1.0, 0.0, odd)
+        assert "row-major, 16-byte aligned" in dict(prep.plan.declined)[sk.NAME]
+        assert prep.out.ptr % 16 == 0 and prep.out.ptr != odd.data_ptr()
+        assert any("copied into out" in c for c in prep.plan.copies), prep.plan.copies

@@ -1,0 +1,122 @@
+"""Operations on the caller's arrays in their own framework (already imported): compacting and
+padded copies, joining another framework's array through DLPack, allocation, the current stream.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Tuple
+
+from xgemm import errors
+from xgemm.arrays.detect import framework_of
+from xgemm.arrays.views import ArrayView, view
+from xgemm.core.problem import Device
+
+
+def compact(v: ArrayView, name: str, copies: list) -> ArrayView:
+    """One compacting copy into row-major order, in the owner framework; recorded for explain()."""
+    x = v.obj
+    if v.framework == "torch":
+        y = x.contiguous()
+    elif v.framework == "cupy":
+        y = sys.modules["cupy"].ascontiguousarray(x)
+    elif v.framework == "numpy":
+        import numpy
+        y = numpy.ascontiguousarray(x)
+    else:
+        raise errors.ShapeError(f"{name}: cannot compact a {v.framework} array with strides {v.strides}; "
+                                f"pass a contiguous array")
+    copies.append(f"{name}: strides {v.strides} (elements) of shape {v.shape} -> row-major copy "
+                  f"({v.size * v.itemsize} bytes, {v.framework})")
+    return view(y, name, "compact")
+
+
+def padded_copy(v: ArrayView, shape: Tuple[int, ...], zero_rows: bool, zero_cols: bool, name: str,
+                copies: list) -> ArrayView:
+    """v copied into the top-left corner of a fresh row-major array of `shape` (v's leading dims,
+    its last two at least v's) in the owner framework, on its current stream; the extra rows /
+    columns are zero-filled where asked (else left uninitialized). Recorded for explain()."""
+    x = v.obj
+    rows, cols = v.shape[-2], v.shape[-1]
+    buf = empty(v.framework, tuple(shape), v.dtype, v.device, x)
+    buf[..., :rows, :cols] = x
+    if zero_rows and shape[-2] > rows:
+        buf[..., rows:, :] = 0
+    if zero_cols and shape[-1] > cols:
+        buf[..., :, cols:] = 0
+    copies.append(f"{name}: shape {v.shape} strides {v.strides} -> 16-byte-aligned row-major {tuple(shape)} "
+                  f"({'zero-padded' if zero_rows or zero_cols else 'padded'}; "
+                  f"{math.prod(shape) * v.itemsize} bytes, {v.framework})")
+    return view(buf, name, "pad")
+
+
+def import_into(owner: str, x: Any, name: str, fn: str) -> Any:
+    """Bring an operand of another framework into the owner's, zero-copy through DLPack where possible.
+
+    Declared rules: NumPy arrays join any framework's CPU arrays; torch, CuPy and JAX exchange
+    arrays on the same device through DLPack (the consumer passes its stream, per the protocol).
+    JAX as owner takes a copy of NumPy input (jax arrays own their buffers).
+    """
+    fw = framework_of(x)
+    if fw == owner:
+        return x
+    if (owner, fw) not in MIXING_RULES:
+        raise errors.FrameworkError(
+            f"{fn}: {name} is a {fw} array but the result framework (from the first operand) is {owner}; "
+            f"no rule mixes {fw} into {owner}: convert {name} first, e.g. {owner}'s from_dlpack({name})")
+    try:
+        if owner == "numpy":
+            import numpy
+            return numpy.from_dlpack(x)
+        if owner == "torch":
+            return sys.modules["torch"].from_dlpack(x)
+        if owner == "cupy":
+            return sys.modules["cupy"].from_dlpack(x)
+        if owner == "jax":
+            jnp = sys.modules["jax.numpy"]
+            return jnp.asarray(x) if fw == "numpy" else sys.modules["jax"].dlpack.from_dlpack(x)
+    except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+        raise errors.FrameworkError(f"{fn}: {name} ({fw}) could not be shared with {owner} through DLPack: "
+                                    f"{exc}; convert it yourself") from exc
+    raise AssertionError(owner)
+
+
+MIXING_RULES = frozenset({
+    ("torch", "numpy"), ("cupy", "numpy"), ("jax", "numpy"), ("numpy", "torch"), ("numpy", "jax"),
+    ("torch", "jax"), ("jax", "torch"), ("torch", "cupy"), ("cupy", "torch"), ("jax", "cupy"), ("cupy", "jax"),
+})
+
+
+def empty(fw: str, shape: Tuple[int, ...], dtype: str, device: Device, like: Any) -> Any:
+    """Uninitialized output in the owner framework on the owner device."""
+    if fw == "torch":
+        torch = sys.modules["torch"]
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+    if fw == "cupy":
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(device.index):
+            return cupy.empty(shape, dtype=_np_dtype(dtype))
+    if fw == "numpy":
+        import numpy
+        return numpy.empty(shape, dtype=_np_dtype(dtype))
+    raise AssertionError(f"no allocation route for {fw}")
+
+
+def _np_dtype(dtype: str):
+    import numpy
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return numpy.dtype(dtype)
+
+
+def current_stream(fw: str, device: Device) -> int:
+    """The owner framework's current CUDA stream as an int handle (0 on CPU)."""
+    if device.kind != "cuda":
+        return 0
+    if fw == "torch":
+        torch = sys.modules["torch"]
+        return int(torch.cuda.current_stream(device.index).cuda_stream)
+    if fw == "cupy":
+        return int(sys.modules["cupy"].cuda.get_current_stream().ptr)
+    return 0

@@ -1,0 +1,128 @@
+"""Argument checks shared by the eager entry points (prepare.py) and the JAX ones (jax/api.py).
+
+They see shapes, dtype names and Python scalars only, so both paths raise the same typed error
+(xgemm.errors) naming the argument, its value and the fix.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Tuple
+
+from xgemm import errors
+
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "float64")
+HALF = ("float16", "bfloat16")
+
+
+def scalar(fn: str, name: str, value: Any, *, traced: bool = False) -> float:
+    """alpha/beta as a finite Python float. `traced`: the value is a JAX tracer (a better hint)."""
+    if traced or isinstance(value, bool) or not isinstance(value, numbers.Real):
+        hint = ("it is traced by JAX; pass a Python float (close over it, or mark it static)"
+                if traced else "pass a Python float such as 1.0")
+        raise errors.ScalarError(f"{fn}: {name}={value!r} ({type(value).__name__}) is not a real number; {hint}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise errors.NonFiniteScalarError(f"{fn}: {name}={value} is not finite; pass a finite float")
+    return value
+
+
+def dtype(fn: str, name: str, dt: str) -> str:
+    if dt not in SUPPORTED_DTYPES:
+        raise errors.DTypeError(f"{fn}: {name} has dtype {dt}; supported are {', '.join(SUPPORTED_DTYPES)} "
+                                f"(cast it, e.g. {name}.astype('float32'))")
+    return dt
+
+
+def out_dtypes(dt: str) -> Tuple[str, ...]:
+    """The result dtypes a GEMM of `dt` operands may write: its own, and float32 for fp16/bf16."""
+    return (dt, "float32") if dt in HALF else (dt,)
+
+
+def gemm_dtypes(fn: str, a: str, b: str, c: Optional[str]) -> str:
+    """The operands' common dtype; C (when given) must be one of out_dtypes() of it."""
+    dt = dtype(fn, "a", a)
+    if dtype(fn, "b", b) != dt:
+        raise errors.DTypeError(f"{fn}: a is {dt} and b is {b}; cast b to {dt} (b.astype(a.dtype))")
+    if c is not None and dtype(fn, "c", c) not in out_dtypes(dt):
+        raise errors.DTypeError(f"{fn}: c is {c}; with {dt} operands c must be one of {out_dtypes(dt)}")
+    return dt
+
+
+def out_dtype(fn: str, dt: str, out: Optional[str]) -> str:
+    """The requested result dtype (None: the operands')."""
+    out = dt if out is None else out
+    if out not in out_dtypes(dt):
+        raise errors.DTypeError(f"{fn}: out_dtype={out} with {dt} operands; use one of {', '.join(out_dtypes(dt))}")
+    return out
+
+
+def broadcast(fn: str, what: str, *shapes: Tuple[int, ...]) -> Tuple[int, ...]:
+    ndim = max((len(s) for s in shapes), default=0)
+    result = []
+    for dims in zip(*[(1,) * (ndim - len(s)) + tuple(s) for s in shapes]):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise errors.ShapeError(f"{fn}: {what} {' and '.join(map(str, shapes))} do not broadcast; "
+                                    f"make them equal or 1 in each dimension")
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
+
+
+def broadcasts_to(shape: Tuple[int, ...], target: Tuple[int, ...]) -> bool:
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """numpy.matmul's reading of a GEMM's shapes: 1-D operands promoted, batch dims broadcast."""
+    m: int
+    n: int
+    k: int
+    batch: Tuple[int, ...]          # the broadcast batch shape
+    a_vec: bool                     # a was 1-D (promoted to a row)
+    b_vec: bool                     # b was 1-D (promoted to a column)
+    full: Tuple[int, ...]           # the promoted result shape: batch + (m, n)
+    final: Tuple[int, ...]          # the result shape the caller gets (promoted dims dropped)
+
+    @property
+    def empty(self) -> bool:
+        return self.m * self.n * self.k * math.prod(self.batch) == 0
+
+
+def gemm_shape(fn: str, a: Sequence[int], b: Sequence[int], c: Optional[Sequence[int]], beta: float,
+               has_c: bool) -> GemmShape:
+    """Check the shapes of a GEMM (c: C's shape when given) and read them as numpy.matmul does."""
+    for name, shape in (("a", a), ("b", b)):
+        if len(shape) < 1:
+            raise errors.ShapeError(f"{fn}: {name} is 0-d (shape ()); {fn} needs at least 1 dimension; "
+                                    f"multiply by a scalar instead")
+    if not has_c and beta != 0.0:
+        raise errors.ShapeError(f"{fn}: beta={beta:g} but c is None; pass c=... or beta=0.0")
+    a_vec, b_vec = len(a) == 1, len(b) == 1
+    a2 = (1,) + tuple(a) if a_vec else tuple(a)
+    b2 = tuple(b) + (1,) if b_vec else tuple(b)
+    if a2[-1] != b2[-2]:
+        raise errors.ShapeError(f"{fn}: a has shape {tuple(a)} and b {tuple(b)}; "
+                                f"a.shape[-1] ({a2[-1]}) must equal b.shape[{-1 if b_vec else -2}] ({b2[-2]})")
+    batch = broadcast(fn, "batch dims", a2[:-2], b2[:-2])
+    m, k, n = a2[-2], a2[-1], b2[-1]
+    final = batch + ((m,) if not a_vec else ()) + ((n,) if not b_vec else ())
+    if c is not None and not broadcasts_to(tuple(c), final):
+        raise errors.ShapeError(f"{fn}: c has shape {tuple(c)}, which does not broadcast to the result "
+                                f"shape {final}; pass c of shape {final} or one that broadcasts to it")
+    return GemmShape(m, n, k, batch, a_vec, b_vec, batch + (m, n), final)
+
+
+def softmax_axis(fn: str, ndim: int, axis: Any) -> int:
+    """`axis` normalized to [0, ndim)."""
+    if ndim < 1:
+        raise errors.ShapeError(f"{fn}: x is 0-d (shape ()); softmax needs at least 1 dimension")
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise errors.AxisError(f"{fn}: axis={axis!r} is not an integer; pass an int in [-{ndim}, {ndim})")
+    if not -ndim <= int(axis) < ndim:
+        raise errors.AxisError(f"{fn}: axis={axis} is out of range for x with {ndim} dims; pass an int in [-{ndim}, {ndim})")
+    return int(axis) % ndim

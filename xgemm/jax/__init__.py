@@ -1,0 +1,215 @@
+"""xgemm for JAX: gemm / matmul / softmax as primitives that work eagerly and inside jax.jit.
+
+    import xgemm.jax as xj
+    d = xj.gemm(a, b, c, alpha=2.0, beta=1.0)          # D = alpha*A@B + beta*C
+    y = jax.jit(lambda x: xj.softmax(x, axis=-1))(x)   # an XLA custom call on the GPU
+    jax.grad, jax.vmap (nested), sharded jit (NamedSharding) and jax.export all work.
+
+xgemm.matmul/gemm/softmax route JAX arrays and tracers here after validating them. On `cuda` the
+primitives lower to the kernel the dispatch table picks (jax_cuda.py) as an XLA custom call of the
+native handler in ffi/: Gluon cubins are launched directly (xgemm_cubin_launch_v1), CuTe kernels
+are called through their TVM-FFI function (xgemm_tvm_ffi_call_v1); on other platforms they lower
+to XLA's own ops (the embedded default). Eager arrays run the same primitives through a cached jit.
+
+Files: jax_primitives.py (primitives, abstract eval, lowerings), jax_cuda.py (the cuda lowering),
+jax_ffi.py (the native handler in ffi/), jax_sharding.py (custom_partitioning),
+jax_transforms.py (custom_vmap, custom_vjp), jax_testing.py (a fake GPU for CPU tests).
+Exports of cuda lowerings need `disabled_checks=xgemm.jax.export_disabled_safety_checks()`; they
+use only the portable cubin target (CuTe problems export as XLA's op), and a process that runs a
+deserialized export on a GPU calls `xgemm.jax.register_ffi()` first.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xgemm import errors
+from xgemm.core import checks, policy
+from xgemm.core.problem import Device
+from xgemm.jax import ffi as jax_ffi
+from xgemm.jax import lowering  # noqa: F401  (registers the cuda lowerings of the primitives)
+from xgemm.jax.lowering import gemm_shapes, padded_shapes, softmax_problem, target_device
+from xgemm.jax.transforms import GemmConfig
+from xgemm.jax.transforms import gemm as _gemm_op
+from xgemm.jax.transforms import softmax as _softmax_op
+
+
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _as_jax(fn: str, name: str, x: Any) -> Any:
+    if isinstance(x, jax.Array) or _is_tracer(x):
+        return x
+    if hasattr(x, "__dlpack__") or isinstance(x, np.ndarray):
+        return jnp.asarray(x)
+    raise errors.NotAnArrayError(f"{fn}: {name} is a {type(x).__name__}, not an array; pass a jax.Array")
+
+
+def _scalar(fn: str, name: str, v: Any) -> float:
+    return checks.scalar(fn, name, v, traced=_is_tracer(v))
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMM
+
+def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
+         out_dtype: Any = None, fn: str = "gemm") -> jax.Array:
+    """D = alpha * a @ b + beta * c with numpy.matmul semantics (1-D operands, batch broadcasting).
+
+    float32 / float16 / bfloat16 / float64; a and b of one dtype; fp32 accumulation (fp64 for
+    fp64), alpha/beta applied in that type, then the cast to out_dtype (a.dtype by default;
+    float32 is also allowed for fp16/bf16). beta == 0 never reads c.
+    """
+    a, b = _as_jax(fn, "a", a), _as_jax(fn, "b", b)
+    alpha, beta = _scalar(fn, "alpha", alpha), _scalar(fn, "beta", beta)
+    c = _as_jax(fn, "c", c) if c is not None else None
+    dt = checks.gemm_dtypes(fn, np.dtype(a.dtype).name, np.dtype(b.dtype).name,
+                            np.dtype(c.dtype).name if c is not None and beta != 0.0 else None)
+    out = checks.out_dtype(fn, dt, None if out_dtype is None else np.dtype(out_dtype).name)
+    shape = checks.gemm_shape(fn, a.shape, b.shape, c.shape if c is not None and beta != 0.0 else None,
+                              beta, c is not None)
+    a_vec, b_vec = shape.a_vec, shape.b_vec
+    a2 = a[None, :] if a_vec else a
+    b2 = b[:, None] if b_vec else b
+    c2 = None
+    if c is not None and beta != 0.0:       # beta == 0: c is never read (its NaNs cannot leak)
+        c2 = c
+        if c.ndim >= 1 and (a_vec or b_vec):   # back to the promoted (..., M, N) form
+            c2 = c[..., None, :] if a_vec and not b_vec else c[..., None] if b_vec and not a_vec else c[..., None, None]
+    cfg = GemmConfig(alpha=alpha, beta=beta, out_dtype=out)
+    if any(_is_tracer(x) for x in (a2, b2, c2) if x is not None):
+        d = _gemm_op(a2, b2, c2, cfg)
+    else:
+        d = _eager_gemm(cfg, c2 is not None)(a2, b2, *(() if c2 is None else (c2,)))
+    if b_vec:
+        d = d[..., 0]
+    if a_vec:
+        d = d[..., 0, :] if not b_vec else d[..., 0]
+    return d
+
+
+def matmul(a: Any, b: Any) -> jax.Array:
+    """a @ b with numpy.matmul semantics."""
+    return gemm(a, b)
+
+
+@functools.lru_cache(maxsize=None)
+def _eager_gemm(cfg: GemmConfig, has_c: bool):
+    if has_c:
+        return jax.jit(lambda a, b, c: _gemm_op(a, b, c, cfg))
+    return jax.jit(lambda a, b: _gemm_op(a, b, None, cfg))
+
+
+# ---------------------------------------------------------------------------------------------
+# Softmax
+
+def softmax(x: Any, axis: int = -1, *, fn: str = "softmax") -> jax.Array:
+    """Numerically stable softmax along `axis`, same dtype as x (fp32 math; fp64 for fp64).
+    Rows of all -inf give NaN, like jax.nn.softmax."""
+    x = _as_jax(fn, "x", x)
+    if x.ndim:
+        checks.dtype(fn, "x", np.dtype(x.dtype).name)
+    axis = checks.softmax_axis(fn, x.ndim, axis)
+    if _is_tracer(x):
+        return _softmax_op(x, axis)
+    return _eager_softmax(axis)(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _eager_softmax(axis: int):
+    return jax.jit(lambda x: _softmax_op(x, axis))
+
+
+# ---------------------------------------------------------------------------------------------
+# explain(): the plan the lowering would make for these operands
+
+def _device_of(x: Any):
+    if _is_tracer(x):
+        platform = jax.default_backend()
+    else:
+        platform = next(iter(x.devices())).platform
+    return target_device() if platform in ("gpu", "cuda") else Device("cpu", 0)
+
+
+def explain_gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
+                 out_dtype: Any = None, fn: str = "explain") -> policy.Plan:
+    """The plan jax.jit's lowering would make for gemm(a, b, c, ...) (checked as gemm() checks it)."""
+    a, b = _as_jax(fn, "a", a), _as_jax(fn, "b", b)
+    alpha, beta = _scalar(fn, "alpha", alpha), _scalar(fn, "beta", beta)
+    c = _as_jax(fn, "c", c) if c is not None and beta != 0.0 else None
+    dt = checks.gemm_dtypes(fn, np.dtype(a.dtype).name, np.dtype(b.dtype).name,
+                            np.dtype(c.dtype).name if c is not None else None)
+    checks.out_dtype(fn, dt, None if out_dtype is None else np.dtype(out_dtype).name)
+    checks.gemm_shape(fn, a.shape, b.shape, c.shape if c is not None else None, 0.0, c is not None)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    out = np.dtype(out_dtype or a.dtype).name
+    c_used = c if (c is not None and beta != 0.0) else None
+    gs = gemm_shapes(a2.shape, a.dtype, b2.shape, None if c_used is None else c_used.shape,
+                     None if c_used is None else c_used.dtype, alpha=alpha, beta=beta, out_dtype=out,
+                     device=_device_of(a))
+    plan = policy.choose("gemm", gs.problem)
+    if plan.kernel.name == "reference":          # rows that are not 16-byte multiples: jit pads them
+        padded = padded_shapes(gs, a2.shape, a.dtype, b2.shape, None if c_used is None else c_used.shape,
+                               None if c_used is None else c_used.dtype, out)
+        if padded is not None:
+            gp, kp, np_ = padded
+            n = b2.shape[-1]
+            copies = [f"a, b: zero-padded by XLA to K={kp}" + (f", N={np_}" if np_ != n else "") + " (16-byte-aligned rows)"]
+            if np_ != n:
+                copies.append(f"out: the first {n} of {np_} columns (a slice)")
+            plan = policy.choose("gemm", gp.problem).padded_from(plan, copies)
+    if gs.fold_m and gs.problem.device.kind == "cuda":
+        plan.policy = dataclasses.replace(plan.policy, notes=plan.policy.notes + (
+            f"batch {gs.batch} folded into M (B has no batch dims)",))
+    return plan
+
+
+def explain_softmax(x: Any, axis: int = -1, *, fn: str = "explain") -> policy.Plan:
+    """The plan jax.jit's lowering would make for softmax(x, axis) (checked as softmax() checks it)."""
+    x = _as_jax(fn, "x", x)
+    if x.ndim:
+        checks.dtype(fn, "x", np.dtype(x.dtype).name)
+    axis = checks.softmax_axis(fn, x.ndim, axis)
+    return policy.choose("softmax", softmax_problem(x.shape, x.dtype, axis, device=_device_of(x)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Export and registration
+
+CUSTOM_CALL_TARGETS: Tuple[str, ...] = (jax_ffi.TARGET,)
+
+
+def export_disabled_safety_checks(include_cutlass: Optional[bool] = None) -> Tuple[Any, ...]:
+    """The `disabled_checks` for jax.export.export of functions calling xgemm on cuda.
+
+    Our FFI target, plus CuTe's cutlass_call targets when cutlass is installed (or
+    include_cutlass=True). Pass as jax.export.export(jax.jit(f), disabled_checks=...).
+    """
+    from jax.export import DisabledSafetyCheck
+    disabled = [DisabledSafetyCheck.custom_call(t) for t in CUSTOM_CALL_TARGETS]
+    if include_cutlass is None:
+        import importlib.util
+        include_cutlass = importlib.util.find_spec("cutlass") is not None
+    if include_cutlass:
+        try:
+            import cutlass.jax as cjax
+            disabled.extend(cjax.get_export_disabled_safety_checks())
+        except Exception:          # cutlass without its JAX extension: nothing of it to allow
+            pass
+    return tuple(disabled)
+
+
+def register_ffi() -> None:
+    """Build (once, cached) and register the native FFI target with XLA's CUDA platform."""
+    jax_ffi.register()
+
+
+__all__ = ["gemm", "matmul", "softmax", "explain_gemm", "explain_softmax", "export_disabled_safety_checks",
+           "register_ffi", "CUSTOM_CALL_TARGETS"]

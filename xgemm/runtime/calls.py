@@ -1,0 +1,179 @@
+"""What a kernel hands the JAX wing to run inside jax.jit: plain descriptions, no JAX.
+
+A kernel's `jax_lowering(problem, policy)` hook returns one of these; xgemm/jax/lowering.py turns
+it into an XLA custom call of the native handler (ffi/xgemm_ffi.cc, built by xgemm/jax/ffi.py):
+  Launch + Param       a prebuilt cubin (Gluon/Triton) launched by xgemm_cubin_launch_v1;
+  TvmFfiCall + Arg     a TVM-FFI function (a CuTe kernel) called by xgemm_tvm_ffi_call_v1.
+Buffers are named by role and index: inputs (a, b[, c]) / (x,), then outputs, then scratch.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Tuple
+
+# Parameter kinds, as in ffi/xgemm_ffi.cc
+_PTR, _I32, _I64, _F32, _F64, _NULL, _DIM_I32, _DIM_I64, _STRIDE_I64 = range(9)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching a prebuilt cubin
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter. Buffers are named by role: input i, output i, scratch i."""
+    kind: int
+    ref: Tuple[str, int] = ("", 0)     # ("in" | "out" | "scratch", index) for buffer kinds
+    value: int = 0                     # literal (bits for floats) or the dim for DIM/STRIDE kinds
+
+    @staticmethod
+    def input(i: int) -> "Param":
+        return Param(_PTR, ("in", i))
+
+    @staticmethod
+    def output(i: int = 0) -> "Param":
+        return Param(_PTR, ("out", i))
+
+    @staticmethod
+    def scratch(i: int = 0) -> "Param":
+        return Param(_PTR, ("scratch", i))
+
+    @staticmethod
+    def i32(v: int) -> "Param":
+        return Param(_I32, value=int(v))
+
+    @staticmethod
+    def i64(v: int) -> "Param":
+        return Param(_I64, value=int(v))
+
+    @staticmethod
+    def f32(v: float) -> "Param":
+        return Param(_F32, value=struct.unpack("<I", struct.pack("<f", float(v)))[0])
+
+    @staticmethod
+    def f64(v: float) -> "Param":
+        return Param(_F64, value=struct.unpack("<q", struct.pack("<d", float(v)))[0])
+
+    @staticmethod
+    def null() -> "Param":
+        return Param(_NULL)
+
+    @staticmethod
+    def dim(role: str, i: int, d: int, *, bits: int = 32) -> "Param":
+        """Dim d of a buffer's (DLPack) shape, read at run time by the handler."""
+        return Param(_DIM_I32 if bits == 32 else _DIM_I64, (role, i), d)
+
+    @staticmethod
+    def stride(role: str, i: int, d: int) -> "Param":
+        """Stride (elements, int64) of dim d of a buffer, from the layout the lowering requested."""
+        return Param(_STRIDE_I64, (role, i), d)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A prebuilt kernel and how to launch it: what a cubin kernel's `jax_lowering` returns."""
+    cubin: bytes
+    kernel: str
+    grid: Tuple[int, int, int]
+    block: Tuple[int, int, int]
+    params: Tuple[Param, ...]
+    cluster: Tuple[int, int, int] = (1, 1, 1)
+    shared_mem: int = 0
+    scratch_bytes: Tuple[int, ...] = ()   # extra uint8 results, e.g. Triton's global scratch
+    alignment: int = 16                   # pointer alignment (bytes) the kernel assumes for its operands
+    scratch_align: Tuple[int, ...] = ()   # alignment each scratch buffer needs (default 16)
+    notes: Tuple[str, ...] = field(default=())
+
+    @property
+    def module_key(self) -> int:
+        import hashlib  # lazy: only jit lowerings of cubins need it, not import xgemm
+        digest = hashlib.sha256(self.cubin + b"\0" + self.kernel.encode()).digest()
+        return int.from_bytes(digest[:8], "little", signed=True)
+
+
+_META_KINDS = {"i32": (_I32, _DIM_I32), "i64": (_I64, _DIM_I64, _STRIDE_I64), "fp32": (_F32,), "fp64": (_F64,)}
+
+
+def triton_launch(cubin: bytes, meta: dict, clusters: int, args: Sequence[Param], *, alignment: int = 16) -> Launch:
+    """A Launch of a Triton/Gluon cubin described by gluon_cache's JSON metadata.
+
+    `clusters` programs of num_ctas CTAs each (grid x = clusters * num_ctas, the cluster
+    attribute (num_ctas, 1, 1)), 32 * num_warps threads, meta["shared"] dynamic shared memory, and
+    `args` for the kernel's own parameters; the two trailing scratch pointers Triton appends are
+    added here: a scratch result of clusters * num_ctas * size bytes, or null when the size is 0.
+    """
+    params = meta["params"]
+    if [p["name"] for p in params[-2:]] != ["global_scratch", "profile_scratch"] or len(args) != len(params) - 2:
+        raise ValueError(f"{meta.get('name')}: takes {[p['name'] for p in params[:-2]]} plus two scratch "
+                         f"pointers; got {len(args)} args")
+    for p, a in zip(params, args):
+        t = p.get("type", "")
+        ok = a.kind in (_PTR, _NULL) if t.startswith("*") else a.kind in _META_KINDS.get(t, ())
+        if not ok:
+            raise ValueError(f"{meta.get('name')}: parameter {p['name']} ({t}) cannot take {a}")
+    ctas = int(meta.get("num_ctas", 1))
+    scratch, aligns, tail = [], [], []
+    for what in ("global", "profile"):
+        size = int(meta.get(f"{what}_scratch_size", 0))
+        if size:
+            tail.append(Param.scratch(len(scratch)))
+            scratch.append(clusters * ctas * size)
+            aligns.append(int(meta.get(f"{what}_scratch_align", 1)))
+        else:
+            tail.append(Param.null())
+    return Launch(cubin=cubin, kernel=meta["name"], grid=(clusters * ctas, 1, 1),
+                  block=(32 * int(meta["num_warps"]), 1, 1), params=tuple(args) + tuple(tail),
+                  cluster=(ctas, 1, 1), shared_mem=int(meta.get("shared", 0)), scratch_bytes=tuple(scratch),
+                  scratch_align=tuple(aligns), alignment=alignment)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calling a TVM-FFI function (CuTe kernels)
+
+_A_TENSOR, _A_INT, _A_F64, _A_NONE, _A_STREAM, _A_BOOL = range(6)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a TVM-FFI call: a buffer as DLTensor* (optionally a strided view of it), a
+    scalar, None, or XLA's stream."""
+    kind: int
+    ref: Tuple[str, int] = ("", 0)
+    value: int = 0
+    view: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None   # (shape, strides in elements)
+
+    @staticmethod
+    def tensor(role: str, i: int = 0, shape: Optional[Sequence[int]] = None,
+               strides: Optional[Sequence[int]] = None) -> "Arg":
+        """Buffer `i` of `role` ("in" | "out" | "scratch"); with shape/strides, that view of its data."""
+        view = None if shape is None else (tuple(int(d) for d in shape), tuple(int(s) for s in strides))
+        return Arg(_A_TENSOR, (role, i), view=view)
+
+    @staticmethod
+    def i64(v: int) -> "Arg":
+        return Arg(_A_INT, value=int(v))
+
+    @staticmethod
+    def boolean(v: bool) -> "Arg":
+        return Arg(_A_BOOL, value=int(bool(v)))
+
+    @staticmethod
+    def f64(v: float) -> "Arg":
+        return Arg(_A_F64, value=struct.unpack("<q", struct.pack("<d", float(v)))[0])
+
+    @staticmethod
+    def none() -> "Arg":
+        return Arg(_A_NONE)
+
+    @staticmethod
+    def stream() -> "Arg":
+        return Arg(_A_STREAM)
+
+
+@dataclass(frozen=True)
+class TvmFfiCall:
+    """A TVM-FFI function (tvm_ffi.Function) and its arguments: what a CuTe kernel's `jax_lowering` returns."""
+    function: Any
+    args: Tuple[Arg, ...]
+    alignment: int = 16
+    scratch_bytes: Tuple[int, ...] = ()

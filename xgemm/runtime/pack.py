@@ -1,0 +1,48 @@
+"""The disk cache's directories the installed sources use, packed into one tarball to carry.
+
+`python -m xgemm build-cache --pack FILE` writes FILE (.tar.xz) with, relative to the cache root
+($XGEMM_CACHE_DIR or ~/.cache/xgemm): cute/<fingerprint> of each prebuilt CuTe kernel module (the
+fingerprint covers the kernel's source, so every edit starts a new directory) and each Gluon
+kernel's <kernel>-<source hash>-triton<version> directories. Directories of older sources stay
+on disk but out of the tarball: a cache used across many kernel edits holds hundreds of MB, and a
+GPU session carries 64 MiB. Extract it with `tar -xJf FILE -C DIR` and set XGEMM_CACHE_DIR=DIR.
+Nothing here imports a compiler or a framework.
+"""
+from __future__ import annotations
+
+import importlib.util
+import tarfile
+from pathlib import Path
+from typing import List
+
+from xgemm.core import registry
+from xgemm.runtime import cache, cute_cache, gluon_cache
+
+
+def current_dirs() -> List[Path]:
+    """The existing cache directories of the installed kernel sources, relative to the cache root."""
+    root = cache.root()
+    dirs = []
+    for name in cute_cache.cute_kernels():
+        spec = importlib.util.find_spec(registry.module_name(name))
+        if spec is not None and spec.origin is not None:
+            dirs.append(cute_cache.cute_dir(spec.origin))
+    gluon_root = gluon_cache.cache_root()
+    for kernel in gluon_cache.gluon_kernels():
+        try:
+            stem = f"{kernel}-{gluon_cache.source_hash(kernel)}-triton"
+        except gluon_cache.KernelUnavailableError:
+            continue
+        dirs += sorted(gluon_root.glob(stem + "*"))
+    return [d.relative_to(root) for d in dirs if d.is_dir()]
+
+
+def pack(dest: str) -> List[Path]:
+    """Write dest (.tar.xz) with current_dirs(); returns them."""
+    root = cache.root()
+    dirs = current_dirs()
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, "w:xz") as tar:
+        for d in dirs:
+            tar.add(root / d, arcname=str(d))
+    return dirs

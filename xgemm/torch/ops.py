@@ -1,0 +1,99 @@
+"""torch.library custom ops: xgemm under autograd and torch.compile.
+
+`xgemm.matmul/gemm/softmax` route torch tensors here when autograd needs a graph (an input requires
+grad) or when torch.compile is tracing, so that
+  - torch.compile sees one opaque op with a fake (meta) implementation instead of graph-breaking on
+    DLPack plumbing, and
+  - backward runs through xgemm itself: dA = alpha*dD@B^T, dB = alpha*A^T@dD, dC = beta*dD (summed over
+    broadcast dims), softmax dx = y*(dy - sum(dy*y)).
+Imported only when a torch tensor arrives (import xgemm stays light).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from xgemm import prepare
+
+
+@torch.library.custom_op("xgemm::gemm", mutates_args=())
+def gemm_op(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor], alpha: float, beta: float) -> torch.Tensor:
+    return prepare.run(prepare.prepare_gemm("gemm", a, b, c, alpha, beta, None))
+
+
+@gemm_op.register_fake
+def _gemm_fake(a, b, c, alpha, beta):
+    return torch.matmul(a, b)        # fake tensors: shape/dtype/device propagation only
+
+
+def _gemm_setup(ctx, inputs, output):
+    a, b, c, alpha, beta = inputs
+    ctx.save_for_backward(a, b)
+    ctx.alpha, ctx.beta = alpha, beta
+    ctx.c_shape = None if c is None else c.shape
+
+
+def _unbroadcast(g: torch.Tensor, shape) -> torch.Tensor:
+    """Sum g over the dims that were broadcast to reach g.shape from `shape`."""
+    while g.dim() > len(shape):
+        g = g.sum(0)
+    for i, n in enumerate(shape):
+        if n == 1 and g.shape[i] != 1:
+            g = g.sum(i, keepdim=True)
+    return g
+
+
+def _gemm_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    g = grad
+    if a.dim() == 1:
+        g = g.unsqueeze(-2)
+    if b.dim() == 1:
+        g = g.unsqueeze(-1)
+    g = g.to(a.dtype)
+    ga = gb = gc = None
+    if ctx.needs_input_grad[0]:
+        ga = _unbroadcast(gemm_op(g, b2.mT, None, ctx.alpha, 0.0), a2.shape)
+        ga = ga.squeeze(0) if a.dim() == 1 else ga
+    if ctx.needs_input_grad[1]:
+        gb = _unbroadcast(gemm_op(a2.mT, g, None, ctx.alpha, 0.0), b2.shape)
+        gb = gb.squeeze(-1) if b.dim() == 1 else gb
+    if ctx.c_shape is not None and ctx.needs_input_grad[2]:
+        gc = _unbroadcast(grad * ctx.beta, ctx.c_shape)
+    return ga, gb, gc, None, None
+
+
+gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup)
+
+
+@torch.library.custom_op("xgemm::softmax", mutates_args=())
+def softmax_op(x: torch.Tensor, axis: int) -> torch.Tensor:
+    return prepare.run(prepare.prepare_softmax("softmax", x, axis, None))
+
+
+@softmax_op.register_fake
+def _softmax_fake(x, axis):
+    return torch.empty_like(x)
+
+
+def _softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+    ctx.axis = inputs[1]
+
+
+def _softmax_backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    acc = torch.float64 if y.dtype == torch.float64 else torch.float32   # as the forward's math
+    ya, dya = y.to(acc), dy.to(acc)
+    dx = ya * (dya - (dya * ya).sum(ctx.axis, keepdim=True))
+    return dx.to(y.dtype), None
+
+
+softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setup)
+
+
+def compiling() -> bool:
+    return torch.compiler.is_compiling()
