@@ -5,7 +5,7 @@ the H200 session that runs those tests finds them in the disk cache instead of c
 
 (`python -m xgemm build-cache` prebuilds the policy's common classes; this adds the tests' forced
 configs, majorness, C and batch variants.) Then tar the cache's current fingerprint directories
-and carry the tarball (README, "On the H200"). Not a test module: pytest does not collect it.
+and carry the tarball (docs/development.md). Not a test module: pytest does not collect it.
 """
 from __future__ import annotations
 

@@ -124,5 +124,6 @@ def softmax_axis(fn: str, ndim: int, axis: Any) -> int:
     if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
         raise errors.AxisError(f"{fn}: axis={axis!r} is not an integer; pass an int in [-{ndim}, {ndim})")
     if not -ndim <= int(axis) < ndim:
-        raise errors.AxisError(f"{fn}: axis={axis} is out of range for x with {ndim} dims; pass an int in [-{ndim}, {ndim})")
+        raise errors.AxisError(f"{fn}: axis={axis} is out of range for x with {ndim} dims; "
+                               f"pass an int in [-{ndim}, {ndim})")
     return int(axis) % ndim

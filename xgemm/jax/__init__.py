@@ -161,7 +161,8 @@ def explain_gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: flo
         if padded is not None:
             gp, kp, np_ = padded
             n = b2.shape[-1]
-            copies = [f"a, b: zero-padded by XLA to K={kp}" + (f", N={np_}" if np_ != n else "") + " (16-byte-aligned rows)"]
+            copies = [f"a, b: zero-padded by XLA to K={kp}" + (f", N={np_}" if np_ != n else "")
+                      + " (16-byte-aligned rows)"]
             if np_ != n:
                 copies.append(f"out: the first {n} of {np_} columns (a slice)")
             plan = policy.choose("gemm", gp.problem).padded_from(plan, copies)

@@ -96,68 +96,33 @@ def _named(mesh, dims: Sequence[Axes]) -> NamedSharding:
     return NamedSharding(mesh, P(*(_entry(d) for d in dims)))
 
 
-# How the K shards' partial products are summed (benchmarks/multi_gpu.py --k-reductions times each):
-#   "ring"        the output's row blocks travel a ring of collective-permutes: each device first
-#                 computes the block it sends; the next device's kernel adds what it receives as
-#                 its C (beta = 1, no separate add), and the last hop writes the output dtype
-#                 directly. Blocks go in K_RING_CHUNKS row chunks so every transfer has a product
-#                 to run under; a replicated result is shared by more collective-permutes, each
-#                 chunk written into the result in place (no all-gather + concatenate pass).
-#   "gather"      move the inputs instead: an all-to-all gives each device A's rows of its own
-#                 block over all of K and an all-gather gives it all of B (16-bit data, 3/4 of
-#                 the ring's fp32 bytes for square shards), both under the local shard's product;
-#                 the other shards' products add onto it as C. A replicated result is then
-#                 all-gathered. Its transfers depend on no product, so they could start at once,
-#                 but XLA runs the all-to-all on the compute stream and the first product after
-#                 the all-gather's end (x2 profile, with or without the latency-hiding
-#                 scheduler): 516 / 580 TFLOP/s per GPU vs the ring's 560-563 / 585-618 in the
-#                 same runs (bf16 16384^3, K-sharded / result row-sharded).
+# How the K shards' partial products are summed (benchmarks/multi_gpu.py --k-reductions times each;
+# figures in docs/performance.md, "xgemm/jax/sharding.py"):
+#   "ring"        the output's row blocks travel a ring of collective-permutes; each next device's
+#                 kernel adds what it receives as its C (beta = 1), the last hop writes the output
+#                 dtype. Blocks go in K_RING_CHUNKS row chunks so every transfer has a product to
+#                 run under; a replicated result is shared chunk by chunk, written in place.
+#   "gather"      move the inputs instead (all-to-all of A's rows, all-gather of B); XLA serializes
+#                 those transfers with the products, so it measured slower than the ring.
 #   "scatter"     reduce-scatter of the fp32 partials, cast, all-gather in the output dtype.
 #   "all_reduce"  one all-reduce of the fp32 partials (what XLA does for a K-sharded dot).
-# All four sum the same per-shard products in fp32, in different orders (results may differ in
-# the last bits; the tests use integer data, exact in any order). For a 16-bit output ring and
-# scatter move 3/4 of all_reduce's bytes. nvidia-h200-x2, bf16 16384^3, per GPU (multi_gpu.py
-# --k-reductions, one run, session 3, before the C-fused chunked ring): ring 504.5, scatter
-# 480.4, all_reduce 463.8 TFLOP/s, XLA's dot 474.1; with the result asked row-sharded 578.6 /
-# 546.3 / 552.4, XLA 558.0. One GPU: 765.7.
-# When the caller asks for the output sharded along rows over the K axes, each device keeps its
-# own block and nothing is shared afterwards (ring and gather skip their last step, scatter is a
-# reduce-scatter only); a column-sharded result is always a reduce-scatter.
+# All four sum the same fp32 per-shard products in different orders (last bits may differ; tests
+# use integer data). A result asked row-sharded over the K axes keeps each device's own block;
+# a column-sharded one is always a reduce-scatter.
 K_REDUCTIONS = ("ring", "gather", "scatter", "all_reduce")
 K_REDUCTION = "ring"
 K_RING_CHUNKS = 2          # row chunks per ring block (each hop of a chunk runs under the next one)
 K_RING_MIN_ROWS = 1024     # ... when each chunk keeps at least this many rows
-# SMs each ring product leaves free. XLA's collective-permute is an NCCL kernel, which needs SMs
-# of its own: beside a persistent GEMM holding every SM it waits for the GEMM to end (or, started
-# first, makes the GEMM's last CTAs wait), so the transfers serialize with the products (x2
-# profile, jax.profiler: 4096x16384x8192 chunk GEMMs 1.25 ms, each 256 MB SendRecv 1.05 ms after
-# them, a concurrent pair 2.3 ms each). With a margin the GEMM's grid leaves that many SMs free
-# and the transfer runs beside it. x2, bf16 16384^3, TFLOP/s per GPU, K-sharded / result asked
-# row-sharded, XLA's dot in the same process in brackets, one GPU 785-813:
-#   margin 0                                      493-502 (491-500) / 577-581 (571-590)
-#   margin 16                                     571 (498) / 612 (581)
-#   margin 8, 16 with NCCL_MAX_CTAS = the margin  474 (352), 541-543 (457-460) / 520 (470), 598-620
-# (NCCL confined to 8 CTAs moves ~125 GB/s, too slow to hide). Still short of one GPU's rate: XLA
-# starts the first chunk's transfer only after the second chunk's product (its scheduler sees the
-# custom calls as free; the _scheduling_group_id annotations that would pin the order do not
-# survive custom_partitioning's lowering, checked on CPU), a smaller grid costs the GEMM ~1/8,
-# and a replicated result ends with one chunk's transfer and the copies into place.
+# SMs each ring product leaves free for XLA's collective-permute (an NCCL kernel, which needs SMs
+# of its own and otherwise serializes with a persistent GEMM holding every SM).
 K_RING_SM_MARGIN = 16
 # How the ring's blocks move between devices:
-#   "copy_engine"  xgemm's own exchange (ffi/peer_exchange.h): a peer cuMemcpyAsync on a side
-#                  stream, fused into the next product's custom call, so the copy engines move the
-#                  block while that GEMM holds every SM (no SM margin, and XLA cannot reorder a
-#                  transfer behind the product it belongs under). A replicated result (no C, 2-D)
-#                  is assembled by the exchanges themselves: each piece lands in the result's rows
-#                  and the own chunk is copied there beside it (no zeros + update-slice pass).
-#                  Needs every device of the mesh in this process (one address space); not
-#                  inside CUDA graphs. x2, bf16 16384^3, per GPU, one process (multi_gpu.py
-#                  --cases k,k_to_rows --ring-transports nccl): K-sharded 747.4 vs nccl 572.6 and
-#                  XLA's dot 479.6, result row-sharded 774.8 vs 609.7 and 557.3; one GPU 793.4.
-#                  Timeline (--profile): each 256 MB hop (MemcpyP2P, ~370 GB/s) runs under the next
-#                  GEMM, which slows ~3-5%; left exposed: the last piece (128 MB, 0.37 ms), the
-#                  own-chunk copies (the D2D copies start only as the GEMM ends: they seem to
-#                  need SMs) and the slice of A's row blocks (0.13 ms).
+#   "copy_engine"  xgemm's own exchange (ffi/peer_exchange.h): a peer cuMemcpyAsync on a side stream,
+#                  fused into the next product's custom call, so the copy engines move the block
+#                  while that GEMM holds every SM (no SM margin, and XLA cannot reorder a transfer
+#                  behind the product it belongs under). A replicated result (no C, 2-D) is
+#                  assembled by the exchanges themselves. Needs every device of the mesh in this
+#                  process; not inside CUDA graphs.
 #   "nccl"         XLA's collective-permute (ppermute), with the SM margin above.
 #   "auto"         copy_engine where it can run (CUDA devices all local, or XLA:CPU fake devices
 #                  once a test registered the host variant), else nccl.

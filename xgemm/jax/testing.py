@@ -175,7 +175,8 @@ def fake_gpu(gemm: str = "launch") -> Iterator[Any]:
     with fake_kernels(gemm):
         targets = dict(target=jax_ffi.HOST_TEST_TARGET, tvm_target=jax_ffi.TVM_HOST_TEST_TARGET)
         mlir.register_lowering(primitives.gemm_p, functools.partial(jax_lowering.gemm_rule, **targets), platform="cpu")
-        mlir.register_lowering(primitives.softmax_p, functools.partial(jax_lowering.softmax_rule, **targets), platform="cpu")
+        mlir.register_lowering(primitives.softmax_p, functools.partial(jax_lowering.softmax_rule, **targets),
+                               platform="cpu")
         try:
             yield fake
         finally:

@@ -72,4 +72,5 @@ def xla_views(problem: GemmProblem) -> Tuple[ArrayView, ArrayView, Optional[Arra
 
 def xla_tensors(c) -> Tuple[Arg, ...]:
     """The TVM-FFI tensor arguments (a, b, d[, c]) of XLA's buffers (inputs a, b[, c]; output d)."""
-    return (Arg.tensor("in", 0), Arg.tensor("in", 1), Arg.tensor("out", 0)) + ((Arg.tensor("in", 2),) if c is not None else ())
+    tensors = (Arg.tensor("in", 0), Arg.tensor("in", 1), Arg.tensor("out", 0))
+    return tensors + ((Arg.tensor("in", 2),) if c is not None else ())

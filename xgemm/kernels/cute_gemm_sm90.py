@@ -27,17 +27,10 @@ Design
   The epilogue walks the tile in epi subtiles: acc -> alpha*acc (+ beta*C, C fetched by TMA into
   shared memory ahead of use) -> out dtype -> stmatrix to shared memory -> TMA store. It walks
   them along D's contiguous dimension (along N for a row-major D, down M for a column-major one),
-  so each two consecutive 64x32 stores fill the same 128-byte lines. For the M-major D of the
-  transposed run that measured 370 vs 352 TFLOP/s walking along N at 8192^2x128, 521 vs 516 at
-  x256, 676 vs 667 at x1024, and the same within noise at 8192^3 (676 vs 683; quack 679) (H200,
-  bf16, 128x192 2x1, one process, a temporary order switch in gemm_tc.py --sweep;
-  gemm_tc_epi_order-h200.json). For a row-major D the walk down M (quack's order) ran 365 vs 370
-  at 8192^2x128.
-  alpha == 1 (every matmul) compiles a class of its own whose epilogue skips the multiply: 192
-  FMULs per thread per 128x192 tile, a fifth of the kernel's instructions at 8192^2x256 (ncu);
-  it pays where the epilogue is the critical path: 8192^2x256 bf16 / fp16 514 / 495 vs 505 / 483
-  TFLOP/s, within noise at K >= 512 (gemm_tc.py --impls ...,xgemm,xgemm-scaled, the latter
-  alpha = 1 + 2^-23; gemm_tc_unit_alpha-h200.json).
+  so each two consecutive 64x32 stores fill the same 128-byte lines (docs/performance.md,
+  "xgemm/kernels/cute_gemm_sm90.py": what each order measured).
+  alpha == 1 (every matmul) compiles a class of its own whose epilogue skips the multiply, which
+  pays where the epilogue is the critical path (short K).
   A policy may run the transposed problem D^T = B^T @ A^T (+ C^T) on the operands' transposed
   views (SWAP_NOTE; what the policy does for row-major A and B on its wave-aware rows).
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
@@ -124,47 +117,24 @@ class Config:
 
 
 # The policy table (H200, 132 SMs). Rows are tried in order; the first whose predicate holds
-# wins. Tuned with `benchmarks/gemm_tc.py --sweep` (bf16, A k-major, B n-major; all candidates
-# timed in one process with cuBLAS and quack; records in benchmarks/results/
-# gemm_tc_sweep-h200.json). TFLOP/s below are from two runs (run 1 | run 2); the chip runs
-# power-limited, so the same kernel moves by ~2% between runs:
-#   skinny M  M <= 3072, N and K large: pingpong 128x128, cluster 2x1. 2048x8192x8192:
-#             711 | 692 vs 585 | 623 for pingpong 128x192 (its 688 tiles fill 5.2 waves of 132
-#             SMs; 128x128's 1024 tiles fill 7.8) and 666 | 660 for cooperative 128x256.
+# wins. Tuned with `benchmarks/gemm_tc.py --sweep` (bf16; every candidate timed in one process
+# with cuBLAS and quack); what each row measured is in docs/performance.md,
+# "xgemm/kernels/cute_gemm_sm90.py".
+#   skinny M  M <= 3072, N and K large: pingpong 128x128, cluster 2x1 (more, fuller waves than 128x192).
 #   skinny N  the mirror image (cluster along M still, raster along N); by symmetry, not timed.
-#   mid       max(M, N) <= 6144: pingpong 128x128, cluster 2x1 (the medium row's config).
-#             4096^3 bf16 / fp16, same process (gemm_tc.py --sweep; 2026-12-01, two runs:
-#             gemm_tc_raster-h200.json, gemm_tc_lean-h200.json's filled variants): 716 / 669 and
-#             678 / 635 TFLOP/s against cooperative 128x256 c1x2 (this row until then) 701 / 660
-#             and 662 / 621; 2026-11-29's sweep had 702.6 vs 677.4 (an earlier session's 748 |
-#             682 vs 713 | 702 was the one run the cooperative tile won).
-#   large     M, N >= 4096: pingpong 128x192, cluster 2x1, raster along N, swizzle 8.
-#             8192^3: 699 | 680 (raster along M: 596); 8192^2 x 1024: 758 | 691 (cooperative
-#             tiles 605-647 | 560-576: with K short the epilogue is a large share of each tile,
-#             and pingpong hides it under the other warpgroup's mainloop).
+#   mid       max(M, N) <= 6144: pingpong 128x128, cluster 2x1.
+#   large     M, N >= 4096: pingpong 128x192, cluster 2x1, raster along N, swizzle 8; pingpong
+#             hides the epilogue under the other warpgroup's mainloop, which matters at short K.
 #   medium    at least 120 tiles of 128x128 (~ a wave): pingpong 128x128, cluster 2x1.
-#             256x8192x8192 (128 tiles): 49.5 us vs cuBLAS 50.6, against 64.3 for the small
-#             row's 128x64 (benchmarks/gemm_tc.py --sweep --sweep-set small, 2026-11-29).
-#   small     fewer tiles: pingpong 128x64, no cluster, so more SMs get work. 64x8192x8192:
-#             57.6 us (128x128 56.8, every small candidate 57-113) vs cuBLAS 34.4: the GEMV-like
-#             shape is bound by each SM re-reading A; split-K through a batch of K slices plus a
-#             framework-side sum measured 52-74 us (the sum's extra launches eat the gain).
+#   small     fewer tiles: pingpong 128x64, no cluster, so more SMs get work.
 # Raster along N with swizzle 8 = bands of 8 clusters (2048 rows of A) that sweep across N, so
 # the band of A stays in the 60 MB L2 while B streams past (quack's default order, too).
 # The mid and large rows hold candidates, the row's tuned config first: the one whose waves are
 # best filled wins (wave_efficiency; ties keep the earlier). Whole tiles at the ragged edges and
-# a part-filled last wave of clusters cost as much as full ones, and the candidates run at the
-# same rate per tile (2026-12-01, gemm_tc.py --sweep --sweep-set waves, bf16, one process;
-# gemm_tc_waves-h200.json): measured TFLOP/s over wave_efficiency gives 687 / 688 / 679 / 686
-# at 8192^3 and 690 / 690 / 670 / 710 at 4224x8192x8192 for 128x192 2x1 / 128x192 1x2 / 128x128
-# 2x1 / 128x128 1x2. So 4224x8192x8192 takes 128x128 1x2 (710 vs the large row's 614, cuBLAS
-# 682: 33 M tiles leave half a 2x1 cluster empty) and 8192x4224x8192 128x128 2x1 (678 vs 670,
-# cuBLAS 677). The skinny rows choose among the same candidates, their tuned 128x128 first:
-# 3000x5000x4096 fills 87% of 8 waves with 128x128 (40 N tiles, the last 8 columns wide) and 93%
-# of 5 with 128x192 2x1: 555 TFLOP/s with 128x128 (gemm_tc_swap_policy-h200.json, quack 633),
-# 625 with 128x192 (gemm_tc_swap_k-h200.json, quack 624, cuBLAS 604).
-# Not modelled: 5000^3 ran 480-567 for every candidate vs cuBLAS 646 (rows of 10000 bytes, 16-
-# but not 128-byte aligned).
+# a part-filled last wave of clusters cost as much as full ones, and the candidates ran at the
+# same rate per tile, so the predicted fill decides (e.g. 4224x8192x8192 takes 128x128 1x2: 33 M
+# tiles would leave half a 2x1 cluster empty). The skinny rows choose among the same candidates.
+# Not modelled: rows 16- but not 128-byte aligned (5000^3) run slower for every candidate.
 _MID_LARGE = (Config(128, 128, 2, 1, True, True, 8), Config(128, 128, 1, 2, True, False, 8),
               Config(128, 192, 2, 1, True, False, 8), Config(128, 192, 1, 2, True, False, 8))
 POLICY_TABLE = (
@@ -222,18 +192,9 @@ def choose_config(m: int, n: int, k: int, l: int) -> Tuple[str, Config]:
 # transposed views (no copy): the kernel's A is B^T, its B is A^T, M and N exchange, and the
 # config is the one chosen for the (N, M) problem. With A and B both row-major (torch's, JAX's
 # and NumPy's default) that makes the kernel's A M-major, its B K-major and D M-major, which ran
-# ~1% faster than the untransposed run of the same config on nearly every shape of the wave-aware
-# rows (H200, one process, gemm_tc.py --impls ...,sm90,sm90T: gemm_tc_swap_k-h200.json, bf16 /
-# fp16 transposed vs not): 8192^2x1024 698 / 664 vs 691 / 658, 16384x8192x1024 686 / 671 vs 678 /
-# 662, 8192x4096x1024 667 / 645 vs 658 / 633, 6144^2x2048 664 / 639 vs 660 / 633, 3000x5000x4096
-# 633 / 621 vs 625 / 615, 4096^3 677 / 639 vs 668 / 639; at 8192^3 it is a wash across five
-# runs (699 vs 704 and 675 vs 670 there; 687 vs 693 in gemm_tc_swap_policy-h200.json, 682 vs
-# 678 and 658 vs 658 in gemm_tc_swap-h200.json). The medium and small rows stay untransposed
-# (256x8192x8192: 628 vs 638), and so does a short K, where D's stores are most of the work: the
-# transposed run's M-major D stores lost there (8192^2x128 bf16 358 vs 385, gemm_tc_shortk-h200.json)
-# until the epilogue walked its subtiles down M for an M-major D; since, they tie (8192^2x128 bf16
-# / fp16 370 / 352 vs 369 / 353 as given, x256 506 / 492 vs 504 / 492) and the transposed run
-# leads from x512 (644 / 619 vs 632 / 614; gemm_tc_shortk_walk-h200.json), so the floor stays.
+# ~1% faster than the untransposed run on nearly every shape of the wave-aware rows. The medium
+# and small rows stay untransposed, and so does a K below SWAP_MIN_K, where D's stores are most
+# of the work and the transposed run only ties (docs/performance.md has each shape's figures).
 # Other majorness combinations are not measured and run as given.
 SWAP_NOTE = "D^T = B^T A^T"
 SWAP_ROWS = ("skinny M", "skinny N", "mid", "large")

@@ -116,8 +116,8 @@ CONFIGS = {
 }
 
 # The policy table. Tiles/splits measured on the H200 (benchmarks/gemm_sgemm.py --sweep; numbers
-# in benchmarks/results/sgemm-sweep-h200.json). L = batch, SMs = 132 on the H200, "fill" =
-# split-K S = clamp(floor(SMs * CTAs_per_SM / tiles), 1, K // 256) (at least 256 of K per split).
+# in benchmarks/results/sgemm-sweep-h200.json and docs/performance.md). L = batch, SMs = 132 on
+# the H200, "fill" = split-K S = clamp(floor(SMs * CTAs_per_SM / tiles), 1, K // 256) (at least 256 of K per split).
 #
 #   regime     condition (first match)                 config          split   why
 #   large      tiles(128x128) * L >= 2 * SMs, K > 512   BIG             1       >= 1 wave at 2 CTAs/SM;
@@ -135,24 +135,12 @@ CONFIGS = {
 #              tiles * (K // 256) >= SMs (else 32x32x32)                         split K to fill the GPU
 #              (BIG_SHORT for BIG where the split is 1 and the large row's BIG_SHORT condition holds)
 #
-# Measured on the H200 (CUDA graphs, vs cuBLAS with TF32 off, same process; run of 2026-11-29):
-#   128^3 32x32x32 3.9 us (cuBLAS 7.1); 1024^3 128x128x24 split 4 56.6 us (61.8);
-#   4096^3 128x128x24 2867 us (2689) vs x16 2964, x32 2959; 8192^3 x24 22466 us (21532) vs x16 23406,
-#   x32 23288; 8192x8192x128 64x128x16 401 us (457); 64x8192x8192 64x128x16 split 8 213 us (199).
-# bk=24 wins over 16 (fewer non-FFMA instructions per k) and over 32 (a loop body twice as long).
-# A 4th stage does not help (session 3, same run: 4096^3 x24 2856 us, x24 4 stages 2888, x32 4
-# stages 3154; 8192^3 22136 / 22970 / 24862; cuBLAS 2678 / 21485).
-# Tiny row, 32x32x32 with K over 4 thread groups (k4): one H200 run (gemm_sgemm.py --sweep,
-# rotating L2-cold inputs, results/sgemm-sweep-kgroups-h200.json) timed 32x32x32 / k2 / k4 alike,
-# 3.6 us at 128^3 and 5.6 us at 256^3 (cuBLAS 6.8 / 8.1). Where the operands sit in L2 (a jit
-# chain) the shorter FFMA chain shows: 128^3 in jax_jit.py's 100-call graph 2.69 us per call with
-# k4 vs 2.92-2.98 with 32x32x32 in earlier runs on other hosts (not the same run: re-time both).
+# bk=24 wins over 16 (fewer non-FFMA instructions per k) and over 32 (a loop body twice as long);
+# a 4th stage does not help; the tiny row's K split shortens the FFMA chain where operands sit in
+# L2 (a jit chain). Each choice's figures: docs/performance.md, "xgemm/kernels/cute_sgemm.py".
 BIG = "128x128x24"
-# Two stages instead of three: 1-2% faster up to 4096^3, much slower at 8192^3 (H200, gemm_sgemm.py
-# --sweep, us, cuBLAS in brackets; 4096^3 in three runs: 2816 / 2816 / 2823 vs 2839 / 2846 / 2845
-# for BIG (2684 / 2676 / 2676); 4096x4096x1024 725 vs 734 (696); 2048^3 363 vs 370 (343); 6144^3
-# 9337 vs 9309 (9084); 8192^3 25769 / 25053 vs 22331 / 22324 (21452 / 21500)). Through the policy
-# in a later run (another host): 4096^3 2840 (2702), 0.952x cuBLAS's rate.
+# Two stages instead of three: 1-2% faster up to 4096^3, much slower at 8192^3 (hence the large
+# row's size bound; docs/performance.md).
 BIG_SHORT = "128x128x24s2"
 TINY = "32x32x32k4"
 SKINNY_M = "64x128x16w"

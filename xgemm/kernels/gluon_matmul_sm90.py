@@ -99,12 +99,8 @@ class Config(namedtuple("Config", "arch in_dtype out_dtype bm bn bk stages warps
 
 
 # Tile configs, the default first (the first that fits shared memory for the output dtype).
-# Measured on the H200, bf16 8192^3, one process (benchmarks/gemm_gluon.py --all-configs,
-# results/gemm_gluon_tiles-h200.json; cuBLAS 677.6 TFLOP/s in the same run): per-CTA 128x256,
-# 3 stages, 2 warpgroups of 64x256 (cluster tile 128x512, A multicast) 701.5; 128x128 4 stages
-# 1 warpgroup 630.0; the same with 2 warpgroups 482.9, with 6 stages 537.3. A second run on
-# another H200 (results/gemm_gluon-h200.json) put the default at 646.9 against cuBLAS 735.3 and
-# the CuTe kernel 680.2: the peers moved ~10% between machines, the ordering of tiles did not.
+# Per-CTA 128x256 with 3 stages and 2 warpgroups (cluster tile 128x512, A multicast) measured
+# fastest at bf16 8192^3 (benchmarks/gemm_gluon.py --all-configs; figures in docs/performance.md).
 # An fp32 output's 128 KB epilogue tile leaves no room for the 128x256 tile's stages: there the
 # 128x128 one-warpgroup tile is the default.
 _SM90_TILES = ((128, 256, 64, 3, 8, 8),      # bm, bn, bk, stages, warps, group_m

@@ -50,48 +50,30 @@ Design (from triton's python/tutorials/gluon/14-multicta.py multi-CTA softmax)
     acknowledged and for all its peers before leaving, so a finished CTA's slot never overlapped
     the next cluster's loads. Nothing needs it: a CTA reads no peer's shared memory and leaves only
     after every byte sent to it has landed (its own mbarrier wait).
-  Tried and dropped (H200, 2026-11-29): a persistent grid-stride variant that issued the next
-  row block's loads before reducing the current one was 5-80% slower at every size -- the
-  barriers (bar.sync / barrier.cluster.arrive, release semantics) wait for those loads.
+  Tried and dropped: a persistent grid-stride variant that issued the next row block's loads
+  before reducing the current one was slower at every size -- the barriers (bar.sync /
+  barrier.cluster.arrive, release semantics) wait for those loads.
 
 Config picker (pick_config) by BLOCK_N = next_pow2(max(cols, 16)); elements/thread =
 BLOCK_M * BLOCK_N / (CTAS * 32 * warps), the fp32 values a thread holds (~1.3 registers each).
-Measured on the H200 with 1 GiB fp32 inputs (benchmarks/softmax.py --tune; copy = 4210-4250 GB/s;
-benchmarks/results/softmax-h200.md has every online 0/1 candidate). 65536 and 262144 were re-swept
-with online=2, then online=3 (`benchmarks/softmax.py --tune --sizes 65536,262144 --peers quack`,
-CUDA-graph timing, outputs verified; results/softmax-o3-tune.json for online=3):
-    BLOCK_N        CTAS  warps  BLOCK_M           online  elems/thread  GB/s (N = BLOCK_N)
-    16 ... 1024    1     4      1024 / BLOCK_N    0       8             4251 (256), 4254 (1024) [1]
-    2048           1     8      4                 0       32            (not swept)
-    4096           1     16     8                 0       64            4175
-    8192           1     16     2                 0       32            (not swept)
-    16384          1     16     1                 0       32            4144
-    32768          2     4      1                 3       128           (not swept)
-    65536          4     8      1                 3       64            4179 [2]
-    131072         8     4      1                 3       128           (not swept)
-    262144         16    4      1                 3       128           4122 [2]
-    524288         16    8      1                 1       128           (not swept)    = non-portable
-Why: single-CTA rows run at copy speed with either kernel; in a cluster every row pays cluster
-barriers, so fewer warps (more CTAs resident per SM to overlap them) and the one-exchange kernel
-win; online=2 drops the cluster barriers between the partials and the combine: +4% at 64K
-(copy 4241), +3% at 256K (copy 4237) over online=1 with the same CTAS / warps, and w4 stays best
-for it too (o2 w8c4 3875, w4c8 4010, w8c2 3683; w8c16 3205, w8c8 3017). Still 0.95x / 0.88x of the
-copy and 2% behind quack (which also stages x through shared memory with cp.async and has no
-cluster barrier at exit; online=2 keeps x in registers). A wider online=2 sweep (same tool, a
-later run; copy 4246, quack 4119 / 3825) kept the picks: 64K w4c4 4041 vs w16c4 3919, w8c8 3973,
-w2c8 3986, w2c16 3862, w16c2 3675; 256K w4c16 3756 vs w16c16 2913, w4c8 2837. 32768 and 131072
-take online=2 by analogy with their neighbours, not swept; 524288 (16 CTAs, non-portable, 8 warps)
-stays online=1, not measured with online=2.
-[2] online=3, one run (copy 4241 / 4249, quack 4127 / 3843): 64K w8c4 4179, w16c2 4155, w8c2 4151,
-w4c8 4150, w4c4 4127 (online=2 w4c4 4045, w8c2 3687; online=1 3876), w4c2 2933; 256K w4c16 4122
-(online=2 3758, online=1 3641), w8c16 4014, w8c8 3801 (online=2 3065), w16c8 3619, w4c8 2922. 32768
-and 131072 keep their geometry and take online=3 by analogy (+2% / +10% at the measured sizes).
-[1] Re-swept 2026-11-29 with quack's geometry (softmax.py --tune --sizes 256,1024 --peers quack,
-one run, results/softmax-short-tune.json; copy 4246 / 4247, quack 4250 / 4184): 256: m4w4 4251,
-m2w2 4260, m8w4 4212, m4w2 4208 against the old pick m64w8 4193 (m32w8 4157, m16w4 4144, m8w8
-4174); 1024: m1w4 4254 against the old m8w8 4185 (m4w4 4188, m2w2 4186, m2w4 4138, m4w2 4122,
-m16w8 4145). Short rows want many small CTAs per SM, as quack runs them; the sizes between take
-the same rule by analogy.
+Picked with benchmarks/softmax.py --tune (1 GiB fp32 inputs, CUDA-graph timing, outputs verified;
+each candidate's GB/s: docs/performance.md, "xgemm/kernels/gluon_softmax.py"):
+    BLOCK_N        CTAS  warps  BLOCK_M           online  elems/thread
+    16 ... 1024    1     4      1024 / BLOCK_N    0       8
+    2048           1     8      4                 0       32
+    4096           1     16     8                 0       64
+    8192           1     16     2                 0       32
+    16384          1     16     1                 0       32
+    32768          2     4      1                 3       128
+    65536          4     8      1                 3       64
+    131072         8     4      1                 3       128
+    262144         16    4      1                 3       128
+    524288         16    8      1                 1       128           = non-portable
+Why: single-CTA rows run at copy speed; short rows want many small CTAs per SM (as quack runs
+them). In a cluster every row pays cluster barriers, so fewer warps (more CTAs resident per SM to
+overlap them) and the one-exchange kernel win; online=2 drops the cluster barriers between the
+partials and the combine, online=3 measured faster again at 64K and 256K. 2048, 8192, 32768,
+131072 and 524288 take their neighbours' rule, not swept.
 VEC is 16 bytes / input itemsize (4 for fp32, 8 for 16-bit): one 128-bit access per chunk.
 """
 from __future__ import annotations

@@ -19,8 +19,8 @@ Contract
 Why (the shape class it serves)
   At M = 64, N = K = 8192 the GEMM is a stream of B (128 MiB) past a 1 MiB A: cuBLAS runs at
   ~3.9 TB/s. A 128 x N tile per SM wastes half of every wgmma on rows that do not exist, and with
-  one 128 x 128 tile per SM only 64 SMs have work (benchmarks/results/gemm_tc_small-h200.json:
-  every cute_gemm_sm90 tile 57-113 us against cuBLAS's 34). Here a 64-row tile is one warpgroup's
+  one 128 x 128 tile per SM only 64 SMs have work (every cute_gemm_sm90 tile ran well behind
+  cuBLAS there; docs/performance.md, "Skinny and small M"). Here a 64-row tile is one warpgroup's
   wgmma (m64), and SPLIT CTAs share each output tile, each streaming 1/SPLIT of K, so N / BN * SPLIT
   CTAs keep every SM's copy engine busy without any workspace in global memory.
 
@@ -96,20 +96,11 @@ class Config(namedtuple("Config", "in_dtype out_dtype bn bk stages split b_kmajo
 # The policy: tiles and split per problem
 # ----------------------------------------------------------------------------------------------
 # Tuned with `benchmarks/gemm_tc.py --sweep --sweep-set splitk` (every TUNE tile at every split,
-# bf16, B N-major, one process with cuBLAS; results/gemm_tc_splitk-h200.json), times in us:
-#   shape            cuBLAS  best here                 the rule below picks
-#   64x8192x8192     34.7    n64 k128 s4 x1   36.1     the same
-#   64x4096x4096     11.9    n64 k256 s3 x2   13.9     n64 k128 s4 x2   14.0
-#   64x2048x8192     14.6    n128 k64 s4 x8   16.7     n64 k64 s6 x4    18.2
-#   64x16384x4096    34.6    n64 k64 s6 x1    36.6     n128 k128 s4 x1  36.7
-#   16x4096x8192     21.6    n64 k256 s3 x2   22.0     n64 k128 s4 x2   22.8
-# What decides: about one CTA per SM (every winner runs ~128 CTAs; a second wave or a second CTA
-# per SM loses) and many bytes in flight per CTA (deep K tiles). 4- and 8-CTA clusters must fit in
-# one GPC: at one CTA per SM (over 113 KB of shared memory) only 30 4-CTA / 15 8-CTA clusters are
-# resident at once, against 62 / 30 at two CTAs per SM (cuOccupancyMaxActiveClusters, logged by
-# the sweep: results/gemm_tc_splitk_resident-h200.json). 32 4-CTA clusters of n128 k64 at
-# 64x4096x4096: 16.8 us with 4 stages (96 KB), 25.1 us with 6 (144 KB: a second wave). So those
-# splits take a tile of at most 96 KB.
+# bf16, one process with cuBLAS; the table is in docs/performance.md). What decides: about one
+# CTA per SM (a second wave or a second CTA per SM loses) and many bytes in flight per CTA (deep
+# K tiles). 4- and 8-CTA clusters must fit in one GPC: at one CTA per SM (over 113 KB of shared
+# memory) only half as many such clusters are resident as at two CTAs per SM, so those splits
+# take a tile of at most 96 KB.
 TUNE = ((128, 64, 4), (128, 128, 3), (128, 128, 4), (64, 64, 6), (64, 128, 4), (64, 128, 6), (32, 128, 6),
         (64, 256, 3))
 SPLITS = (1, 2, 4, 8)
