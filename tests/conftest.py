@@ -21,6 +21,26 @@ def cuda_available() -> bool:
         return False
 
 
+_exit_status = None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    global _exit_status
+    _exit_status = int(exitstatus)
+
+
+def pytest_unconfigure(config):
+    """End the process as soon as pytest is done when triton was imported (the Gluon compile
+    tests): at interpreter shutdown its nanobind bindings print ~40 lines of 'leaked function'
+    warnings (issue 22), which make a passing run look broken. Output is flushed first; the exit
+    status is pytest's own."""
+    import sys
+    if _exit_status is not None and "triton" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status)
+
+
 def pytest_collection_modifyitems(config, items):
     if cuda_available():
         return

@@ -169,3 +169,24 @@ def test_errors_are_builtin_subclasses():
     assert issubclass(errors.ShapeError, ValueError)
     assert issubclass(errors.DTypeError, TypeError)
     assert issubclass(errors.AxisError, IndexError)
+
+
+def test_numpy_first_operand_with_a_device_array(monkeypatch):
+    """Issue 22: NumPy joined by a CUDA tensor got FrameworkError ("Unsupported device in DLTensor")
+    from numpy.from_dlpack; it is a DeviceError naming both devices and the fix. A stand-in for a
+    CUDA tensor (torch's mixing rule, a CUDA DLPack device) keeps this a CPU test; the real one
+    is in tests/gpu/test_api_gpu.py."""
+    from xgemm.arrays import ops
+
+    class CudaStandIn:
+        shape, dtype = (4, 5), np.dtype(np.float32)
+
+        def __dlpack__(self, stream=None):
+            raise AssertionError("a device array must not be imported into NumPy")
+
+        def __dlpack_device__(self):
+            return (2, 0)                    # kDLCUDA, device 0
+    monkeypatch.setattr(ops, "framework_of", lambda x: "torch" if isinstance(x, CudaStandIn) else "numpy")
+    monkeypatch.setattr("xgemm.arrays.views._cuda_arch", lambda index: (9, 0))
+    with raises(errors.DeviceError, "b is on cuda:0", "first operand is a NumPy array (cpu)", "move b to the CPU"):
+        ops.import_into("numpy", CudaStandIn(), "b", "matmul")

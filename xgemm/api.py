@@ -25,9 +25,10 @@ def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
 def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0, out: Any = None,
          _fn: str = "gemm") -> Any:
     """D = alpha * A @ B + beta * C. C broadcasts to D's shape; beta == 0 never reads C."""
-    native = torch_native.active
-    if native is not None and out is None and not torch_native.compiling():   # C++: a signature seen before
-        hit = native.hit(torch_native.OPS[_fn], policy.forced_kernel(), alpha, beta, a, b, c)
+    # C++: a signature seen before. Under a torch.compile trace the native module is never touched
+    # (dynamo can neither guard on a module object nor trace its call): compiling() is asked first.
+    if out is None and not torch_native.compiling() and torch_native.active is not None:
+        hit = torch_native.active.hit(torch_native.OPS[_fn], policy.forced_kernel(), alpha, beta, a, b, c)
         if hit is not None:
             return hit
     key = fastpath.gemm_key(_fn, a, b, c, alpha, beta) if out is None else None
@@ -64,9 +65,8 @@ def _torch_op_needed(*xs: Any) -> bool:
 
 def softmax(x: Any, axis: int = -1, *, out: Any = None) -> Any:
     """Numerically stable softmax along `axis` (fp32 math for fp16/bf16). Result in x's framework."""
-    native = torch_native.active
-    if native is not None and out is None and not torch_native.compiling():   # C++: a signature seen before
-        hit = native.hit(_SOFTMAX, policy.forced_kernel(), axis, 0, x, None, None)
+    if out is None and not torch_native.compiling() and torch_native.active is not None:   # as in gemm()
+        hit = torch_native.active.hit(_SOFTMAX, policy.forced_kernel(), axis, 0, x, None, None)
         if hit is not None:
             return hit
     key = fastpath.softmax_key(x, axis) if out is None else None

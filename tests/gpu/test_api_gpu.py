@@ -139,3 +139,34 @@ def test_unaligned_half_runs_on_padded_copies(dtype, case, with_out):
     plan = xgemm.explain(a, b, c, alpha=2.0, beta=-1.0) if c is not None else xgemm.explain(a, b)
     assert plan.kernel_name != "reference", str(plan)
     assert any("16-byte-aligned" in cp for cp in plan.copies), str(plan)
+
+
+@pytest.mark.parametrize("n", [63, 64])
+@pytest.mark.parametrize("out_dtype", [None, "float32"])
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_one_row_with_an_arbitrary_row_stride(n, out_dtype, contiguous):
+    """Issue 22: A of shape (1, 8) from (8, 1).t() has strides (1, 1) (and .contiguous() keeps
+    them: torch ignores a size-1 dim's stride); the Gluon matmul took the (padded) problem and
+    raised TMA's ValueError at launch. A kernel that accepts it must run it."""
+    g_a = torch.randint(-5, 6, (8, 1), dtype=torch.float64)
+    g_b = torch.randint(-5, 6, (n, 8), dtype=torch.float64)
+    a = g_a.to(torch.float16).cuda().t()
+    b = g_b.to(torch.float16).cuda().t()
+    if contiguous:
+        a = a.contiguous()
+    out = None
+    if out_dtype is not None:
+        out = torch.full((1, n), float("nan"), dtype=DT[out_dtype], device="cuda")
+    d = xgemm.matmul(a, b, out=out)
+    exact(d, g_a.t() @ g_b.t(), out_dtype or "float16")
+
+
+def test_numpy_and_cuda_operands_get_a_device_error():
+    """Issue 22: a NumPy array first and a CUDA tensor second gave a FrameworkError from DLPack."""
+    import numpy as np
+    a = np.ones((3, 4), np.float32)
+    b = torch.ones(4, 5, device="cuda")
+    with pytest.raises(xgemm.errors.DeviceError, match="b is on cuda:0.*move b to the CPU"):
+        xgemm.matmul(a, b)
+    with pytest.raises(xgemm.errors.DeviceError, match="a is on cuda:0 and b on cpu"):
+        xgemm.matmul(b.T.contiguous(), a.T.copy())

@@ -141,3 +141,16 @@ def test_autograd_and_out_are_not_served_natively(native):
     xgemm.matmul(a, b, out=out)
     torch.testing.assert_close(out.double(), a.double() @ b.double(), rtol=0, atol=0)
     assert native.stats()["hits"] == before
+
+
+def test_torch_compile_of_the_public_api_after_native_hits(native):
+    """Issue 22: with the native module active (after repeat calls), torch.compile(fullgraph=True)
+    of the public API on CUDA tensors failed in dynamo's guard creation ('Unexpected type module')."""
+    a, b = ints(64, 128), ints(128, 32)
+    for _ in range(4):                       # plan, repeat: the signature is served natively
+        xgemm.softmax(xgemm.matmul(a, b))
+    assert torch_native.active is not None
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b: xgemm.softmax(xgemm.matmul(a, b)), fullgraph=True)
+    ref = torch.softmax((a.double() @ b.double()), -1).float()
+    torch.testing.assert_close(f(a, b), ref, rtol=1e-5, atol=1e-6)

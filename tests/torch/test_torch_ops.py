@@ -51,3 +51,20 @@ def test_torch_compile_traces_the_op():
     torch.testing.assert_close(f(a, b), (a @ b).relu())
     g = torch.compile(lambda x: xgemm.softmax(x) * 2)
     torch.testing.assert_close(g(a), torch.softmax(a, -1) * 2)
+
+
+def test_torch_compile_of_the_public_api_with_the_native_fast_path_active(monkeypatch):
+    """Under a torch.compile trace the public API goes straight to the torch.library op and never
+    calls the native fast path's module. (The failure issue 22 saw, dynamo guarding on that module
+    object, shows on torch 2.11 with CUDA tensors: tests/gpu/test_native_gpu.py has that case.)"""
+    import types
+
+    from xgemm.torch import native as torch_native
+    fake = types.ModuleType("xgemm_fake_native")
+    fake.hit = lambda *args: pytest.fail("the native module was called inside a torch.compile trace")
+    monkeypatch.setattr(torch_native, "active", fake)
+    monkeypatch.setattr(torch_native, "compiling", torch.compiler.is_compiling)
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b: xgemm.softmax(xgemm.matmul(a, b)), fullgraph=True)
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    torch.testing.assert_close(f(a, b), torch.softmax(a @ b, -1))

@@ -9,7 +9,7 @@ from typing import Any, Tuple
 
 from xgemm import errors
 from xgemm.arrays.detect import framework_of
-from xgemm.arrays.views import ArrayView, view
+from xgemm.arrays.views import ArrayView, device_of, view
 from xgemm.core.problem import Device
 
 
@@ -64,6 +64,13 @@ def import_into(owner: str, x: Any, name: str, fn: str) -> Any:
         raise errors.FrameworkError(
             f"{fn}: {name} is a {fw} array but the result framework (from the first operand) is {owner}; "
             f"no rule mixes {fw} into {owner}: convert {name} first, e.g. {owner}'s from_dlpack({name})")
+    if owner == "numpy":             # NumPy holds host arrays only: a device array is on the wrong device
+        dev = device_of(fw, x, name, fn)
+        if dev.kind != "cpu":
+            raise errors.DeviceError(
+                f"{fn}: {name} is on {dev.kind}:{dev.index} but the first operand is a NumPy array (cpu), so the "
+                f"result would be NumPy on the CPU; move {name} to the CPU first (e.g. torch: {name}.cpu(), "
+                f"cupy: {name}.get()), or pass the device arrays first and convert the NumPy ones to them")
     try:
         if owner == "numpy":
             import numpy

@@ -54,7 +54,8 @@ class ArrayView:
         return a_lo < b_hi and b_lo < a_hi
 
 
-def _device_of(fw: str, x: Any, name: str = "x", fn: str = "xgemm") -> Device:
+def device_of(fw: str, x: Any, name: str = "x", fn: str = "xgemm") -> Device:
+    """The device an array lives on, from its DLPack device (a typed error where DLPack has none)."""
     try:
         dev_type, dev_id = x.__dlpack_device__()
     except (ValueError, RuntimeError, TypeError, BufferError) as exc:   # torch 'meta', lazy tensors, ...
@@ -98,7 +99,7 @@ def view_torch(x: Any) -> ArrayView:
     device = _torch_devices.get(dev)
     if device is None:
         device = (Device("cuda", dev.index or 0, _cuda_arch(dev.index or 0)) if dev.type == "cuda"
-                  else _device_of("torch", x))
+                  else device_of("torch", x))
         _torch_devices[dev] = device
     dtype = _torch_dtypes.get(x.dtype)
     if dtype is None:
@@ -122,7 +123,7 @@ def view(x: Any, name: str, fn: str) -> ArrayView:
     fw = require_array(fn, name, x)
     if fw == "torch" and x.device.type in ("cpu", "cuda"):
         return view_torch(x)
-    device = _device_of(fw, x, name, fn)
+    device = device_of(fw, x, name, fn)
     dtype = dtype_name(x)
     if fw == "numpy":
         itemsize = x.itemsize

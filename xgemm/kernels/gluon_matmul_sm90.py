@@ -58,6 +58,7 @@ import threading
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
+from xgemm.core import layout
 from xgemm.core.dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
 from xgemm.core.problem import COL, ROW, Policy
 from xgemm.kernels._common import sm90_half_gemm_reason
@@ -545,10 +546,14 @@ class GluonMatmulSm90:
         b_kmajor = b.strides[-1] != 1 or (b.shape[-1] == 1 and b.strides[-2] == 1)
         cfg = self._config_of(policy, a.dtype, out.dtype, b_kmajor)
         launcher, metas, sms = self._prepare(cfg, a.device.index)
-        # row-major 2-D views of the three operands, as the kernel's descriptors address them
-        a_shape, a_str = (m, k), (a.strides[-2], 1)
-        b_shape, b_str = ((n, k), (b.strides[-1], 1)) if b_kmajor else ((k, n), (b.strides[-2], 1))
-        c_shape, c_str = (m, n), (out.strides[-2], 1)
+        # row-major 2-D views of the three operands, as the kernel's descriptors address them. A
+        # dim of extent 1 may carry any stride (torch's (8, 1).t() has strides (1, 1) and counts as
+        # contiguous): its descriptor stride is never stepped, so it is the dense one (issue 22).
+        lead = layout.leading_stride
+        a_shape, a_str = (m, k), (lead(a.shape, a.strides, ROW), 1)
+        b_shape, b_str = ((n, k), (lead(b.shape, b.strides, COL), 1)) if b_kmajor else \
+            ((k, n), (lead(b.shape, b.strides, ROW), 1))
+        c_shape, c_str = (m, n), (lead(out.shape, out.strides, ROW), 1)
         vals = []
         for (ptr, shape, st), meta in zip(((a.ptr, a_shape, a_str), (b.ptr, b_shape, b_str),
                                            (out.ptr, c_shape, c_str)), metas):
