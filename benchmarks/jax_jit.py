@@ -349,7 +349,7 @@ def main(argv=None):
 
 
 def prebuild(carry: str = "") -> None:
-    """Cross-lower (cuda) the jitted functions of this benchmark and of tests/test_jax_gpu.py (keep
+    """Cross-lower (cuda) the jitted functions of this benchmark and of tests/gpu/test_jax_gpu.py (keep
     the shapes in sync), forward and backward: that compiles every kernel they use into the cache."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import shutil

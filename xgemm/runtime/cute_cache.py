@@ -403,7 +403,7 @@ def warm(items: Iterable[Tuple[str, tuple]], jobs: int = 0,
             cute(key, importlib.import_module(module).build_for_key(key))
         return len(missing)
     jobs = min(jobs, len(missing))
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])     # the directory holding the xgemm package
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     procs = []
