@@ -7,7 +7,8 @@
 #   device run, carrying .gpu and .ab:   bash benchmarks/ab.sh
 # Each benchmark runs on base, then head, then (gemm and overhead) base and head again; every
 # script writes its JSON under $OUT/{base,head}{,2}, and benchmarks/compare.py prints the ratios.
-# Knobs: GEMM_TRIALS (6), SOFTMAX_SIZES, AB_SKIP (names of benchmarks to leave out).
+# Knobs: GEMM_TRIALS (6), AB_ROUNDS (2: rounds of gemm and overhead), SOFTMAX_SIZES, AB_SKIP (names of
+# benchmarks to leave out), AB_TIMEOUT (150 s per script).
 set -u
 source .gpu/use-bundle .gpu
 export PYTHONUNBUFFERED=1
@@ -26,8 +27,9 @@ run() {   # run SIDE DIR_SUFFIX SCRIPT ARGS...: the script of that checkout, on 
 }
 skip() { [[ " ${AB_SKIP:-} " == *" $1 "* ]]; }
 skip first_call || { run base "" benchmarks/first_call.py --runs 5; run head "" benchmarks/first_call.py --runs 5; }
-skip overhead || for r in "" 2; do run base "$r" benchmarks/overhead.py; run head "$r" benchmarks/overhead.py; done
-skip gemm || for r in "" 2; do run base "$r" benchmarks/gemm.py --trials ${GEMM_TRIALS:-6}; run head "$r" benchmarks/gemm.py --trials ${GEMM_TRIALS:-6}; done
+rounds=""; [ "${AB_ROUNDS:-2}" -ge 2 ] && rounds=2
+skip overhead || for r in "" $rounds; do run base "$r" benchmarks/overhead.py; run head "$r" benchmarks/overhead.py; done
+skip gemm || for r in "" $rounds; do run base "$r" benchmarks/gemm.py --trials ${GEMM_TRIALS:-6}; run head "$r" benchmarks/gemm.py --trials ${GEMM_TRIALS:-6}; done
 skip softmax || { run base "" benchmarks/softmax.py --sizes ${SOFTMAX_SIZES:-256,4096,65536,262144}; run head "" benchmarks/softmax.py --sizes ${SOFTMAX_SIZES:-256,4096,65536,262144}; }
 skip jax_jit || { run base "" benchmarks/jax_jit.py --name jax-h200 --only chain,gemm,softmax; run head "" benchmarks/jax_jit.py --name jax-h200 --only chain,gemm,softmax; }
 for r in "" 2; do [ -d $OUT/base$r ] && python3 benchmarks/compare.py $OUT/base$r $OUT/head$r --json $OUT/compare$r.json > $OUT/compare$r.txt; done

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 from xgemm import errors
 
@@ -76,8 +75,7 @@ def broadcasts_to(shape: Tuple[int, ...], target: Tuple[int, ...]) -> bool:
     return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
 
 
-@dataclass(frozen=True)
-class GemmShape:
+class GemmShape(NamedTuple):
     """numpy.matmul's reading of a GEMM's shapes: 1-D operands promoted, batch dims broadcast."""
     m: int
     n: int

@@ -5,12 +5,39 @@ it into an XLA custom call of the native handler (ffi/xgemm_ffi.cc, built by xge
   Launch + Param       a prebuilt cubin (Gluon/Triton) launched by xgemm_cubin_launch_v1;
   TvmFfiCall + Arg     a TVM-FFI function (a CuTe kernel) called by xgemm_tvm_ffi_call_v1.
 Buffers are named by role and index: inputs (a, b[, c]) / (x,), then outputs, then scratch.
+Plain value classes, not dataclasses or NamedTuples: every kernel module imports these, and each
+generated class costs a fresh process's first call about a millisecond (benchmarks/first_call.py).
 """
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Tuple
+
+class _Value:
+    """Immutable record: the fields named in _fields, set once by __init__, compared and hashed as
+    a tuple of them."""
+    __slots__ = ()
+    _fields: Tuple[str, ...] = ()
+
+    def _set(self, *values) -> None:
+        for name, value in zip(self._fields, values):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def _tuple(self) -> tuple:
+        return tuple(getattr(self, f) for f in self._fields)
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other._tuple() == self._tuple()
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__,) + self._tuple())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields) + ")"
+
 
 # Parameter kinds, as in ffi/xgemm_ffi.cc
 _PTR, _I32, _I64, _F32, _F64, _NULL, _DIM_I32, _DIM_I64, _STRIDE_I64 = range(9)
@@ -19,12 +46,14 @@ _PTR, _I32, _I64, _F32, _F64, _NULL, _DIM_I32, _DIM_I64, _STRIDE_I64 = range(9)
 # ---------------------------------------------------------------------------------------------
 # Launching a prebuilt cubin
 
-@dataclass(frozen=True)
-class Param:
-    """One kernel parameter. Buffers are named by role: input i, output i, scratch i."""
-    kind: int
-    ref: Tuple[str, int] = ("", 0)     # ("in" | "out" | "scratch", index) for buffer kinds
-    value: int = 0                     # literal (bits for floats) or the dim for DIM/STRIDE kinds
+class Param(_Value):
+    """One kernel parameter. Buffers are named by role: input i, output i, scratch i.
+    ref: ("in" | "out" | "scratch", index) for buffer kinds; value: a literal (bits for floats) or
+    the dim for DIM/STRIDE kinds."""
+    __slots__ = _fields = ("kind", "ref", "value")
+
+    def __init__(self, kind: int, ref: Tuple[str, int] = ("", 0), value: int = 0):
+        self._set(kind, ref, value)
 
     @staticmethod
     def input(i: int) -> "Param":
@@ -69,20 +98,20 @@ class Param:
         return Param(_STRIDE_I64, (role, i), d)
 
 
-@dataclass(frozen=True)
-class Launch:
-    """A prebuilt kernel and how to launch it: what a cubin kernel's `jax_lowering` returns."""
-    cubin: bytes
-    kernel: str
-    grid: Tuple[int, int, int]
-    block: Tuple[int, int, int]
-    params: Tuple[Param, ...]
-    cluster: Tuple[int, int, int] = (1, 1, 1)
-    shared_mem: int = 0
-    scratch_bytes: Tuple[int, ...] = ()   # extra uint8 results, e.g. Triton's global scratch
-    alignment: int = 16                   # pointer alignment (bytes) the kernel assumes for its operands
-    scratch_align: Tuple[int, ...] = ()   # alignment each scratch buffer needs (default 16)
-    notes: Tuple[str, ...] = field(default=())
+class Launch(_Value):
+    """A prebuilt kernel and how to launch it: what a cubin kernel's `jax_lowering` returns.
+    scratch_bytes: extra uint8 results (e.g. Triton's global scratch), each aligned to
+    scratch_align (default 16); alignment: the pointer alignment (bytes) the kernel assumes for its
+    operands."""
+    __slots__ = _fields = ("cubin", "kernel", "grid", "block", "params", "cluster", "shared_mem", "scratch_bytes",
+                           "alignment", "scratch_align", "notes")
+
+    def __init__(self, cubin: bytes, kernel: str, grid: Tuple[int, int, int], block: Tuple[int, int, int],
+                 params: Tuple[Param, ...], cluster: Tuple[int, int, int] = (1, 1, 1), shared_mem: int = 0,
+                 scratch_bytes: Tuple[int, ...] = (), alignment: int = 16, scratch_align: Tuple[int, ...] = (),
+                 notes: Tuple[str, ...] = ()):
+        self._set(cubin, kernel, grid, block, params, cluster, shared_mem, scratch_bytes, alignment, scratch_align,
+                  notes)
 
     @property
     def module_key(self) -> int:
@@ -133,14 +162,14 @@ def triton_launch(cubin: bytes, meta: dict, clusters: int, args: Sequence[Param]
 _A_TENSOR, _A_INT, _A_F64, _A_NONE, _A_STREAM, _A_BOOL = range(6)
 
 
-@dataclass(frozen=True)
-class Arg:
-    """One argument of a TVM-FFI call: a buffer as DLTensor* (optionally a strided view of it), a
-    scalar, None, or XLA's stream."""
-    kind: int
-    ref: Tuple[str, int] = ("", 0)
-    value: int = 0
-    view: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None   # (shape, strides in elements)
+class Arg(_Value):
+    """One argument of a TVM-FFI call: a buffer as DLTensor* (optionally a strided view of it: view
+    is (shape, strides in elements)), a scalar, None, or XLA's stream."""
+    __slots__ = _fields = ("kind", "ref", "value", "view")
+
+    def __init__(self, kind: int, ref: Tuple[str, int] = ("", 0), value: int = 0,
+                 view: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None):
+        self._set(kind, ref, value, view)
 
     @staticmethod
     def tensor(role: str, i: int = 0, shape: Optional[Sequence[int]] = None,
@@ -170,10 +199,9 @@ class Arg:
         return Arg(_A_STREAM)
 
 
-@dataclass(frozen=True)
-class TvmFfiCall:
+class TvmFfiCall(_Value):
     """A TVM-FFI function (tvm_ffi.Function) and its arguments: what a CuTe kernel's `jax_lowering` returns."""
-    function: Any
-    args: Tuple[Arg, ...]
-    alignment: int = 16
-    scratch_bytes: Tuple[int, ...] = ()
+    __slots__ = _fields = ("function", "args", "alignment", "scratch_bytes")
+
+    def __init__(self, function: Any, args: Tuple[Arg, ...], alignment: int = 16, scratch_bytes: Tuple[int, ...] = ()):
+        self._set(function, args, alignment, scratch_bytes)

@@ -28,7 +28,6 @@ import sys
 import threading
 from typing import Any, Optional, Sequence
 
-from xgemm.runtime import driver, tvm_abi
 from xgemm.runtime.roles import OUT, A, B, C  # noqa: F401  (the recipes' operand roles, for callers)
 
 OPS = {"matmul": 0, "gemm": 1, "softmax": 2}
@@ -104,10 +103,12 @@ def _import(path) -> Any:
 
 
 def _cuda_error(call: str, code: int, detail: str) -> Exception:
+    from xgemm.runtime import driver  # lazy: only the loaded module's error path needs it, not import xgemm
     return driver.CudaError(call, code, driver.error_name(code), detail)
 
 
 def _tvm_error(kind: str, message: str) -> Exception:
+    from xgemm.runtime import tvm_abi  # lazy: as in _cuda_error
     return tvm_abi.error_of(kind, message)
 
 
