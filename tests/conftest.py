@@ -69,13 +69,11 @@ def gluon_cache_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("xgemm_cache")
     old = os.environ.get("XGEMM_CACHE_DIR")
     os.environ["XGEMM_CACHE_DIR"] = str(root)
-    gluon_cache._entries.clear()
-    gluon_cache._availability.clear()
+    gluon_cache.clear_memory()
     try:
         yield root
     finally:
-        gluon_cache._entries.clear()
-        gluon_cache._availability.clear()
+        gluon_cache.clear_memory()
         if old is None:
             os.environ.pop("XGEMM_CACHE_DIR", None)
         else:

@@ -147,7 +147,7 @@ def test_mixed_devices():
     cpu = arrays.view(A, "a", "t")
     gpu = replace(arrays.view(B, "b", "t"), device=Device("cuda", 0, (9, 0)))
     with raises(errors.DeviceError, "a is on cpu and b on cuda:0", "move b"):
-        prepare._same_device("matmul", [("a", cpu), ("b", gpu)])
+        prepare.same_device("matmul", [("a", cpu), ("b", gpu)])
 
 
 def test_device_dlpack_cannot_describe():
@@ -187,6 +187,5 @@ def test_numpy_first_operand_with_a_device_array(monkeypatch):
         def __dlpack_device__(self):
             return (2, 0)                    # kDLCUDA, device 0
     monkeypatch.setattr(ops, "framework_of", lambda x: "torch" if isinstance(x, CudaStandIn) else "numpy")
-    monkeypatch.setattr("xgemm.arrays.views._cuda_arch", lambda index: (9, 0))
     with raises(errors.DeviceError, "b is on cuda:0", "first operand is a NumPy array (cpu)", "move b to the CPU"):
         ops.import_into("numpy", CudaStandIn(), "b", "matmul")

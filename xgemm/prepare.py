@@ -55,7 +55,8 @@ def _dev(v: arrays.ArrayView) -> str:
     return f"{v.device.kind}:{v.device.index}" if v.device.kind != "cpu" else "cpu"
 
 
-def _same_device(fn: str, views: Sequence[Tuple[str, arrays.ArrayView]]) -> None:
+def same_device(fn: str, views: Sequence[Tuple[str, arrays.ArrayView]]) -> None:
+    """DeviceError unless every (name, view) is on the first one's device, naming both and the fix."""
     (n0, v0), rest = views[0], views[1:]
     for n, v in rest:
         if v.device != v0.device:
@@ -112,7 +113,7 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
     c_used = arrays.import_into(owner, c_used, "c", fn) if c_used is not None else None
     va, vb = arrays.view(a, "a", fn), arrays.view(b, "b", fn)
     vc = arrays.view(c_used, "c", fn) if c_used is not None else None
-    _same_device(fn, [("a", va), ("b", vb)] + ([("c", vc)] if vc is not None else []))
+    same_device(fn, [("a", va), ("b", vb)] + ([("c", vc)] if vc is not None else []))
     vout = _check_out(fn, out, owner, final, out_dtypes, [va, vb] + ([vc] if vc is not None else [])) if out is not None else None
 
     # Promote 1-D operands to matrices as views (numpy.matmul semantics), in the owner framework.

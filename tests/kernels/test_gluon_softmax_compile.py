@@ -153,7 +153,7 @@ def test_metadata(compiled, gluon_cache_dir):
 
 
 def test_cache_round_trip_and_misses(compiled, gluon_cache_dir, monkeypatch):
-    gluon_cache._entries.clear()
+    gluon_cache.clear_memory()
     again = gluon_cache.lookup(MULTI.key, compile=False)     # from disk, no compile
     assert again is not None and again.meta == compiled[MULTI][1].meta and again.cubin == compiled[MULTI][1].cubin
     missing = gs.pick_config(131072, "float16", "float32", aligned=True).key
@@ -167,9 +167,9 @@ def test_cache_round_trip_and_misses(compiled, gluon_cache_dir, monkeypatch):
     assert gluon_cache.unavailable_reason(MULTI.key) is None
     # another cache root sees nothing
     monkeypatch.setenv("XGEMM_CACHE_DIR", str(gluon_cache_dir / "elsewhere"))
-    gluon_cache._entries.clear()
+    gluon_cache.clear_memory()
     assert gluon_cache.lookup(MULTI.key, compile=False) is None
-    gluon_cache._entries.clear()
+    gluon_cache.clear_memory()
 
 
 def test_build_reuses_cached_entries(compiled, gluon_cache_dir):

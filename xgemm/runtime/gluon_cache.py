@@ -422,3 +422,10 @@ def build(arch: str = DEFAULT_ARCH, kernels: Optional[Iterable[str]] = None, job
             raise RuntimeError(f"build: {k} missing after compile")
         out.append(entry)
     return out
+
+
+def clear_memory() -> None:
+    """Forget the entries and availability answers held in memory (the disk cache stays): for a
+    process whose XGEMM_CACHE_DIR changed, e.g. tests that build into a fresh directory."""
+    _entries.clear()
+    _availability.clear()

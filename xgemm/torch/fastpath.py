@@ -205,6 +205,17 @@ def _bind_softmax(kernel: Any, problem: Any, pol: Any, x: Any, result: Any) -> O
     return binder(problem, pol, (view(xv),), view(yv))
 
 
+def kept(op: str) -> int:
+    """How many signatures of op ("gemm" | "softmax") are kept for repeat calls."""
+    return len(_gemm if op == "gemm" else _softmax)
+
+
+def bound(op: str, key: tuple) -> bool:
+    """Whether the signature `key` (gemm_key / softmax_key) is kept with a launch bound to it."""
+    entry = (_gemm if op == "gemm" else _softmax).get(key)
+    return entry is not None and entry[7] is not None
+
+
 def clear() -> None:
     _gemm.clear()
     _softmax.clear()
