@@ -4,7 +4,7 @@
 
 Issue 3 and 4's bar: <= 8 us per call at 256^3 (GEMM) / a small softmax. torch.matmul and
 torch.softmax are measured the same way in the same process as the peer. `xgemm` is the default
-path (repeat calls served by the native torch fast path, xgemm/torch_native.py, loaded here
+path (repeat calls served by the native torch fast path, xgemm/torch/native.py, loaded here
 first); `xgemm_python` the same calls with the native module set aside (the Python fast path).
 Each record says how many of its calls the native module served.
 """

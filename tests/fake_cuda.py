@@ -3,7 +3,7 @@
 Shared by tests/test_launch_args.py (a repeat call launches exactly what the planned call
 launches) and benchmarks/host_cost.py (the Python cost of a repeat call, launch excluded).
 What is stubbed -- and nothing else, so the Python that runs is the real hot path:
-- the device: interop's torch-device cache maps torch "cpu" to Device("cuda", 0, (9, 0)), and
+- the device: arrays.views' torch-device cache maps torch "cpu" to Device("cuda", 0, (9, 0)), and
   fastpath._torch_cuda is re-made from its own source with cuda read as cpu (same cost);
 - the stream: torch.cuda.current_stream(...) and torch._C._cuda_getCurrentRawStream(...) give
   STREAM (a CPU torch has neither; their real cost is measured on the GPU host);

@@ -1,4 +1,4 @@
-"""The interop layer: views, majorness/alignment classes, zero-copy sharing, light import."""
+"""xgemm.arrays: views, majorness/alignment classes, zero-copy sharing, light import."""
 from __future__ import annotations
 
 import subprocess

@@ -66,7 +66,7 @@ def test_gemm_runs_the_cute_kernels_through_the_ffi(dtype, shape):
 @pytest.mark.parametrize("shape", [((2048, 999), (999, 4097), (4097,)), ((4, 512, 999), (999, 2049), None),
                                    ((4096, 1032), (1032, 2003), (4096, 2003))])
 def test_unaligned_half_gemm_runs_on_padded_arrays(shape):
-    """Rows that are not 16-byte multiples (problems over jax_cuda.PAD_MIN_FLOP): jit pads K and N
+    """Rows that are not 16-byte multiples (problems over core.layout.PAD_MIN_FLOP): jit pads K and N
     with zeros (explain_gemm lists it), the tensor-core kernel runs, D is the first N columns;
     exact for integer inputs."""
     dev = _gpu()

@@ -131,7 +131,7 @@ def test_cuda_lowering_falls_back_to_xla_without_a_kernel():
 def test_cuda_lowering_pads_unaligned_half_rows():
     """bf16 rows of 999 / 5001 elements (not 16-byte multiples): the cuda lowering zero-pads K and
     N to 1008 / 5008 (xgemm.api's staging rule), calls the CuTe kernel and slices D; no XLA dot.
-    Below jax_cuda.PAD_MIN_FLOP it stays XLA's dot."""
+    Below core.layout.PAD_MIN_FLOP it stays XLA's dot."""
     pytest.importorskip("cutlass")
     a = jax.ShapeDtypeStruct((2000, 999), jnp.bfloat16)
     b = jax.ShapeDtypeStruct((999, 5001), jnp.bfloat16)

@@ -73,7 +73,7 @@ _arch_cache: dict = {}
 
 
 def _cuda_arch(index: int) -> Optional[Tuple[int, int]]:
-    """Compute capability through the driver (xgemm/driver.py: no framework, no cuda-python);
+    """Compute capability through the driver (xgemm/runtime/driver.py: no framework, no cuda-python);
     None if unavailable."""
     if index not in _arch_cache:
         try:

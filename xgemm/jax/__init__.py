@@ -5,15 +5,16 @@
     y = jax.jit(lambda x: xj.softmax(x, axis=-1))(x)   # an XLA custom call on the GPU
     jax.grad, jax.vmap (nested), sharded jit (NamedSharding) and jax.export all work.
 
-xgemm.matmul/gemm/softmax route JAX arrays and tracers here after validating them. On `cuda` the
-primitives lower to the kernel the dispatch table picks (jax_cuda.py) as an XLA custom call of the
+xgemm.matmul/gemm/softmax route JAX arrays and tracers here; both check arguments with
+core/checks.py. On `cuda` the primitives lower to the kernel the dispatch table picks (lowering.py,
+through the kernel's jax_lowering hook) as an XLA custom call of the
 native handler in ffi/: Gluon cubins are launched directly (xgemm_cubin_launch_v1), CuTe kernels
 are called through their TVM-FFI function (xgemm_tvm_ffi_call_v1); on other platforms they lower
 to XLA's own ops (the embedded default). Eager arrays run the same primitives through a cached jit.
 
-Files: jax_primitives.py (primitives, abstract eval, lowerings), jax_cuda.py (the cuda lowering),
-jax_ffi.py (the native handler in ffi/), jax_sharding.py (custom_partitioning),
-jax_transforms.py (custom_vmap, custom_vjp), jax_testing.py (a fake GPU for CPU tests).
+Files: primitives.py (primitives, abstract eval, the embedded default), lowering.py (the cuda
+lowering), ffi.py (the native handler in ffi/), sharding.py (custom_partitioning), transforms.py
+(custom_vmap, custom_vjp), testing.py (a fake GPU for CPU tests).
 Exports of cuda lowerings need `disabled_checks=xgemm.jax.export_disabled_safety_checks()`; they
 use only the portable cubin target (CuTe problems export as XLA's op), and a process that runs a
 deserialized export on a GPU calls `xgemm.jax.register_ffi()` first.

@@ -20,7 +20,7 @@ One primitive per op, with static params (jax-triton's shape: one primitive, one
 Lowering: `cuda` -> the kernel the dispatch table picks (jax_lowering.py: the native FFI in ffi/ or
 a CuTe cutlass_call); every other platform -> the embedded default, a jnp implementation (XLA's
 own dot / reductions). Batching (custom_vmap), gradients (custom_vjp) and partitioning
-(custom_partitioning) wrap these primitives in jax_transforms.py / jax_sharding.py.
+(custom_partitioning) wrap these primitives in transforms.py / sharding.py.
 """
 from __future__ import annotations
 

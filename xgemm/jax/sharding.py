@@ -12,7 +12,7 @@ Softmax: every dim keeps its sharding. Rows run through the kernel on each shard
 reduced dim instead exchanges one max and one sum per row (pmax / psum), never x itself.
 Under Shardy (the default) the same facts are stated as einsum-like sharding rules.
 With one device, custom_partitioning inlines the local computation: no custom call is added.
-custom_partitioning has no batching or JVP rule; jax_transforms.py puts custom_vmap and custom_vjp
+custom_partitioning has no batching or JVP rule; transforms.py puts custom_vmap and custom_vjp
 around these functions, so vmap and grad never reach it.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""vmap and grad for xgemm's JAX ops, around the partitionable primitives of jax_sharding.py.
+"""vmap and grad for xgemm's JAX ops, around the partitionable primitives of sharding.py.
 
 Layers, outermost first: custom_vjp (gradients, computed by xgemm itself) -> custom_vmap (the
 vmapped dim joins the operands' batch dims: one batched call, never a loop) -> custom_partitioning
-(sharded jit) -> the primitive (jax_primitives.py). Nested vmap re-enters the custom_vmap rule.
+(sharded jit) -> the primitive (primitives.py). Nested vmap re-enters the custom_vmap rule.
 
 GEMM gradients for D = alpha*A@B + beta*C (batch dims broadcast):
   dA = alpha * dD @ B^T   (summed over the batch dims A was broadcast along)

@@ -30,7 +30,7 @@ Tiles (CONFIGS): 128x128 (8x8 per thread, 256 threads) for large problems, 64x12
 there are too few tiles to fill the GPU; the policy table below says which, and why.
 
 One compile per class (tile config x majorness x alignment x batch rank x C/no-C x index width),
-never per shape: shapes are symbolic in the compiled function (see xgemm/compile.py).
+never per shape: shapes are symbolic in the compiled function (see xgemm/runtime/cute_cache.py).
 """
 # (no `from __future__ import annotations`: the DSL evaluates the device code's annotations)
 

@@ -9,8 +9,8 @@ Contract
   alignment TMA: the three base pointers 16-byte aligned, every row stride a multiple of 16 bytes
             (K and N multiples of 8; fp32 out: N multiple of 4), M, N, K >= 1. Tails of M, N, K are
             handled by TMA's out-of-bounds zero fill (loads) and clipping (stores).
-  arch      sm_90a (Hopper): built by triton >= 3.8 (xgemm/gluon_cache.py), launched by this
-            module through xgemm/driver.py (ctypes on libcuda; no triton at run time).
+  arch      sm_90a (Hopper): built by triton >= 3.8 (xgemm/runtime/gluon_cache.py), launched by this
+            module through xgemm/runtime/driver.py (ctypes on libcuda; no triton at run time).
             sm_100a: the 2-CTA tcgen05 variant compiles (gluon_entries("sm_100a")); nothing runs it.
   limits    M, N, K < 2**31; one output tile per cluster iteration, persistent grid of at most
             (#SMs / 2) clusters.
@@ -41,12 +41,12 @@ TMA descriptors without triton (what launch.py's cubins need)
   reversed, element strides 1, no interleave, swizzle from the meta, L2 promotion 128B, no OOB
   NaN fill). `tma_params` computes those arguments in pure Python from the compiled kernel's
   tensordesc_meta (recorded in the cache JSON); `encode_tma` calls
-  cuTensorMapEncodeTiled through xgemm/driver.py (needs the driver) and returns the 128 bytes; `_Launcher` packs them in
+  cuTensorMapEncodeTiled through xgemm/runtime/driver.py (needs the driver) and returns the 128 bytes; `_Launcher` packs them in
   64-byte-aligned slots and launches with cuLaunchKernelEx + the cluster attribute.
   Verified on the H200 (tests/gpu/test_gluon_matmul_gpu.py: exact integer products, ragged
   M/N/K, B N- and K-major, fp32 out), including that tensordesc_meta's box is the per-CTA box for
   the split and broadcast cga layouts.
-Dispatch: registered after cute_gemm_sm90 (policy.py). Same-process timings decide the order
+Dispatch: registered after cute_gemm_sm90 (core/registry.py). Same-process timings decide the order
   (benchmarks/gemm_gluon.py times both with cuBLAS and quack); the CuTe kernel also serves
   alpha/beta/C, batches and small-tile shapes, so it stays first where they tie.
 """
@@ -426,7 +426,7 @@ def tma_params(meta: dict, ptr: int, shape, strides) -> TmaParams:
 
 
 def encode_tma(p: TmaParams, ptr: int) -> bytes:
-    """The 128-byte CUtensorMap (cuTensorMapEncodeTiled through xgemm/driver.py; needs the driver)."""
+    """The 128-byte CUtensorMap (cuTensorMapEncodeTiled through xgemm/runtime/driver.py; needs the driver)."""
     return driver.tensor_map_encode_tiled(p.dtype, ptr, p.dims, p.strides, p.box, p.elem_strides, p.swizzle,
                                           str(p))
 
@@ -483,7 +483,7 @@ class _Launcher:
 
 
 # ----------------------------------------------------------------------------------------------
-# The kernel protocol (policy.py)
+# The kernel protocol (kernels/_common.py)
 # ----------------------------------------------------------------------------------------------
 
 class GluonMatmulSm90:

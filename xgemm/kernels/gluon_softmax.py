@@ -11,8 +11,8 @@ Contract
   alignment none required. When both base pointers are 16-byte aligned and cols and both row
             strides are multiples of 16 bytes / itemsize, the "aligned" variant issues 16-byte
             loads/stores; otherwise the same kernel without the divisibility hints (scalar ones).
-  arch      sm_90 / sm_90a (Hopper), cubins built by triton >= 3.8 (xgemm/gluon_cache.py) and
-            launched by xgemm/launch.py (ctypes on libcuda); triton is not needed at run time.
+  arch      sm_90 / sm_90a (Hopper), cubins built by triton >= 3.8 (xgemm/runtime/gluon_cache.py) and
+            launched by xgemm/runtime/launch.py (ctypes on libcuda); triton is not needed at run time.
   limits    1 <= cols <= MAX_COLS (2**19): a row lives in registers, split across a cluster of
             up to 16 CTAs; rows <= 2**31 - 1.
   specials  as torch.softmax: a row holding NaN or +inf, or only -inf (fully masked), is NaN;
@@ -504,7 +504,7 @@ def gluon_entries(arch: str = "sm_90a", siblings: bool = True) -> List[str]:
 
 
 # ----------------------------------------------------------------------------------------------
-# The kernel protocol (policy.py)
+# The kernel protocol (kernels/_common.py)
 # ----------------------------------------------------------------------------------------------
 
 def _row_stride(shape, strides) -> Optional[int]:
@@ -598,7 +598,7 @@ class GluonSoftmax:
     def bind(self, problem, policy, operands, out):
         """run() resolved for this signature (shapes, strides, dtypes, 16-byte class):
         go(x, y, stream) on torch tensors laid out as operands[0] / out launches what run()
-        would (xgemm/fastpath.py's repeat calls). None for an empty problem."""
+        would (xgemm/torch/fastpath.py's repeat calls). None for an empty problem."""
         resolved = self._resolve(problem, policy, operands[0], out)
         if resolved is None:
             return None

@@ -12,7 +12,7 @@ Contract
             an out= qualifies). M, N, K >= 1; tails of M and of the last N / K tile are zero-filled
             loads (cp.async src-size 0) and masked stores.
   arch      sm_90a (wgmma, clusters, distributed shared memory): built by triton >= 3.8
-            (xgemm/gluon_cache.py), launched without triton (xgemm/launch.py eagerly, ffi/ under jit).
+            (xgemm/runtime/gluon_cache.py), launched without triton (xgemm/runtime/launch.py eagerly, ffi/ under jit).
   limits    M, N, K < 2**31 (the kernel tiles any M; the policy sends it M <= 64 with K >= 1024);
             SPLIT (CTAs per cluster) in {1, 2, 4, 8}.
 
@@ -330,7 +330,7 @@ def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
 
 
 # ----------------------------------------------------------------------------------------------
-# The kernel protocol (policy.py)
+# The kernel protocol (kernels/_common.py)
 # ----------------------------------------------------------------------------------------------
 
 def cluster_capacity(cfg: Config, device: int = 0) -> int:

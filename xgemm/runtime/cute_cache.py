@@ -335,7 +335,7 @@ _eager: Dict[tuple, Any] = {}
 
 def cute_eager(key: tuple, build: Callable[[], Any]) -> Any:
     """The function for `key` as eager calls use it: the on-disk .so called through ctypes
-    (xgemm/tvm_abi.py: no tvm_ffi import, tvm_abi.CFunction with .prepare for repeat calls),
+    (xgemm/runtime/tvm_abi.py: no tvm_ffi import, tvm_abi.CFunction with .prepare for repeat calls),
     else what cute() returns. Same positional arguments either way. XGEMM_TVM_ABI=0 turns the
     ctypes route off."""
     fn = _eager.get(key)

@@ -74,7 +74,7 @@ def gluon_kernels() -> Dict[str, Any]:
 
 
 def cache_root() -> Path:
-    """$XGEMM_CACHE_DIR/gluon, else ~/.cache/xgemm/gluon (the CuTe cache, compile.py, sits beside it)."""
+    """$XGEMM_CACHE_DIR/gluon, else ~/.cache/xgemm/gluon (the CuTe cache, runtime/cute_cache.py, sits beside it)."""
     return cache.root() / "gluon"
 
 

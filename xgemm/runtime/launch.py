@@ -1,4 +1,4 @@
-"""Load prebuilt cubins and launch them with cuLaunchKernelEx (xgemm/driver.py: ctypes on libcuda),
+"""Load prebuilt cubins and launch them with cuLaunchKernelEx (xgemm/runtime/driver.py: ctypes on libcuda),
 never importing triton or cuda-python.
 
 get_launcher(cubin, meta, device) -> Launcher, cached per (device, sha256(cubin)). `meta` is the
@@ -133,7 +133,7 @@ class Launcher:
 
     def native_recipe(self, grid: int, roles: Sequence[int], args: Sequence) -> "tuple | None":
         """self(grid, stream, *pointers, *args), the pointers those of the operands `roles` names,
-        described for ffi/torch_fastpath.cc (xgemm/torch_native.py's "cu" recipe); None where a
+        described for ffi/torch_fastpath.cc (xgemm/torch/native.py's "cu" recipe); None where a
         launch allocates scratch or launches nothing."""
         if self._gscratch or self._pscratch or grid <= 0 or len(roles) + len(args) != self.n_args:
             return None

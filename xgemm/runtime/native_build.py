@@ -1,7 +1,7 @@
 """Build xgemm's native libraries (ffi/*.cc) with the system C++ compiler into the xgemm cache.
 
-Two libraries use it: the XLA FFI handler (xgemm/jax_ffi.py) and the torch fast path
-(xgemm/torch_native.py). Each is keyed on its sources, the compiler's version, the flags and
+Two libraries use it: the XLA FFI handler (xgemm/jax/ffi.py) and the torch fast path
+(xgemm/torch/native.py). Each is keyed on its sources, the compiler's version, the flags and
 a fingerprint of what it is built against (header bytes, or a version string where hashing
 thousands of headers at every process start would cost more than it tells), and written
 under a file lock so concurrent builds (pytest -n) wait for one another.

@@ -194,8 +194,8 @@ class Prepared:
     def go(self, roles: Sequence[int]):
         """go(a, b, c, d, stream) on torch tensors for this prepared call, whose j-th tensor
         argument is the operand roles[j] (torch_native's A, B, C, OUT): the repeat-call convention
-        of kernels' bind() (xgemm/fastpath.py). go.native is the same call described for
-        ffi/torch_fastpath.cc (xgemm/torch_native.py's "tvm" recipe)."""
+        of kernels' bind() (xgemm/torch/fastpath.py). go.native is the same call described for
+        ffi/torch_fastpath.cc (xgemm/torch/native.py's "tvm" recipe)."""
         roles = tuple(roles)
         assert len(roles) == len(self._tensors), (roles, len(self._tensors))
         call = self.call

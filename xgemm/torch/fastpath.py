@@ -17,7 +17,7 @@ was bound, so a result allocated differently falls back to views + run(). Otherw
 views and calls run(), as before.
 
 Where the bound launch also describes itself (`go.native`), the signature is registered with the
-native torch fast path (xgemm/torch_native.py, ffi/torch_fastpath.cc), which api.py asks first:
+native torch fast path (xgemm/torch/native.py, ffi/torch_fastpath.cc), which api.py asks first:
 a hit there never reaches Python beyond that call. Signatures stored before that module loaded
 are registered at their next hit here.
 """
@@ -77,7 +77,7 @@ def _number(v: Any) -> bool:
 
 def _stream_getter(problem: Any) -> Callable[[int], int]:
     """index -> the current stream of that device as an int: torch's raw getter (one C call;
-    torch.cuda.current_stream builds a Stream object) where it exists, else interop's."""
+    torch.cuda.current_stream builds a Stream object) where it exists, else arrays'."""
     if problem.device.kind != "cuda":
         return lambda index: 0
     raw = getattr(sys.modules["torch"]._C, "_cuda_getCurrentRawStream", None)

@@ -1,11 +1,11 @@
 """The native torch fast path (ffi/torch_fastpath.cc): repeat eager torch calls served in C++.
 
-Why: a repeat call through the Python fast path (xgemm/fastpath.py) costs about twice the host
+Why: a repeat call through the Python fast path (xgemm/torch/fastpath.py) costs about twice the host
 time of a native torch op -- a Python allocation and a ctypes launch; issue 3's bar is <= 8 us
 per call. The C++ module does what a native torch op does: at::empty, then one launch on
 torch's current stream.
 
-What it serves: the signatures xgemm/fastpath.py keeps whose kernel's bound launch describes
+What it serves: the signatures xgemm/torch/fastpath.py keeps whose kernel's bound launch describes
 itself (`go.native`, a recipe made by tvm_abi.Prepared or launch.Launcher):
     ("tvm", function address, cells address, cell count, roles, owner)
     ("cu", CUfunction, CUlaunchConfig address, CTAs, parameter block, ((offset, role), ...), owner)
