@@ -56,6 +56,31 @@ def _scalar(fn: str, name: str, v: Any) -> float:
     return checks.scalar(fn, name, v, traced=_is_tracer(v))
 
 
+def _checked_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out_dtype: Any,
+                  require_c: bool = True):
+    """gemm()'s arguments as JAX arrays and floats, checked by core/checks.py as the eager path
+    checks them: (a, b, c or None when beta == 0, alpha, beta, out dtype name, GemmShape).
+    require_c=False (explain) lets a nonzero beta come without c."""
+    a, b = _as_jax(fn, "a", a), _as_jax(fn, "b", b)
+    alpha, beta = _scalar(fn, "alpha", alpha), _scalar(fn, "beta", beta)
+    has_c = c is not None
+    c = _as_jax(fn, "c", c) if has_c and beta != 0.0 else None
+    dt = checks.gemm_dtypes(fn, np.dtype(a.dtype).name, np.dtype(b.dtype).name,
+                            np.dtype(c.dtype).name if c is not None else None)
+    out = checks.out_dtype(fn, dt, None if out_dtype is None else np.dtype(out_dtype).name)
+    shape = checks.gemm_shape(fn, a.shape, b.shape, c.shape if c is not None else None,
+                              beta if require_c else 0.0, has_c)
+    return a, b, c, alpha, beta, out, shape
+
+
+def _checked_softmax(fn: str, x: Any, axis: Any):
+    """softmax()'s x as a JAX array and its axis normalized, checked as the eager path checks them."""
+    x = _as_jax(fn, "x", x)
+    if x.ndim:
+        checks.dtype(fn, "x", np.dtype(x.dtype).name)
+    return x, checks.softmax_axis(fn, x.ndim, axis)
+
+
 # ---------------------------------------------------------------------------------------------
 # GEMM
 
@@ -67,20 +92,12 @@ def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0
     fp64), alpha/beta applied in that type, then the cast to out_dtype (a.dtype by default;
     float32 is also allowed for fp16/bf16). beta == 0 never reads c.
     """
-    a, b = _as_jax(fn, "a", a), _as_jax(fn, "b", b)
-    alpha, beta = _scalar(fn, "alpha", alpha), _scalar(fn, "beta", beta)
-    c = _as_jax(fn, "c", c) if c is not None else None
-    dt = checks.gemm_dtypes(fn, np.dtype(a.dtype).name, np.dtype(b.dtype).name,
-                            np.dtype(c.dtype).name if c is not None and beta != 0.0 else None)
-    out = checks.out_dtype(fn, dt, None if out_dtype is None else np.dtype(out_dtype).name)
-    shape = checks.gemm_shape(fn, a.shape, b.shape, c.shape if c is not None and beta != 0.0 else None,
-                              beta, c is not None)
+    a, b, c, alpha, beta, out, shape = _checked_gemm(fn, a, b, c, alpha, beta, out_dtype)
     a_vec, b_vec = shape.a_vec, shape.b_vec
     a2 = a[None, :] if a_vec else a
     b2 = b[:, None] if b_vec else b
-    c2 = None
-    if c is not None and beta != 0.0:       # beta == 0: c is never read (its NaNs cannot leak)
-        c2 = c
+    c2 = c                                  # None when beta == 0: c is never read (its NaNs cannot leak)
+    if c is not None:
         if c.ndim >= 1 and (a_vec or b_vec):   # back to the promoted (..., M, N) form
             c2 = c[..., None, :] if a_vec and not b_vec else c[..., None] if b_vec and not a_vec else c[..., None, None]
     cfg = GemmConfig(alpha=alpha, beta=beta, out_dtype=out)
@@ -113,10 +130,7 @@ def _eager_gemm(cfg: GemmConfig, has_c: bool):
 def softmax(x: Any, axis: int = -1, *, fn: str = "softmax") -> jax.Array:
     """Numerically stable softmax along `axis`, same dtype as x (fp32 math; fp64 for fp64).
     Rows of all -inf give NaN, like jax.nn.softmax."""
-    x = _as_jax(fn, "x", x)
-    if x.ndim:
-        checks.dtype(fn, "x", np.dtype(x.dtype).name)
-    axis = checks.softmax_axis(fn, x.ndim, axis)
+    x, axis = _checked_softmax(fn, x, axis)
     if _is_tracer(x):
         return _softmax_op(x, axis)
     return _eager_softmax(axis)(x)
@@ -141,17 +155,9 @@ def _device_of(x: Any):
 def explain_gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
                  out_dtype: Any = None, fn: str = "explain") -> policy.Plan:
     """The plan jax.jit's lowering would make for gemm(a, b, c, ...) (checked as gemm() checks it)."""
-    a, b = _as_jax(fn, "a", a), _as_jax(fn, "b", b)
-    alpha, beta = _scalar(fn, "alpha", alpha), _scalar(fn, "beta", beta)
-    c = _as_jax(fn, "c", c) if c is not None and beta != 0.0 else None
-    dt = checks.gemm_dtypes(fn, np.dtype(a.dtype).name, np.dtype(b.dtype).name,
-                            np.dtype(c.dtype).name if c is not None else None)
-    checks.out_dtype(fn, dt, None if out_dtype is None else np.dtype(out_dtype).name)
-    checks.gemm_shape(fn, a.shape, b.shape, c.shape if c is not None else None, 0.0, c is not None)
+    a, b, c_used, alpha, beta, out, _ = _checked_gemm(fn, a, b, c, alpha, beta, out_dtype, require_c=False)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    out = np.dtype(out_dtype or a.dtype).name
-    c_used = c if (c is not None and beta != 0.0) else None
     gs = gemm_shapes(a2.shape, a.dtype, b2.shape, None if c_used is None else c_used.shape,
                      None if c_used is None else c_used.dtype, alpha=alpha, beta=beta, out_dtype=out,
                      device=_device_of(a))
@@ -175,10 +181,7 @@ def explain_gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: flo
 
 def explain_softmax(x: Any, axis: int = -1, *, fn: str = "explain") -> policy.Plan:
     """The plan jax.jit's lowering would make for softmax(x, axis) (checked as softmax() checks it)."""
-    x = _as_jax(fn, "x", x)
-    if x.ndim:
-        checks.dtype(fn, "x", np.dtype(x.dtype).name)
-    axis = checks.softmax_axis(fn, x.ndim, axis)
+    x, axis = _checked_softmax(fn, x, axis)
     return policy.choose("softmax", softmax_problem(x.shape, x.dtype, axis, device=_device_of(x)))
 
 
