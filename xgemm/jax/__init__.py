@@ -56,11 +56,9 @@ def _scalar(fn: str, name: str, v: Any) -> float:
     return checks.scalar(fn, name, v, traced=_is_tracer(v))
 
 
-def _checked_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out_dtype: Any,
-                  require_c: bool = True):
+def _checked_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out_dtype: Any):
     """gemm()'s arguments as JAX arrays and floats, checked by core/checks.py as the eager path
-    checks them: (a, b, c or None when beta == 0, alpha, beta, out dtype name, GemmShape).
-    require_c=False (explain) lets a nonzero beta come without c."""
+    checks them: (a, b, c or None when beta == 0, alpha, beta, out dtype name, GemmShape)."""
     a, b = _as_jax(fn, "a", a), _as_jax(fn, "b", b)
     alpha, beta = _scalar(fn, "alpha", alpha), _scalar(fn, "beta", beta)
     has_c = c is not None
@@ -69,7 +67,7 @@ def _checked_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out_dt
                             np.dtype(c.dtype).name if c is not None else None)
     out = checks.out_dtype(fn, dt, None if out_dtype is None else np.dtype(out_dtype).name)
     shape = checks.gemm_shape(fn, a.shape, b.shape, c.shape if c is not None else None,
-                              beta if require_c else 0.0, has_c)
+                              beta, has_c)
     return a, b, c, alpha, beta, out, shape
 
 
@@ -155,7 +153,7 @@ def _device_of(x: Any):
 def explain_gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
                  out_dtype: Any = None, fn: str = "explain") -> policy.Plan:
     """The plan jax.jit's lowering would make for gemm(a, b, c, ...) (checked as gemm() checks it)."""
-    a, b, c_used, alpha, beta, out, _ = _checked_gemm(fn, a, b, c, alpha, beta, out_dtype, require_c=False)
+    a, b, c_used, alpha, beta, out, _ = _checked_gemm(fn, a, b, c, alpha, beta, out_dtype)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     gs = gemm_shapes(a2.shape, a.dtype, b2.shape, None if c_used is None else c_used.shape,
