@@ -9,7 +9,7 @@ Adding a kernel: its own file, and one line below. Nothing is imported until a p
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 TABLE: Dict[str, Tuple[str, ...]] = {
     "gemm": (
@@ -47,12 +47,16 @@ def kernel(name: str, op: str) -> Any:
     raise LookupError(f"{module_name(name)} declares no kernel serving {op!r} (its KERNELS' ops)")
 
 
-def kernels() -> Iterator[Tuple[str, Any]]:
-    """(module name, kernel object) of every registered kernel that imports here."""
+def of_backend(backend: str) -> Dict[str, Any]:
+    """module name -> kernel object of every registered kernel of `backend` ("cute" | "gluon" |
+    "host") that imports here: what build-cache compiles and the cache packer keeps."""
+    found = {}
     for name in names():
         try:
             module = importlib.import_module(module_name(name))
         except ImportError:
             continue
         for k in module.KERNELS:
-            yield name, k
+            if k.backend == backend:
+                found[name] = k
+    return found

@@ -182,12 +182,11 @@ def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, 
     made = plan.kernel.jax_lowering(p, plan.policy, portable=portable, sm_margin=sm_margin)
     if made is None:                 # XLA's own op (the declared fallback)
         return plus_exchange(reference_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype))
+    _ensure_registered()
     if isinstance(made, TvmFfiCall) and route is not None:     # the copy runs beside the kernel
-        _ensure_registered()
         d, recv = jax_ffi.call_exchange(route, send, tc=made, operands=operands, out_avals=[out_aval],
                                         in_layouts=layouts, **xkw)
         return [d.reshape(gs.out_shape), recv]
-    _ensure_registered()
     if isinstance(made, Launch):
         (d,) = jax_ffi.call(made, operands, [out_aval], in_layouts=layouts, target=target)
     else:

@@ -430,11 +430,6 @@ def _warm_worker() -> None:
         cute(key, importlib.import_module(module).build_for_key(key))
 
 
-def cute_kernels() -> Dict[str, Any]:
-    """The registry's CuTe kernels (core/registry.py): module name -> kernel object."""
-    return {name: k for name, k in registry.kernels() if k.backend == "cute"}
-
-
 def prebuild(arch: Optional[str] = None, progress: Optional[Callable[[str], None]] = None,
              jobs: int = 1) -> List[tuple]:
     """Compile (or load) the common classes of every CuTe kernel into the disk cache: each one's
@@ -443,7 +438,7 @@ def prebuild(arch: Optional[str] = None, progress: Optional[Callable[[str], None
     import importlib
     arch = arch or arch_for(None)
     done = []
-    for name, kernel in cute_kernels().items():
+    for name, kernel in registry.of_backend("cute").items():
         items = kernel.prebuild(arch)
         module = registry.module_name(name)
         if jobs != 1 and hasattr(importlib.import_module(module), "build_for_key"):

@@ -34,7 +34,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from xgemm.core import registry
 from xgemm.errors import KernelUnavailableError
@@ -66,11 +66,6 @@ class Entry:
     def cubin(self) -> bytes:
         with open(self.cubin_path, "rb") as f:
             return f.read()
-
-
-def gluon_kernels() -> Dict[str, Any]:
-    """The registry's Gluon kernels (core/registry.py): name -> kernel object."""
-    return {name: k for name, k in registry.kernels() if k.backend == "gluon"}
 
 
 def cache_root() -> Path:
@@ -366,7 +361,7 @@ def default_entries(kernels: Optional[Iterable[str]] = None, arch: str = DEFAULT
     """Entry keys build() makes: each named Gluon kernel's prebuild(arch) (default: every one the
     registry lists), or explicit keys."""
     keys: List[str] = []
-    known = gluon_kernels()
+    known = registry.of_backend("gluon")
     names = list(kernels) if kernels is not None else list(known)
     for name in names:
         if "/" in name:                 # an explicit entry key

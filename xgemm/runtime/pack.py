@@ -23,12 +23,12 @@ def current_dirs() -> List[Path]:
     """The existing cache directories of the installed kernel sources, relative to the cache root."""
     root = cache.root()
     dirs = []
-    for name in cute_cache.cute_kernels():
+    for name in registry.of_backend("cute"):
         spec = importlib.util.find_spec(registry.module_name(name))
         if spec is not None and spec.origin is not None:
             dirs.append(cute_cache.cute_dir(spec.origin))
     gluon_root = gluon_cache.cache_root()
-    for kernel in gluon_cache.gluon_kernels():
+    for kernel in registry.of_backend("gluon"):
         try:
             stem = f"{kernel}-{gluon_cache.source_hash(kernel)}-triton"
         except gluon_cache.KernelUnavailableError:
