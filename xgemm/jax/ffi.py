@@ -134,17 +134,24 @@ def call(launch: Launch, operands: Sequence[Any], out_avals: Sequence[Any], *,
 
     Layouts are major-to-minor dimension orders (None = row-major), as jax.ffi.ffi_call takes them.
     """
+    return _emit(target, attributes, launch, launch.scratch_bytes, operands, out_avals, in_layouts, out_layouts)
+
+
+def _emit(target: str, make_attributes, described: Any, scratch_bytes: Sequence[int], operands: Sequence[Any],
+          out_avals: Sequence[Any], in_layouts, out_layouts) -> Tuple[Any, ...]:
+    """The jax.ffi.ffi_call of one described call (a Launch or a TvmFfiCall, whose attributes
+    make_attributes encodes), with its scratch results appended and dropped again."""
     import jax
     import numpy as np
 
     in_layouts = list(in_layouts) if in_layouts is not None else [None] * len(operands)
     out_layouts = list(out_layouts) if out_layouts is not None else [None] * len(out_avals)
-    attrs = attributes(launch, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands], out_avals,
-                       in_layouts, out_layouts)
+    attrs = make_attributes(described, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands], out_avals,
+                            in_layouts, out_layouts)
     results = [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in out_avals]
-    results += [jax.ShapeDtypeStruct((n,), np.uint8) for n in launch.scratch_bytes]
+    results += [jax.ShapeDtypeStruct((n,), np.uint8) for n in scratch_bytes]
     outs = jax.ffi.ffi_call(target, results, input_layouts=in_layouts,
-                            output_layouts=out_layouts + [None] * len(launch.scratch_bytes))(*operands, **attrs)
+                            output_layouts=out_layouts + [None] * len(scratch_bytes))(*operands, **attrs)
     return tuple(outs[:len(out_avals)])
 
 
@@ -196,19 +203,9 @@ def default_tvm_target() -> str:
 def call_tvm_ffi(tc: TvmFfiCall, operands: Sequence[Any], out_avals: Sequence[Any], *,
                  in_layouts=None, out_layouts=None, target: Optional[str] = None) -> Tuple[Any, ...]:
     """Emit the TVM-FFI custom call (inside a lowering or jit); returns the outputs (no scratch)."""
-    target = target or default_tvm_target()
-    import jax
-    import numpy as np
     load()      # the process token must be set before such a module can run
-    in_layouts = list(in_layouts) if in_layouts is not None else [None] * len(operands)
-    out_layouts = list(out_layouts) if out_layouts is not None else [None] * len(out_avals)
-    attrs = tvm_attributes(tc, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands], out_avals,
-                           in_layouts, out_layouts)
-    results = [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in out_avals]
-    results += [jax.ShapeDtypeStruct((n,), np.uint8) for n in tc.scratch_bytes]
-    outs = jax.ffi.ffi_call(target, results, input_layouts=in_layouts,
-                            output_layouts=out_layouts + [None] * len(tc.scratch_bytes))(*operands, **attrs)
-    return tuple(outs[:len(out_avals)])
+    return _emit(target or default_tvm_target(), tvm_attributes, tc, tc.scratch_bytes, operands, out_avals,
+                 in_layouts, out_layouts)
 
 
 # ---------------------------------------------------------------------------------------------
