@@ -159,8 +159,7 @@ def _row_major_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-_DL_DTYPES = {(dlpack.FLOAT, 16): "float16", (dlpack.FLOAT, 32): "float32", (dlpack.FLOAT, 64): "float64",
-              (dlpack.BFLOAT, 16): "bfloat16"}
+_DL_DTYPES = {code: name for name, code in dlpack.CODES.items() if name.startswith(("float", "bfloat"))}
 
 
 def _view_from_capsule(x: Any, name: str, fn: str, device: Device) -> ArrayView:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Optional, Sequence, Tuple
 
+
 class _Value:
     """Immutable record: the fields named in _fields, set once by __init__, compared and hashed as
     a tuple of them."""

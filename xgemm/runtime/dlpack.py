@@ -9,6 +9,9 @@ import ctypes
 CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
 # DLDataTypeCode
 INT, UINT, FLOAT, BFLOAT = 0, 1, 2, 4
+# dtype name -> (code, bits)
+CODES = {"float32": (FLOAT, 32), "float16": (FLOAT, 16), "bfloat16": (BFLOAT, 16), "float64": (FLOAT, 64),
+         "int32": (INT, 32), "int64": (INT, 64), "int8": (INT, 8), "uint8": (UINT, 8)}
 
 
 class DLDevice(ctypes.Structure):

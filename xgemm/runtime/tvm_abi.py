@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
 from xgemm import arrays
+from xgemm.runtime import dlpack
 from xgemm.runtime.dlpack import CPU as _KDLCPU
 from xgemm.runtime.dlpack import CUDA as _KDLCUDA
 from xgemm.runtime.dlpack import DLTensor
 
 _NONE, _INT, _BOOL, _FLOAT, _OPAQUE, _DLTENSOR = 0, 1, 2, 3, 4, 7
 _STATIC_OBJECT_BEGIN = 64
-_DTYPES = {"float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16), "float64": (2, 64),
-           "int32": (0, 32), "int64": (0, 64), "int8": (0, 8), "uint8": (1, 8)}
 MAX_DIMS = 8
 
 
@@ -123,7 +122,7 @@ class _Marshal:
                 dims = (ctypes.c_int64 * max(1, 2 * nd))(*shape, *strides)
                 t = DLTensor()
                 t.data, t.device.device_type, t.device.device_id, t.ndim = ptr, dev_type, dev_index, nd
-                code, bits = _DTYPES[dtype]
+                code, bits = dlpack.CODES[dtype]
                 t.dtype.code, t.dtype.bits, t.dtype.lanes = code, bits, 1
                 base = ctypes.addressof(dims)
                 t.shape = ctypes.cast(base, ctypes.POINTER(ctypes.c_int64))
