@@ -96,3 +96,23 @@ def test_aligned_problems_copy_nothing():
     with Fake(keep=True):
         plan = xgemm.explain(ints(256, 512), ints(512, 1024))
     assert plan.kernel_name == "cute_gemm_sm90" and not plan.copies, str(plan)
+
+
+@pytest.mark.parametrize("case", ["out", "a", "both"])
+def test_extent_one_dims_reach_the_kernel_with_dense_strides(case):
+    """torch's (64, 1).t() is (1, 64) with strides (1, 1): a stride never stepped, which the
+    classification takes as dense (16-byte rows). The kernel gets a view with the dense stride
+    (same memory) instead of refusing the real one at launch (issue 22)."""
+    a = ints(64, 1, dtype=torch.float16).t() if case in ("a", "both") else ints(1, 64, dtype=torch.float16)
+    b = ints(64, 64, dtype=torch.float16)
+    out = torch.full((64, 1), float("nan"), dtype=torch.float16).t() if case in ("out", "both") else None
+    assert a.shape == (1, 64) and (out is None or out.stride() == (1, 1))
+    with Fake(keep=True) as fake:
+        d = xgemm.matmul(a, b, out=out)
+    tensors = launched_tensors(fake)
+    for t in tensors:
+        assert t.stride()[0] == t.shape[1], t.stride()        # dense row stride on the extent-1 dim
+    assert tensors[0].data_ptr() == a.data_ptr()              # the caller's memory, not a copy
+    assert tensors[-1].data_ptr() == (out if out is not None else d).data_ptr()
+    if out is not None:
+        assert d is out

@@ -95,3 +95,15 @@ def test_cli_info_and_explain():
     out = subprocess.run([sys.executable, "-m", "xgemm", "explain", "8", "8", "8"], capture_output=True,
                          text=True, check=True).stdout
     assert "kernel: reference" in out
+
+
+def test_extent_one_dims_get_the_dense_stride_on_the_same_memory():
+    """(8, 1).T has strides (1, 1) in elements; the view carries (8, 1) on the same memory and keeps
+    a read-only array read-only (issue 22)."""
+    x = np.arange(8.0).reshape(8, 1)
+    x.flags.writeable = False
+    v = arrays.view(x.T, "x", "test")
+    assert x.T.strides == (8, 8) and v.strides == (8, 1)
+    assert v.ptr == x.__array_interface__["data"][0] and v.readonly and not v.obj.flags.writeable
+    np.testing.assert_array_equal(v.obj, x.T)
+    assert arrays.view(np.zeros((4, 4)), "x", "test").obj.strides == (32, 8)      # no extent 1: as is

@@ -104,14 +104,19 @@ def view_torch(x: Any) -> ArrayView:
     dtype = _torch_dtypes.get(x.dtype)
     if dtype is None:
         dtype = _torch_dtypes[x.dtype] = str(x.dtype).rsplit(".", 1)[-1]
+    shape, strides = tuple(x.shape), tuple(x.stride())
+    if 1 in shape:
+        settled = layout.settled_unit_strides(shape, strides)
+        if settled is not None:
+            x, strides = x.as_strided(shape, settled), settled
     v = _new(ArrayView)
     d = v.__dict__
     d["obj"] = x
     d["framework"] = "torch"
     d["device"] = device
     d["ptr"] = x.data_ptr()
-    d["shape"] = tuple(x.shape)
-    d["strides"] = tuple(x.stride())
+    d["shape"] = shape
+    d["strides"] = strides
     d["dtype"] = dtype
     d["itemsize"] = x.element_size()
     d["readonly"] = False
@@ -148,7 +153,20 @@ def view(x: Any, name: str, fn: str) -> ArrayView:
         raise errors.ShapeError(
             f"{fn}: {name} has byte strides {x.strides} that are not multiples of its itemsize {itemsize}; "
             f"pass numpy.ascontiguousarray({name})")
+    settled = layout.settled_unit_strides(tuple(x.shape), strides) if fw in ("numpy", "cupy") else None
+    if settled is not None:
+        x, strides = _restrided(fw, x, settled, itemsize), settled
     return ArrayView(x, fw, device, int(ptr), tuple(int(d) for d in x.shape), strides, dtype, int(itemsize), readonly)
+
+
+def _restrided(fw: str, x: Any, strides: Tuple[int, ...], itemsize: int) -> Any:
+    """x as a view of the same memory with these element strides (layout.settled_unit_strides:
+    only extent-1 dims differ, so no element moves); NumPy keeps x's writeability."""
+    if fw == "numpy":
+        from numpy.lib.stride_tricks import as_strided
+    else:
+        from cupy.lib.stride_tricks import as_strided
+    return as_strided(x, x.shape, tuple(s * itemsize for s in strides))
 
 
 def _row_major_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:

@@ -66,6 +66,25 @@ def dense_operand(shape: Tuple[int, ...], dtype: str, itemsize: int, major: str)
                    alignment=alignment(0, tuple(shape), batch + strides, itemsize, major))
 
 
+def settled_unit_strides(shape: Sequence[int], strides: Sequence[int]) -> Optional[Tuple[int, ...]]:
+    """The strides with each extent-1 dim's replaced by the dense one (the next dim's stride times
+    its extent; 1 for the last dim), or None when they are that already.
+
+    An extent-1 dim's stride is never stepped, so frameworks leave any value there (torch's
+    (8, 1).t() has strides (1, 1)). The classification above assumes the dense one, and a kernel
+    that hands the real strides to TMA would refuse the view at launch (issue 22), so views
+    carry the dense one (arrays/views.py restrides the array, a view of the same memory)."""
+    if 1 not in shape:
+        return None
+    out, nxt = list(strides), 1
+    for i in range(len(shape) - 1, -1, -1):
+        if shape[i] == 1:
+            out[i] = nxt
+        nxt = out[i] * max(shape[i], 1)
+    out = tuple(out)
+    return None if out == tuple(strides) else out
+
+
 def collapsible(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """Can these dims be folded into one (every stride the next one's stride times its extent)?"""
     dims = [(d, s) for d, s in zip(shape, strides) if d != 1]

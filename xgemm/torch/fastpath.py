@@ -135,6 +135,8 @@ def gemm_store(key: tuple, prep: Any, result: Any) -> None:
     a, b, c = prep.operands
     if a.ndim != 2 or b.ndim != 2 or (c is not None and tuple(c.shape) != (problem.m, problem.n)):
         return
+    if a.strides != key[1][1] or b.strides != key[2][1] or (key[3] is not None and c.strides != key[3][1]):
+        return          # views restrided (extent-1 dims): a bound launch would get the caller's strides
     kernel, pol = plan.kernel, plan.policy
     # bound on the views run() just got: the caller's own tensors (no copies) and the result
     go = _bind(getattr(kernel, "bind", None), problem, pol, prep.operands, prep.out)
