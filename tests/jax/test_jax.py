@@ -241,3 +241,17 @@ def test_eager_arrays_run_the_primitive():
     assert isinstance(d, jax.Array)
     fn = xj._eager_gemm(xj.GemmConfig(alpha=1.0, beta=0.0, out_dtype="float32"), False)
     assert "xgemm_gemm" in str(jax.make_jaxpr(fn)(a, b))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_batched_half_products_under_x64_on_the_cpu_default(dtype):
+    """XLA:CPU's dot refuses some batched bf16 x bf16 -> f32 products with x64 on ("Unsupported
+    element type for DotThunk"; found by benchmarks/fuzz.py): the embedded default widens first."""
+    rng = np.random.default_rng(0)
+    a, b, c = ints(rng, (64, 3)), ints(rng, (2, 2, 2048, 64)), ints(rng, (2048,))
+    with jax.enable_x64(True):
+        d = jax.jit(lambda a, b, c: xj.gemm(a.T, b.swapaxes(-1, -2), c, alpha=-2.0, beta=1.0))(
+            as_jax(a, dtype), as_jax(b, dtype), as_jax(c, dtype))
+        assert d.dtype == jnp.dtype(dtype)
+    ref = -2.0 * np.matmul(a.T, b.swapaxes(-1, -2)) + c
+    np.testing.assert_array_equal(f64(d), rounded(ref, dtype))

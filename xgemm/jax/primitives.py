@@ -121,8 +121,14 @@ for _p in (gemm_p, softmax_p):
 # ---------------------------------------------------------------------------------------------
 # The embedded default (every platform but cuda, and cuda problems no kernel takes)
 
-def reference_gemm(a, b, c=None, *, alpha: float, beta: float, out_dtype: Any):
+def reference_gemm(a, b, c=None, *, alpha: float, beta: float, out_dtype: Any, widen: bool = False):
+    """widen: fp16/bf16 operands go to fp32 before the dot (exact). XLA:CPU's dot refuses some
+    batched bf16 x bf16 -> f32 products ("Unsupported element type for DotThunk", jax 0.10 with
+    x64 on; found by benchmarks/fuzz.py), so the non-CUDA lowering widens; on CUDA it would cost
+    the operands' traffic twice."""
     acc = acc_dtype(a.dtype)
+    if widen and a.dtype != acc:
+        a, b = a.astype(acc), b.astype(acc)
     d = jnp.matmul(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=acc)
     if alpha != 1.0:
         d = d * jnp.asarray(alpha, acc)
@@ -141,7 +147,8 @@ def reference_softmax(x, *, axis: int):
 
 
 def _gemm_reference_rule(ctx, a, b, *c, alpha, beta, out_dtype, has_c, a_major="row", b_major="row", sm_margin=0):
-    fn = lambda a, b, *c: reference_gemm(a, b, c[0] if c else None, alpha=alpha, beta=beta, out_dtype=out_dtype)
+    fn = lambda a, b, *c: reference_gemm(a, b, c[0] if c else None, alpha=alpha, beta=beta, out_dtype=out_dtype,
+                                         widen=True)
     return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, *c)
 
 
@@ -167,7 +174,7 @@ def _gemm_exchange_cpu_rule(ctx, *args, route, into=None, has_dest=False, alpha,
 
     def fn(*args):
         (a, b, *c), send, dest = split_exchange_operands(args, has_dest)
-        d = reference_gemm(a, b, c[0] if c else None, alpha=alpha, beta=beta, out_dtype=out_dtype)
+        d = reference_gemm(a, b, c[0] if c else None, alpha=alpha, beta=beta, out_dtype=out_dtype, widen=True)
         return [d, jax_ffi.call_exchange(route, send, into=into, dest=dest[0] if dest else None,
                                          platform="cpu")[0]]
     return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
