@@ -1,7 +1,8 @@
 """Typed errors. Each message names the argument, the value seen, and the fix.
 
-Every class subclasses the builtin a caller would already catch (ValueError or TypeError),
-so `except ValueError` keeps working for code written against NumPy.
+Every class subclasses the builtin a caller would already catch (ValueError or TypeError,
+MemoryError for running out of memory), so `except ValueError` keeps working for code written
+against NumPy.
 """
 
 
@@ -46,7 +47,18 @@ class NonFiniteScalarError(XgemmError, ValueError):
 
 
 class KernelUnavailableError(XgemmError, RuntimeError):
-    """A kernel was forced (policy override) but cannot serve this problem or this machine."""
+    """A kernel was forced (policy override) but cannot serve this problem or this machine, or its
+    binary cannot run here (missing from the cache, or a driver too old for it)."""
 
 
-__all__ = [name for name in dir() if name.endswith("Error")]
+class OutOfMemoryError(XgemmError, MemoryError):
+    """Device (or host) memory ran out during a call: an output or staging allocation, or the
+    driver's. Nothing xgemm holds is left half-made, so the next call works once memory is free."""
+
+
+class CacheWarning(RuntimeWarning):
+    """The kernel cache on disk could not be used as is (a corrupt entry, a read-only or full
+    directory); xgemm rebuilt or kept the kernel in memory and carried on. Once per process per cause."""
+
+
+__all__ = [name for name in dir() if name.endswith(("Error", "Warning"))]

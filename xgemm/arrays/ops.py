@@ -95,18 +95,45 @@ MIXING_RULES = frozenset({
 
 
 def empty(fw: str, shape: Tuple[int, ...], dtype: str, device: Device, like: Any) -> Any:
-    """Uninitialized output in the owner framework on the owner device."""
-    if fw == "torch":
-        torch = sys.modules["torch"]
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
-    if fw == "cupy":
-        cupy = sys.modules["cupy"]
-        with cupy.cuda.Device(device.index):
-            return cupy.empty(shape, dtype=_np_dtype(dtype))
-    if fw == "numpy":
-        import numpy
-        return numpy.empty(shape, dtype=_np_dtype(dtype))
-    raise AssertionError(f"no allocation route for {fw}")
+    """Uninitialized output in the owner framework on the owner device.
+
+    Running out of memory (torch.OutOfMemoryError, CuPy's and NumPy's MemoryError) is an
+    errors.OutOfMemoryError naming the array and the fix. The framework's exception is not chained:
+    its traceback holds the frames (and arrays) of the failed call, keeping memory the caller is
+    about to need."""
+    try:
+        if fw == "torch":
+            torch = sys.modules["torch"]
+            return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+        if fw == "cupy":
+            cupy = sys.modules["cupy"]
+            with cupy.cuda.Device(device.index):
+                return cupy.empty(shape, dtype=_np_dtype(dtype))
+        if fw == "numpy":
+            import numpy
+            return numpy.empty(shape, dtype=_np_dtype(dtype))
+    except (MemoryError, RuntimeError) as exc:
+        torch_oom = getattr(sys.modules.get("torch"), "OutOfMemoryError", MemoryError)
+        if not isinstance(exc, (MemoryError, torch_oom)):
+            raise
+        what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        where = f"{device.kind}:{device.index}" if device.kind != "cpu" else "host"
+        err = errors.OutOfMemoryError(
+            f"out of {where} memory allocating a {fw} {dtype} array of shape {tuple(shape)}{_bytes(shape, dtype)} for "
+            f"the result or a staging copy ({what}); free memory (drop references to unused arrays, empty the "
+            f"framework's allocator cache) or use smaller batches")
+    else:
+        raise AssertionError(f"no allocation route for {fw}")
+    raise err
+
+
+def _bytes(shape: Tuple[int, ...], dtype: str) -> str:
+    """' (N bytes)' for an OOM message; empty where NumPy does not know the dtype."""
+    try:
+        itemsize = 2 if dtype == "bfloat16" else _np_dtype(dtype).itemsize
+    except TypeError:
+        return ""
+    return f" ({math.prod(shape) * itemsize} bytes)"
 
 
 def _np_dtype(dtype: str):

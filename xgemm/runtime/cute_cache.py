@@ -21,6 +21,10 @@ Lookup order
    the same key wait and load the result instead of compiling it again). One line is logged
    (logger "xgemm.runtime.cute_cache", to stderr if nothing is configured) on every first-use compile.
 
+Faults (runtime/cache.py): an object that does not load (truncated, foreign) is compiled again
+and overwritten, with one errors.CacheWarning; a cache directory that cannot be created or
+written keeps the compiled function in memory, with one warning per process.
+
 The function returned is always the bare tvm_ffi.Function, whether it was just compiled or loaded
 from disk, so callers see one calling convention: positional arguments as the exported signature
 lists them (Constexpr parameters are not in it; a tensor argument given as None at compile time
@@ -30,7 +34,6 @@ XGEMM_CACHE=0 disables the disk side (memory only). `prebuild(jobs=N)` compiles 
 of every CuTe kernel ahead of time (`python -m xgemm build-cache`); `warm(items, jobs)` compiles a
 given list of keys in N worker processes (modules that define `build_for_key(key)`).
 """
-import fcntl
 import hashlib
 import logging
 import os
@@ -50,7 +53,6 @@ EXPORT_NAME = "func"
 # Bump when what this module hands the DSL, or how it exports and loads objects, changes: the
 # disk cache's namespace hashes it (not this file, whose other edits leave compiled code alone).
 SCHEMA = 1
-LOCK_TIMEOUT_S = 600.0      # a compile holding the lock can take minutes on a slow machine
 
 _log = logging.getLogger("xgemm.runtime.cute_cache")
 _memory: Dict[tuple, Any] = {}
@@ -155,35 +157,6 @@ def key_hash(key: tuple) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# file lock (quack's pattern: shared to read, exclusive to compile + write)
-# ------------------------------------------------------------------------------------------
-class _FileLock:
-    def __init__(self, path: Path, exclusive: bool, timeout: float = LOCK_TIMEOUT_S):
-        self.path, self.exclusive, self.timeout, self.fd = path, exclusive, timeout, -1
-
-    def __enter__(self):
-        self.fd = os.open(str(self.path), os.O_RDWR | os.O_CREAT, 0o644)
-        mode = (fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fcntl.flock(self.fd, mode)
-                return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    os.close(self.fd)
-                    self.fd = -1
-                    raise TimeoutError(f"xgemm.runtime.cute_cache: timed out waiting for {self.path}")
-                time.sleep(0.05)
-
-    def __exit__(self, *exc):
-        if self.fd >= 0:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = -1
-
-
-# ------------------------------------------------------------------------------------------
 # load / export
 # ------------------------------------------------------------------------------------------
 def _load_so(path: Path) -> Any:
@@ -257,18 +230,35 @@ def _announce(key: tuple, where: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
+def _whole(path: Path) -> bool:
+    """Checked before loading: dlopen of a truncated library dies of SIGBUS instead of raising."""
+    if cache.elf_intact(path):
+        return True
+    cache.corrupt(path, "its ELF is truncated or not an object")
+    return False
+
+
 def _try_load(so: Path, obj: Path) -> Optional[Any]:
-    """Load from disk: the .so first (no cutlass import), then the .o; None if neither loads."""
-    if so.exists():
+    """Load from disk: the .so first (no cutlass import), then the .o; None if neither loads.
+
+    A file that exists but does not load is corrupt or foreign (truncated by a full disk, copied
+    from elsewhere): warned about once; the .so is relinked from a good .o, else both are rebuilt
+    and overwritten by the caller. A missing loader (ImportError) says nothing about the file."""
+    if so.exists() and _whole(so):
         try:
             return _load_so(so)
-        except Exception as exc:   # noqa: BLE001 - e.g. built elsewhere against other library paths
-            _log.debug("xgemm.runtime.cute_cache: %s did not load (%s); trying the object file", so, exc)
-    if obj.exists():
+        except ImportError as exc:
+            _log.debug("xgemm.runtime.cute_cache: cannot load %s here (%s); trying the object file", so, exc)
+        except Exception as exc:   # noqa: BLE001 - e.g. truncated, or linked elsewhere against other paths
+            cache.corrupt(so, f"{type(exc).__name__}: {exc}")
+    if obj.exists() and _whole(obj):
         try:
             fn = _load_o(obj)
+        except ImportError as exc:
+            _log.debug("xgemm.runtime.cute_cache: cannot load %s here (%s)", obj, exc)
+            return None
         except Exception as exc:   # noqa: BLE001 - a corrupt entry is a miss, not an error
-            _log.warning("xgemm.runtime.cute_cache: cached object %s did not load (%s); recompiling", obj, exc)
+            cache.corrupt(obj, f"{type(exc).__name__}: {exc}")
             return None
         _link_so(obj, so)          # next process: the fast path
         return fn
@@ -288,28 +278,38 @@ def cute(key: tuple, build: Callable[[], Any]) -> Any:
         fn = _memory.get(key)
         if fn is not None:
             return fn
-        if not disk_enabled():
-            _announce(key, "memory")
-            fn = _raw(build())
-            _stats["compiled"] += 1
-        else:
-            fn = _from_disk_or_build(key, build)
+        fn = _from_disk_or_build(key, build) if disk_enabled() else None
+        if fn is None:
+            fn = _build_in_memory(key, build)
         _memory[key] = fn
         return fn
 
 
-def _from_disk_or_build(key: tuple, build: Callable[[], Any]) -> Any:
+def _build_in_memory(key: tuple, build: Callable[[], Any]) -> Any:
+    _announce(key, "memory")
+    fn = _raw(build())
+    _stats["compiled"] += 1
+    return fn
+
+
+def _from_disk_or_build(key: tuple, build: Callable[[], Any]) -> Optional[Any]:
+    """The function from disk, else built and exported; None when the cache directory cannot be
+    created (read-only, or a file in the way): the caller builds in memory."""
     directory = cute_dir(_source_of(build))
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        cache.unwritable(directory, exc)
+        return None
     sha = key_hash(key)
     so, obj, lock = directory / f"{sha}.so", directory / f"{sha}.o", directory / f"{sha}.lock"
     if so.exists() or obj.exists():
-        with _FileLock(lock, exclusive=False):
+        with cache.FileLock(lock, exclusive=False):
             fn = _try_load(so, obj)
         if fn is not None:
             _stats["disk"] += 1
             return fn
-    with _FileLock(lock, exclusive=True):
+    with cache.FileLock(lock, exclusive=True):
         fn = _try_load(so, obj)          # another process may have built it while we waited
         if fn is not None:
             _stats["disk"] += 1
@@ -320,6 +320,8 @@ def _from_disk_or_build(key: tuple, build: Callable[[], Any]) -> Any:
         _stats["compiled"] += 1
         try:
             _export(compiled, obj, so)
+        except OSError as exc:     # read-only or full: still usable in this process
+            cache.unwritable(directory, exc)
         except Exception as exc:   # noqa: BLE001 - still usable in this process
             _log.warning("xgemm.runtime.cute_cache: could not save %s to %s (%s); it will recompile next process",
                          _describe(key), directory, exc)
@@ -346,10 +348,14 @@ def cute_eager(key: tuple, build: Callable[[], Any]) -> Any:
         if not so.exists():
             cute(key, build)             # compiles (or loads the .o) and links the .so when it can
         if so.exists():
-            fn = tvm_abi.load(so, EXPORT_NAME)
+            fn = tvm_abi.load(so, EXPORT_NAME) if _whole(so) else None
             obj = so.with_suffix(".o")
-            if fn is None and tvm_abi._preload_runtime() is not None and obj.exists() and _link_so(obj, so):
-                fn = tvm_abi.load(so, EXPORT_NAME)   # linked on another machine (a carried cache): relinked here
+            if fn is None and tvm_abi._preload_runtime() is not None:
+                # the runtime loads, so the file is at fault: truncated, or linked on another machine
+                # (a carried cache); relinked here from its object, else rebuilt by cute() below
+                cache.corrupt(so, "it does not load through ctypes")
+                if obj.exists() and cache.elf_intact(obj) and _link_so(obj, so):
+                    fn = tvm_abi.load(so, EXPORT_NAME)
             if fn is not None:
                 _stats["disk"] += 1
     if fn is None:

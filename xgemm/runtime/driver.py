@@ -7,14 +7,19 @@ toolkit is needed. The struct layouts are cuda.h's (the same ones ffi/cuda_min.h
 
 Every call checks its CUresult and raises CudaError(call, code, name); `launch_kernel_ex` returns
 the raw code instead, so the per-call path of launch.py does the check itself without a wrapper.
+Two failures get a typed error of their own: CUDA_ERROR_OUT_OF_MEMORY is a CudaOutOfMemoryError
+(an errors.OutOfMemoryError too), and a cubin the driver cannot load because it is too old for
+the ptxas that built it (or the GPU is not the cubin's) is an errors.KernelUnavailableError naming
+the CUDA version the cubin needs and the one the driver supports.
 """
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
-from xgemm.errors import XgemmError
+from xgemm.errors import KernelUnavailableError, OutOfMemoryError, XgemmError
 
 # cuda.h enum values
 FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
@@ -30,6 +35,16 @@ DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 TENSOR_MAP_INTERLEAVE_NONE = 0
 TENSOR_MAP_L2_PROMOTION_L2_128B = 2
 TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_INVALID_IMAGE = 200
+CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+CUDA_ERROR_INVALID_PTX = 218
+CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222
+# what cuModuleLoadData answers for a cubin newer than the driver (or for another GPU)
+_NOT_LOADABLE = (CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_INVALID_PTX,
+                 CUDA_ERROR_UNSUPPORTED_PTX_VERSION)
+# their names where cuGetErrorName gives none (an old or stand-in libcuda)
+_NAMES = {code: name for name, code in globals().items() if name.startswith("CUDA_ERROR_")}
 
 
 class CudaError(XgemmError, RuntimeError):
@@ -39,6 +54,10 @@ class CudaError(XgemmError, RuntimeError):
         self.call, self.code, self.name = call, int(code), name
         msg = f"{call} failed with {name or 'CUresult'} ({int(code)})"
         super().__init__(msg + (f": {detail}" if detail else ""))
+
+
+class CudaOutOfMemoryError(CudaError, OutOfMemoryError):
+    """CUDA_ERROR_OUT_OF_MEMORY from a driver call (a scratch allocation, a module load, a launch)."""
 
 
 class _ClusterDim(ctypes.Structure):
@@ -87,6 +106,7 @@ _I = ctypes.c_int
 _U = ctypes.c_uint
 _SIGNATURES = {
     "cuInit": [_U],
+    "cuDriverGetVersion": [ctypes.POINTER(_I)],
     "cuGetErrorName": [_I, ctypes.POINTER(ctypes.c_char_p)],
     "cuDeviceGet": [ctypes.POINTER(_I), _I],
     "cuDeviceGetCount": [ctypes.POINTER(_I)],
@@ -139,12 +159,77 @@ def error_name(code: int) -> str:
             return s.value.decode()
     except Exception:   # noqa: BLE001 - a name is a nicety
         pass
-    return ""
+    return _NAMES.get(int(code), "")
 
 
 def check(code: int, call: str, detail: str = "") -> None:
+    if code == CUDA_ERROR_OUT_OF_MEMORY:
+        raise CudaOutOfMemoryError(call, code, error_name(code),
+                                   (f"{detail}; " if detail else "") + "GPU memory is exhausted: free memory "
+                                   "(drop references to unused arrays, empty the framework's allocator cache) "
+                                   "or use smaller batches")
     if code:
         raise CudaError(call, code, error_name(code), detail)
+
+
+_driver_version: Optional[int] = None
+
+
+def driver_version() -> int:
+    """The CUDA version the installed driver supports, as cuDriverGetVersion gives it (12040 = 12.4)."""
+    global _driver_version
+    if _driver_version is None:
+        v = _I()
+        check(_fn("cuDriverGetVersion")(ctypes.byref(v)), "cuDriverGetVersion")
+        _driver_version = v.value
+    return _driver_version
+
+
+_TOOLKIT = re.compile(rb"Cuda compilation tools, release (\d+)\.(\d+)")
+
+
+def cubin_cuda_version(cubin: bytes) -> Optional[Tuple[int, int]]:
+    """The CUDA release of the ptxas that built a cubin, from its .note.nv.tkinfo note (None if absent)."""
+    m = _TOOLKIT.search(cubin)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _version_text(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+# the first Linux driver branch of each CUDA major version (NVIDIA's CUDA toolkit release notes)
+_FIRST_DRIVER = {11: "450", 12: "525", 13: "580"}
+
+
+def _not_loadable(exc: CudaError, cubin: bytes, name: str, device: int) -> KernelUnavailableError:
+    """The typed error for a cubin the driver refused: which CUDA it needs, which the driver has."""
+    built = cubin_cuda_version(cubin)
+    try:
+        have: Optional[int] = driver_version()
+        installed = f"CUDA {_version_text(have)} (cuDriverGetVersion {have})"
+    except CudaError:
+        have, installed = None, "an unknown CUDA version"
+    too_old = built is not None and have is not None and have < built[0] * 1000
+    if exc.code == CUDA_ERROR_NO_BINARY_FOR_GPU and not too_old:
+        try:
+            major, minor = capability(device)
+            gpu = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+        except CudaError:
+            gpu = "this GPU's arch"
+        return KernelUnavailableError(
+            f"kernel {name}: its cubin is not for device {device} ({gpu}; driver: {installed}); rebuild the "
+            f"kernel cache for it (`python -m xgemm build-cache --arch {gpu}`) [{exc}]")
+    if built is not None:
+        branch = _FIRST_DRIVER.get(built[0])
+        needs = (f"CUDA {built[0]}.x{f' (driver R{branch} or newer)' if branch else ''}; its cubin was built "
+                 f"by ptxas of CUDA {built[0]}.{built[1]}")
+    else:
+        needs = "a newer CUDA than it has (the cubin names no toolkit release)"
+    return KernelUnavailableError(
+        f"kernel {name} needs an NVIDIA driver for {needs}; the installed driver supports {installed}. Update "
+        f"the NVIDIA driver, or rebuild the kernel cache (`python -m xgemm build-cache`) with a triton whose "
+        f"ptxas is no newer than the driver [{exc}]")
 
 
 def init() -> None:
@@ -261,7 +346,12 @@ def load_kernel(cubin: bytes, name: str, device: int, shared: int, cluster: int 
     process) and opted into what its launches need: dynamic shared memory above the 48 KB default,
     and a non-portable cluster size (> 8 CTAs)."""
     with current_context(device):
-        module = module_load(cubin, name)
+        try:
+            module = module_load(cubin, name)
+        except CudaError as exc:
+            if exc.code in _NOT_LOADABLE:
+                raise _not_loadable(exc, cubin, name, device) from None
+            raise
         func = module_function(module, name)
         if shared > 48 * 1024:
             set_function_attribute(func, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared,

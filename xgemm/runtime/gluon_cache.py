@@ -17,6 +17,12 @@ cache is read with no triton at all (a machine with triton 3.6, or none, just ne
 `lookup` compiles a missing entry on first use into the same cache when it can, and otherwise
 raises CacheMissError telling the user to run `python -m xgemm build-cache`.
 
+Faults: an entry whose JSON does not parse or names another entry, or whose cubin is missing or
+fails the metadata's sha256 (truncated, foreign) is a miss, rebuilt and overwritten, with one
+errors.CacheWarning (runtime/cache.py). A compile holds `<entry>.lock` (flock) and looks at the
+disk again once it has it, so processes wanting one entry build it once. A cache directory that
+cannot be created or written (read-only, full) keeps the entry in memory, with one warning.
+
 A kernel module plugs in with two functions (see kernels/gluon_softmax.py), and a third optional:
   gluon_entries(arch) -> [entry key]                    what build() makes by default
   gluon_compile_args(key, arch) -> (jit fn, signature, constexprs, attrs, options)
@@ -53,17 +59,21 @@ class CacheMissError(KernelUnavailableError):
 
 
 class Entry:
-    """One cached kernel: its key, arch, metadata (the JSON) and the cubin's path."""
-    __slots__ = ("key", "arch", "meta", "cubin_path")
+    """One cached kernel: its key, arch, metadata (the JSON), the cubin's path and its bytes
+    (those checked against the metadata's sha256; where the cache could not be written, the only
+    copy)."""
+    __slots__ = ("key", "arch", "meta", "cubin_path", "data")
 
-    def __init__(self, key: str, arch: str, meta: dict, cubin_path: str):
-        self.key, self.arch, self.meta, self.cubin_path = key, arch, meta, cubin_path
+    def __init__(self, key: str, arch: str, meta: dict, cubin_path: str, data: Optional[bytes] = None):
+        self.key, self.arch, self.meta, self.cubin_path, self.data = key, arch, meta, cubin_path, data
 
     def __repr__(self) -> str:
         return f"Entry({self.key!r}, {self.arch!r}, {self.cubin_path!r})"
 
     @property
     def cubin(self) -> bytes:
+        if self.data is not None:
+            return self.data
         with open(self.cubin_path, "rb") as f:
             return f.read()
 
@@ -121,8 +131,12 @@ def _dir_for(kernel: str, version: Tuple[int, ...], arch: str) -> Path:
     return cache_root() / f"{kernel}-{source_hash(kernel)}-triton{'.'.join(map(str, version))}" / arch
 
 
+_corrupt: Dict[Tuple[str, str], str] = {}       # (key, arch) -> why its disk entry was refused
+
+
 def _find(key: str, arch: str) -> Optional[Entry]:
-    """The entry on disk under any triton version's dir for this source (newest version first)."""
+    """The entry on disk under any triton version's dir for this source (newest version first);
+    one that is unreadable, truncated or foreign is skipped (and warned about once)."""
     kernel = _kernel_of(key)
     stem = _file_stem(key)
     pattern = str(cache_root() / f"{kernel}-{source_hash(kernel)}-triton*" / arch / f"{stem}.json")
@@ -133,15 +147,30 @@ def _find(key: str, arch: str) -> Optional[Entry]:
         return tuple(int(v) for v in m.group(1).split(".") if v) if m else ()
 
     for path in sorted(paths, key=version_of, reverse=True):
+        cubin = path[:-len(".json")] + ".cubin"
         try:
             with open(path) as f:
                 meta = json.load(f)
-        except (OSError, ValueError):
+            with open(cubin, "rb") as f:
+                data = f.read()
+        except (OSError, ValueError) as exc:        # a truncated JSON, a missing cubin
+            _refuse(key, arch, path, f"{type(exc).__name__}: {exc}")
             continue
-        cubin = path[:-len(".json")] + ".cubin"
-        if meta.get("schema") == SCHEMA and meta.get("key") == key and os.path.exists(cubin):
-            return Entry(key, arch, meta, cubin)
+        if not isinstance(meta, dict) or meta.get("schema") != SCHEMA or meta.get("key") != key:
+            _refuse(key, arch, path, "its metadata is not this entry's (schema, key)")
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != meta.get("cubin_sha256"):
+            _refuse(key, arch, cubin, f"sha256 {digest[:12]}... of {len(data)} bytes, the metadata says "
+                                      f"{str(meta.get('cubin_sha256'))[:12]}...")
+            continue
+        return Entry(key, arch, meta, cubin, data)
     return None
+
+
+def _refuse(key: str, arch: str, path: str, why: str) -> None:
+    _corrupt[key, arch] = f"{path}: {why}"
+    cache.corrupt(Path(path), why)
 
 
 def parse_key(key: str, kernel: str) -> Tuple[List[str], Dict[str, int]]:
@@ -171,8 +200,10 @@ def lookup(key: str, arch: str = DEFAULT_ARCH, compile: bool = True) -> Optional
             return None
         if not can_compile():
             v = triton_version()
+            bad = _corrupt.get((key, arch))
             raise CacheMissError(
-                f"no prebuilt Gluon kernel {key} for {arch} under {cache_root()} (XGEMM_CACHE_DIR), and "
+                f"no {'usable' if bad else 'prebuilt'} Gluon kernel {key} for {arch} under {cache_root()} "
+                f"(XGEMM_CACHE_DIR){f' (the cached one is corrupt: {bad})' if bad else ''}, and "
                 f"this machine cannot compile one (triton {'.'.join(map(str, v)) if v else 'is not installed'}; "
                 f"needs >= {'.'.join(map(str, MIN_TRITON))}). Run `python -m xgemm build-cache --arch {arch}` "
                 f"on a machine with triton >= 3.8 (no GPU needed) and point XGEMM_CACHE_DIR at the result")
@@ -291,8 +322,36 @@ def _assemble(ptx: str, compiled, options: dict, arch: str) -> bytes:
     return backend.make_cubin(ptx, {"name": compiled.metadata.name}, opt, _target(arch).arch)
 
 
-def compile_entry(key: str, arch: str = DEFAULT_ARCH) -> Entry:
-    """Compile one entry and write <entry>.cubin + <entry>.json atomically into the cache."""
+def compile_entry(key: str, arch: str = DEFAULT_ARCH, force: bool = False) -> Entry:
+    """Compile one entry and write <entry>.cubin + <entry>.json atomically into the cache.
+
+    Under an exclusive lock on <entry>.lock: a process that waited for another's compile of the
+    same entry finds it on disk and returns it (unless force). Where the directory cannot be made
+    or written (read-only, full), the entry is kept in memory only, with one warning."""
+    kernel = _kernel_of(key)
+    version = triton_version() or _imported_triton_version()
+    out_dir = _dir_for(kernel, version, arch)
+    stem = out_dir / _file_stem(key)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        cache.unwritable(out_dir, exc)
+    with cache.FileLock(Path(f"{stem}.lock")):
+        entry = None if force else _find(key, arch)
+        if entry is None:
+            cubin, meta = _compile(key, arch)
+            entry = _store(stem, key, arch, cubin, meta)
+    _entries[(key, arch)] = entry
+    return entry
+
+
+def _imported_triton_version() -> Tuple[int, ...]:
+    import triton
+    return tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:3])
+
+
+def _compile(key: str, arch: str) -> Tuple[bytes, dict]:
+    """(cubin, metadata) of one entry: triton's compile, its PTX patched where the kernel asks."""
     import triton
     kernel = _kernel_of(key)
     compiled, sig, constexprs, options = compile_kernel(key, arch)
@@ -309,7 +368,6 @@ def compile_entry(key: str, arch: str = DEFAULT_ARCH) -> Entry:
         ptx = patch(key, compiled.asm["ptx"])
         if ptx != compiled.asm["ptx"]:
             cubin = _assemble(ptx, compiled, options, arch)
-    version = triton_version() or tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:3])
     meta = {
         "schema": SCHEMA, "key": key, "kernel": kernel, "name": name, "arch": arch,
         "num_warps": md.num_warps, "num_ctas": md.num_ctas, "shared": md.shared,
@@ -323,15 +381,20 @@ def compile_entry(key: str, arch: str = DEFAULT_ARCH) -> Entry:
     }
     if getattr(md, "tensordesc_meta", None):     # TMA maps: what the host must encode per descriptor
         meta["tensordesc_meta"] = _jsonable_meta(md.tensordesc_meta)
-    out_dir = _dir_for(kernel, version, arch)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / _file_stem(key)
-    _atomic_write(Path(f"{stem}.cubin"), cubin)
-    meta["regs"] = _register_count(f"{stem}.cubin")
-    _atomic_write(Path(f"{stem}.json"), json.dumps(meta, indent=1, sort_keys=True).encode())
-    entry = Entry(key, arch, meta, f"{stem}.cubin")
-    _entries[(key, arch)] = entry
-    return entry
+    return cubin, meta
+
+
+def _store(stem: Path, key: str, arch: str, cubin: bytes, meta: dict) -> Entry:
+    """Write the cubin, then the JSON (a reader takes an entry by its JSON, so never half of one);
+    on a read-only or full disk, the entry in memory only."""
+    try:
+        _atomic_write(Path(f"{stem}.cubin"), cubin)
+        meta["regs"] = _register_count(f"{stem}.cubin")
+        _atomic_write(Path(f"{stem}.json"), json.dumps(meta, indent=1, sort_keys=True).encode())
+    except OSError as exc:
+        cache.unwritable(stem.parent, exc)
+        meta.setdefault("regs", None)
+    return Entry(key, arch, meta, f"{stem}.cubin", cubin)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -349,9 +412,9 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def _compile_worker(args):
-    key, arch = args
+    key, arch, force = args
     try:
-        compile_entry(key, arch)
+        compile_entry(key, arch, force)
         return key, None
     except Exception as exc:                # reported by build(), which keeps going
         return key, f"{type(exc).__name__}: {exc}"
@@ -390,13 +453,13 @@ def build(arch: str = DEFAULT_ARCH, kernels: Optional[Iterable[str]] = None, job
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo) or 1))
     failed = []
     if jobs == 1:
-        results = (_compile_worker((k, arch)) for k in todo)
+        results = (_compile_worker((k, arch, force)) for k in todo)
     else:
         import concurrent.futures as cf
         import multiprocessing
         # spawn: workers import triton themselves; the parent may hold a CUDA context or threads.
         pool = cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
-        results = pool.map(_compile_worker, [(k, arch) for k in todo], chunksize=4)
+        results = pool.map(_compile_worker, [(k, arch, force) for k in todo], chunksize=4)
     try:
         for i, (k, err) in enumerate(results):
             if err:
@@ -424,3 +487,4 @@ def clear_memory() -> None:
     process whose XGEMM_CACHE_DIR changed, e.g. tests that build into a fresh directory."""
     _entries.clear()
     _availability.clear()
+    _corrupt.clear()

@@ -15,7 +15,10 @@ null when their size is 0, else a stream-ordered allocation of grid * num_ctas *
 
 Per-call cost: one struct.pack_into into a prebuilt parameter block, two field writes into a
 prebuilt CUlaunchConfig, one ctypes call of cuLaunchKernelEx. Every CUDA return code is checked
-and a failure raises CudaError (code, name, the call).
+and a failure raises CudaError (code, name, the call): out of memory (a scratch allocation, the
+launch) is driver.CudaOutOfMemoryError, an errors.OutOfMemoryError too; a cubin the driver is too
+old for is an errors.KernelUnavailableError from the load (driver.load_kernel). Nothing is cached
+for a Launcher whose load failed, and a failed launch leaves its Launcher usable.
 """
 from __future__ import annotations
 

@@ -5,14 +5,22 @@ Two libraries use it: the XLA FFI handler (xgemm/jax/ffi.py) and the torch fast 
 a fingerprint of what it is built against (header bytes, or a version string where hashing
 thousands of headers at every process start would cost more than it tells), and written
 under a file lock so concurrent builds (pytest -n) wait for one another.
+
+Faults: a cached library whose ELF is cut short (dlopen would die of SIGBUS on it) is rebuilt
+and overwritten, with one CacheWarning. The compiler writes into a private temporary directory
+and the result is copied into the cache, so a cache that cannot be created or written (read-only,
+full) leaves the library in that private directory for this process (one warning; the next
+process builds again).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from xgemm.runtime import cache
 
@@ -28,10 +36,26 @@ def source_dir() -> Path:
     return installed if (installed / "xgemm_ffi.cc").exists() else package.parent / "ffi"
 
 
+_private: Optional[Path] = None          # this process's build directory when the cache has none
+_placed: Dict[Path, Path] = {}            # cache path -> the private copy built where it could not be written
+
+
 def cache_dir() -> Path:
+    """<cache root>/ffi, created; a private temporary directory (one warning) where it cannot be."""
     path = cache.root() / "ffi"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    except OSError as exc:
+        cache.unwritable(path, exc)
+        return _private_dir()
+
+
+def _private_dir() -> Path:
+    global _private
+    if _private is None:
+        _private = Path(tempfile.mkdtemp(prefix="xgemm-ffi-"))
+    return _private
 
 
 def compiler() -> str:
@@ -50,7 +74,8 @@ def library_path(sources: Sequence[Path], name: str, flags: Sequence[str], finge
     for src in sources:
         h.update(src.name.encode() + b"\0" + src.read_bytes())
     h.update(fingerprint)
-    return cache_dir() / f"{name}-{h.hexdigest()[:16]}.so"
+    path = cache_dir() / f"{name}-{h.hexdigest()[:16]}.so"
+    return _placed.get(path, path)
 
 
 def headers_fingerprint(include_dirs: Sequence[str]) -> bytes:
@@ -67,22 +92,43 @@ def build(sources: Sequence[Path], name: str, flags: Sequence[str], fingerprint:
     """Compile the .cc files of `sources` into cache_dir()/<name>-<key>.so unless it exists."""
     out = library_path(sources, name, tuple(flags) + tuple(link), fingerprint)
     if out is None:
-        prebuilt = sorted(cache_dir().glob(f"{name}-*.so"), key=lambda p: p.stat().st_mtime)
+        whole = (p for p in cache_dir().glob(f"{name}-*.so") if cache.elf_intact(p))
+        prebuilt = sorted(whole, key=lambda p: p.stat().st_mtime)
         if prebuilt:
             return prebuilt[-1]
         raise RuntimeError(f"{what}: no C++ compiler ({compiler()}) and no prebuilt {name} in {cache_dir()}; "
                            f"install g++ or set CXX")
-    if out.exists():
+    if _present(out):
         return out
-    import fcntl
-    with open(cache_dir() / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if out.exists():
+    with cache.FileLock(out.parent / f".{name}.lock"):
+        if _present(out):
             return out
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        cmd = [compiler(), *flags, "-o", str(tmp), *(str(s) for s in sources if s.suffix == ".cc"), *link]
+        built = Path(tempfile.mkdtemp(prefix="xgemm-ffi-")) / out.name
+        cmd = [compiler(), *flags, "-o", str(built), *(str(s) for s in sources if s.suffix == ".cc"), *link]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
+            shutil.rmtree(built.parent, ignore_errors=True)
             raise RuntimeError(f"{what}: building {name} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
-        os.replace(tmp, out)
+        tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+        try:
+            shutil.copyfile(built, tmp)
+            os.replace(tmp, out)        # atomic: a reader never sees half a library
+        except OSError as exc:          # read-only or full: this process uses the private copy
+            if tmp.exists():
+                tmp.unlink()
+            cache.unwritable(out.parent, exc)
+            _placed[out] = built
+            return built
+        shutil.rmtree(built.parent, ignore_errors=True)
     return out
+
+
+def _present(out: Path) -> bool:
+    """The library is in the cache and whole; one that is cut short is warned about (then rebuilt):
+    the callers dlopen it, which a truncated file turns into SIGBUS, not an exception."""
+    if not out.exists():
+        return False
+    if cache.elf_intact(out):
+        return True
+    cache.corrupt(out, "its ELF is truncated or not a library")
+    return False
