@@ -68,3 +68,16 @@ def test_torch_compile_of_the_public_api_with_the_native_fast_path_active(monkey
     f = torch.compile(lambda a, b: xgemm.softmax(xgemm.matmul(a, b)), fullgraph=True)
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     torch.testing.assert_close(f(a, b), torch.softmax(a @ b, -1))
+
+
+def test_public_api_under_dynamic_shape_compile():
+    """torch.compile(dynamic=True) traces alpha/beta as symbolic floats: the scalar check compares
+    them instead of calling math.isfinite (a graph break under fullgraph; found writing examples/)."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b, c: xgemm.gemm(a, b, c, alpha=0.5, beta=2.0), dynamic=True, fullgraph=True)
+    for m in (3, 5):
+        a, b, c = torch.randn(m, 16), torch.randn(16, 8), torch.randn(m, 8)
+        torch.testing.assert_close(f(a, b, c), 0.5 * a @ b + 2.0 * c)
+    g = torch.compile(lambda a, b: xgemm.matmul(a, b), dynamic=True, fullgraph=True)
+    a, b = torch.randn(4, 16), torch.randn(16, 8)
+    torch.testing.assert_close(g(a, b), a @ b)

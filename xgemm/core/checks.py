@@ -22,7 +22,9 @@ def scalar(fn: str, name: str, value: Any, *, traced: bool = False) -> float:
                 if traced else "pass a Python float such as 1.0")
         raise errors.ScalarError(f"{fn}: {name}={value!r} ({type(value).__name__}) is not a real number; {hint}")
     value = float(value)
-    if not math.isfinite(value):
+    # comparisons, not math.isfinite: torch.compile(dynamic=True) traces alpha/beta as symbolic
+    # floats, which compare (a guard) but make math.isfinite a graph break
+    if value != value or abs(value) == math.inf:
         raise errors.NonFiniteScalarError(f"{fn}: {name}={value} is not finite; pass a finite float")
     return value
 

@@ -44,5 +44,10 @@ def pack(dest: str) -> List[Path]:
     Path(dest).parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(dest, "w:xz") as tar:
         for d in dirs:
-            tar.add(root / d, arcname=str(d))
+            tar.add(root / d, arcname=str(d), filter=_no_locks)
     return dirs
+
+
+def _no_locks(info: tarfile.TarInfo):
+    """The build locks beside cache entries (runtime/cache.py) stay behind."""
+    return None if info.name.endswith(".lock") else info
