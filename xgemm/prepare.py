@@ -42,8 +42,11 @@ def _check_out(fn: str, out: Any, owner: str, shape: Tuple[int, ...], dtypes: Se
     if v.device != inputs[0].device:
         raise errors.DeviceError(f"{fn}: out is on {_dev(v)} but the inputs are on {_dev(inputs[0])}; "
                                  f"allocate out on {_dev(inputs[0])}")
-    if v.readonly:
-        raise errors.OutError(f"{fn}: out is read-only; pass a writeable array (numpy: out.flags.writeable=True or a copy)")
+    if v.readonly:     # NumPy's writeable flag, or DLPack's read-only flag for other producers
+        why = ("" if v.framework == "numpy" else
+               f" (its producer, {type(out).__name__}, exports it through DLPack with the read-only flag)")
+        raise errors.OutError(f"{fn}: out is read-only{why}; pass a writeable array (numpy: out.flags.writeable=True "
+                              f"or a copy), or drop out= and use the result")
     for i in inputs:
         if i is not None and v.overlaps(i):
             raise errors.OutError(f"{fn}: out shares memory with an input ({i.shape} at {i.ptr:#x}); "

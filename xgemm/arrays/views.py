@@ -3,7 +3,6 @@ dtype), read through DLPack or the framework's own accessors, without a copy.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
@@ -181,19 +180,42 @@ _DL_DTYPES = {code: name for name, code in dlpack.CODES.items() if name.startswi
 
 
 def _view_from_capsule(x: Any, name: str, fn: str, device: Device) -> ArrayView:
-    """Read a legacy (unversioned) DLPack capsule of an unknown framework; the capsule is not consumed."""
-    capsule = x.__dlpack__()
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    # DLManagedTensor starts with its DLTensor
-    tensor = dlpack.DLTensor.from_address(get_pointer(capsule, b"dltensor"))
+    """Describe an array of a framework xgemm does not know through its DLPack capsule: a versioned
+    (DLPack >= 1.0) one when the producer offers it, whose flags say whether the array is read-only,
+    else a legacy one (read-only unknown: taken as writeable, as before 1.0). The capsule is not
+    consumed: the view reads x's memory in place, and x (the view's obj) keeps it alive."""
+    # Calls owned by an unknown framework launch on the legacy default stream (arrays.current_stream
+    # gives 0 for them), so the producer must order its pending work before that stream: DLPack's 1,
+    # passed explicitly since a producer's own default may be -1, no synchronization (torch 2.13's).
+    kw = {"stream": 1} if device.kind == "cuda" else {}
+    try:
+        try:
+            capsule = x.__dlpack__(max_version=dlpack.VERSION, **kw)
+        except TypeError:                   # a producer older than DLPack 1.0 has no max_version
+            capsule = x.__dlpack__(**kw)
+        unpacked = dlpack.unpack(capsule)
+    except (BufferError, TypeError, ValueError, RuntimeError) as exc:
+        raise errors.FrameworkError(
+            f"{fn}: {name} ({type(x).__name__}) could not be read through DLPack: {exc}; pass a NumPy, "
+            f"torch, CuPy or JAX array (e.g. numpy.from_dlpack({name}) or torch.from_dlpack({name}))") from exc
+    if unpacked.flags & dlpack.FLAG_IS_COPIED:
+        # the copy lives only as long as the capsule, and writes to it would not reach x
+        raise errors.FrameworkError(
+            f"{fn}: {name}'s producer ({type(x).__name__}) exported a copy through DLPack (flag IS_COPIED), "
+            f"but xgemm reads and writes arrays in place; pass an array whose memory it shares, or a "
+            f"NumPy, torch, CuPy or JAX array")
+    tensor = unpacked.tensor                # lives in the capsule: read it all before the capsule goes
     ndim = tensor.ndim
     shape = tuple(tensor.shape[i] for i in range(ndim))
     strides = tuple(tensor.strides[i] for i in range(ndim)) if tensor.strides else _row_major_strides(shape)
     key = (tensor.dtype.code, tensor.dtype.bits)
-    dtype = _DL_DTYPES.get(key, f"dlpack{key}")
-    return ArrayView(x, "other", device, int(tensor.data or 0) + int(tensor.byte_offset), shape, strides,
-                     dtype, max(tensor.dtype.bits // 8, 1), False)
+    # lanes > 1 is a vector dtype (e.g. float32x4): an unknown name, which the dtype checks refuse
+    dtype = _DL_DTYPES.get(key, f"dlpack{key}") if tensor.dtype.lanes == 1 else f"dlpack{key}x{tensor.dtype.lanes}"
+    ptr = int(tensor.data or 0) + int(tensor.byte_offset)
+    readonly = bool(unpacked.flags & dlpack.FLAG_READ_ONLY)
+    itemsize = max(tensor.dtype.bits // 8, 1)
+    del tensor, unpacked, capsule           # the producer's deleter runs now (the capsule was not consumed)
+    return ArrayView(x, "other", device, ptr, shape, strides, dtype, itemsize, readonly)
 
 
 def alignment(v: ArrayView, major: str) -> int:
