@@ -67,8 +67,19 @@ def same_device(fn: str, views: Sequence[Tuple[str, arrays.ArrayView]]) -> None:
                                      f"move {n} to {_dev(v0)} first (e.g. torch: {n}.to({n0}.device))")
 
 
+def _owner(fn: str, name: str, x: Any) -> str:
+    """The result's framework: the first operand's, one xgemm can allocate in and hand back."""
+    owner = arrays.require_array(fn, name, x)
+    if owner == "other":
+        raise errors.FrameworkError(
+            f"{fn}: {name} is a {type(x).__name__} (a DLPack producer xgemm does not know), and the result takes "
+            f"the first operand's framework; pass a NumPy, torch, CuPy or JAX array first, e.g. "
+            f"numpy.from_dlpack({name}) or torch.from_dlpack({name})")
+    return owner
+
+
 def _owner_and_tracers(fn: str, named: Sequence[Tuple[str, Any]]) -> str:
-    owner = arrays.require_array(fn, named[0][0], named[0][1])
+    owner = _owner(fn, named[0][0], named[0][1])
     for name, x in named[1:]:
         arrays.require_array(fn, name, x)
         if owner != "jax" and arrays.is_jax_tracer(x):
@@ -306,7 +317,7 @@ def _squeeze(r: Any, a_vec: bool, b_vec: bool) -> Any:
 
 def prepare_softmax(fn: str, x: Any, axis: Any, out: Any, *, plan_only: bool = False):
     """A Prepared softmax (or, with plan_only, its Plan); for JAX arrays the result itself."""
-    owner = arrays.require_array(fn, "x", x)
+    owner = _owner(fn, "x", x)
     if owner == "jax":               # xgemm.jax checks the array as below (core/checks.py)
         if out is not None:
             raise errors.OutError(f"{fn}: out= is not supported for JAX (its arrays are immutable); use the result")

@@ -91,6 +91,8 @@ def import_into(owner: str, x: Any, name: str, fn: str) -> Any:
 MIXING_RULES = frozenset({
     ("torch", "numpy"), ("cupy", "numpy"), ("jax", "numpy"), ("numpy", "torch"), ("numpy", "jax"),
     ("torch", "jax"), ("jax", "torch"), ("torch", "cupy"), ("cupy", "torch"), ("jax", "cupy"), ("cupy", "jax"),
+    # any other DLPack producer joins through the owner's from_dlpack (NumPy keeps its read-only flag)
+    ("numpy", "other"), ("torch", "other"), ("cupy", "other"), ("jax", "other"),
 })
 
 
