@@ -1,0 +1,521 @@
+"""Fuzzing of xgemm's public entry points against float64 references (issue 22).
+
+    python benchmarks/fuzz.py --cases 20000 --seed 1 --workers 8 [--frameworks torch,cupy,jax,jit]
+    python benchmarks/fuzz.py --case '<json of one case>'          # the one-line reproducer
+
+A case is a dict of plain values (so it prints as its own reproducer): gemm or softmax, the
+framework (torch, cupy, jax eager, or jit: xgemm.jax inside jax.jit), dtype, sizes (0, 1, primes,
+up to 4096), batch dims and their broadcast (a missing batch, or a stride-0 expand), row- or
+column-major storage with padded leading dims and base offsets, 1-D operands, alpha/beta with C
+broadcast from (N,) or (M, N), out of each allowed dtype and majorness; softmax rows that are all
+-inf, hold NaN or +inf, or are large, along any axis of a strided view. Outputs are NaN-poisoned:
+out= arrays are filled with NaN, and for torch and CuPy the allocator's next block is too (a NaN
+buffer of the result's size is freed just before the call). The check is against float64 of the
+values the operands hold: the same shape and dtype, the same NaN positions, and errors within
+fp32-accumulate bounds (|alpha| (|A| @ |B|) scaled by K and the output's epsilon).
+
+The same generator serves tests/gpu/test_fuzz_gpu.py: draw(choose) takes a chooser, which is a
+seeded random.Random here and hypothesis' data.draw there (options are listed simplest first, so
+hypothesis shrinks toward small, plain cases). The runner prints cases and failures by class
+(op, framework, dtype) and writes benchmarks/results/fuzz-<tag>.json with --json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+FRAMEWORKS = ("torch", "cupy", "jax", "jit")
+DIMS = (1, 2, 0, 3, 8, 16, 17, 31, 64, 61, 97, 128, 127, 129, 256, 255, 509, 512, 1000, 1021, 1024,
+        2048, 2053, 4096)
+SMALL_DIMS = DIMS[:13]
+MAX_FLOP = 2 * 2 ** 31                       # keeps a case's reference cheap
+DEVICE = "cuda"                              # --cpu: torch and JAX on the CPU (checks the fuzzer itself)
+
+
+class Choose:
+    """A seeded chooser: pick(name, options) -> one option (the first ones more often)."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def __call__(self, name: str, options: Tuple) -> Any:
+        return self.rng.choice(options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------------------------
+def draw(choose: Callable[[str, Tuple], Any], frameworks: Tuple[str, ...] = FRAMEWORKS) -> Dict[str, Any]:
+    """One case, as a dict of plain values."""
+    fw = choose("fw", tuple(frameworks))
+    op = choose("op", ("gemm", "softmax"))
+    dtypes = ("float16", "float32", "float64") if fw == "cupy" else ("float16", "bfloat16", "float32", "float64")
+    dtype = choose("dtype", dtypes)
+    return (_draw_gemm if op == "gemm" else _draw_softmax)(choose, fw, dtype)
+
+
+def _dim(choose, name):
+    return choose(name, choose(name + "_pool", (SMALL_DIMS, DIMS)))
+
+
+def _draw_gemm(choose, fw: str, dtype: str) -> Dict[str, Any]:
+    m, n, k = _dim(choose, "m"), _dim(choose, "n"), _dim(choose, "k")
+    batch = list(choose("batch", ((), (), (3,), (2, 2), (1,))))
+    while 2 * m * n * k * max(math.prod(batch), 1) > MAX_FLOP:
+        m, n, k = max(m // 2, 1), max(n // 2, 1), max(k // 2, 1)
+    strided = fw in ("torch", "cupy")
+    case = dict(op="gemm", fw=fw, dtype=dtype, m=m, n=n, k=k, batch=batch,
+                bcast=choose("bcast", (None, "a2d", "b2d", "b_expand")) if batch else None,
+                vec=None if batch else choose("vec", (None, None, "a", "b")),
+                a_major=choose("a_major", ("row", "col")), b_major=choose("b_major", ("row", "col")),
+                a_pad=choose("a_pad", (0, 8, 1)) if strided else 0,
+                b_pad=choose("b_pad", (0, 8, 1)) if strided else 0,
+                a_off=choose("a_off", (0, 8, 1)) if strided else 0,
+                b_off=choose("b_off", (0, 8, 1)) if strided else 0,
+                alpha=choose("alpha", (1.0, 0.5, -2.0)), beta=0.0, c=None, c_dtype=None,
+                out=None, out_major="row")
+    outs = (dtype, "float32") if dtype in ("float16", "bfloat16") else (dtype,)
+    if choose("with_c", (False, True)):
+        case.update(beta=choose("beta", (1.0, -0.5, 0.0)), c=choose("c", ("mn", "n")),
+                    c_dtype=choose("c_dtype", outs))
+    if fw in ("jax", "jit"):
+        case["out"] = choose("out_dtype", (None,) + outs)
+    elif choose("with_out", (False, True)):
+        case.update(out=choose("out", outs), out_major=choose("out_major", ("row", "col")))
+    return case
+
+
+def _draw_softmax(choose, fw: str, dtype: str) -> Dict[str, Any]:
+    ndim = choose("ndim", (2, 1, 3))
+    shape = [choose(f"d{i}", (1, 8, 3, 0, 64, 1000, 97, 4096, 1536, 4095, 8192, 65536)) for i in range(ndim)]
+    while math.prod(shape) > 2 ** 24:
+        i = shape.index(max(shape))
+        shape[i] //= 4
+    strided = fw in ("torch", "cupy")
+    return dict(op="softmax", fw=fw, dtype=dtype, shape=shape, axis=choose("axis", tuple(range(-ndim, ndim))),
+                view=choose("view", ("dense", "transposed", "every_other", "offset")) if strided else "dense",
+                special=choose("special", (None, "neg_inf_row", "nan", "pos_inf", "large")),
+                out=bool(choose("out", (False, True))) if strided else False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Framework plumbing
+# ---------------------------------------------------------------------------------------------
+_EPS = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
+_TINY = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149, "float64": 0.0}  # subnormal steps
+
+
+def _round(vals: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 values rounded to dtype (what the operand will hold), back in float64."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return vals.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return vals.astype(dtype).astype(np.float64)
+
+
+class Fw:
+    """Make device arrays of one framework with a given layout, and read them back."""
+
+    def __init__(self, name: str):
+        self.name = name
+        if name == "torch":
+            import torch
+            self.torch = torch
+        elif name == "cupy":
+            import cupy
+            self.cupy = cupy
+        else:
+            import jax
+            import jax.numpy as jnp
+            import xgemm.jax  # noqa: F401
+            jax.config.update("jax_enable_x64", True)      # float64 cases stay float64
+            self.jax, self.jnp = jax, jnp
+        self._jitted: Dict[Any, Any] = {}
+
+    # -- making arrays ---------------------------------------------------------------------
+    def place(self, vals: np.ndarray, dtype: str, major: str = "row", pad: int = 0, off: int = 0,
+              view: str = "dense") -> Any:
+        """An array holding vals (float64, already rounded to dtype) with this storage: the last two
+        dims row- or column-major with `pad` extra elements per leading row, `off` elements after a
+        buffer start, other dims dense; `view`: softmax's dense / transposed / every_other / offset."""
+        if self.name in ("jax", "jit"):
+            return self._jax(vals, dtype, major)
+        shape = vals.shape
+        if view == "transposed" and vals.ndim >= 2:
+            major = "col"
+        if view == "offset":
+            off = 3
+        if view == "every_other" and vals.ndim >= 1:
+            wide = np.zeros(shape[:-1] + (2 * shape[-1],))
+            wide[..., ::2] = vals
+            return self.place(wide, dtype, major, pad, off)[..., ::2]
+        if vals.ndim >= 2:
+            r, c = shape[-2], shape[-1]
+            ld = (c if major == "row" else r) + pad
+            inner = (ld, 1) if major == "row" else (1, ld)
+            mat = max(ld * (r if major == "row" else c), 1)
+            strides, step = list(inner), mat
+            for d in reversed(shape[:-2]):
+                strides.insert(0, step)
+                step *= max(d, 1)
+            size = off + step
+        else:
+            strides, size = [1] * vals.ndim, off + max(math.prod(shape), 1)
+        return self._strided(vals, dtype, tuple(strides), off, size)
+
+    def _strided(self, vals, dtype, strides, off, size):
+        if self.name == "torch":
+            t = self.torch
+            buf = t.full((size,), float("nan"), dtype=getattr(t, dtype), device=DEVICE)
+            x = buf.as_strided(vals.shape, strides, off)
+            x.copy_(t.from_numpy(np.ascontiguousarray(vals)).to(DEVICE).to(x.dtype))
+            return x
+        cp = self.cupy
+        buf = cp.full((size,), np.nan, dtype=dtype)
+        item = buf.itemsize
+        x = cp.lib.stride_tricks.as_strided(buf[off:], vals.shape, tuple(s * item for s in strides))
+        x[...] = cp.asarray(vals).astype(dtype)
+        return x
+
+    def _jax(self, vals, dtype, major):
+        jnp = self.jnp
+        import ml_dtypes
+        np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+        if major == "col" and vals.ndim >= 2:      # stored transposed; the case's call transposes it back
+            return jnp.asarray(np.swapaxes(vals, -1, -2).astype(np_dt))
+        return jnp.asarray(vals.astype(np_dt))
+
+    def expand(self, x, shape):
+        return x.expand(*shape) if self.name == "torch" else self.cupy.broadcast_to(x, shape)
+
+    def empty_poisoned(self, shape, dtype, major="row"):
+        """A NaN-filled out= array of shape, row- or column-major in its last two dims."""
+        vals = np.full(shape, np.nan)
+        return self.place(vals, dtype, major)
+
+    def poison_allocator(self, nbytes: int) -> None:
+        """Free a NaN-filled block of nbytes so the caching allocator's next block of that size holds NaN."""
+        if nbytes <= 0 or DEVICE != "cuda":
+            return
+        if self.name == "torch":
+            t = self.torch
+            x = t.empty(nbytes // 2 + 1, dtype=t.float16, device=DEVICE)
+            x.fill_(float("nan"))
+            del x
+        elif self.name == "cupy":
+            x = self.cupy.full(nbytes // 2 + 1, np.nan, dtype=np.float16)
+            del x
+
+    def host(self, x) -> Tuple[np.ndarray, str]:
+        """float64 values and dtype name of a result."""
+        if self.name == "torch":
+            dt = str(x.dtype).rsplit(".", 1)[-1]
+            return x.detach().to("cpu", self.torch.float64).numpy(), dt
+        if self.name == "cupy":
+            return self.cupy.asnumpy(x).astype(np.float64), str(x.dtype)
+        return np.asarray(x).astype(np.float64), str(x.dtype)
+
+    def sync(self):
+        if self.name == "torch" and DEVICE == "cuda":
+            self.torch.cuda.synchronize()
+        elif self.name == "cupy":
+            self.cupy.cuda.Device().synchronize()
+
+    def jitted(self, key, make):
+        if key not in self._jitted:
+            self._jitted[key] = self.jax.jit(make())
+        return self._jitted[key]
+
+
+_FWS: Dict[str, Fw] = {}
+
+
+def fw_of(name: str) -> Fw:
+    if name not in _FWS:
+        _FWS[name] = Fw(name)
+    return _FWS[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running and checking one case
+# ---------------------------------------------------------------------------------------------
+def _values(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
+    return _round(rng.uniform(-1.0, 1.0, size=shape), dtype)
+
+
+def _gemm_shapes(case) -> Tuple[tuple, tuple, tuple]:
+    m, n, k, batch = case["m"], case["n"], case["k"], tuple(case["batch"])
+    a_shape = (k,) if case["vec"] == "a" else (batch + (m, k) if case["bcast"] != "a2d" else (m, k))
+    b_shape = (k,) if case["vec"] == "b" else (
+        (k, n) if case["bcast"] == "b2d" else (1, k, n) if case["bcast"] == "b_expand" else batch + (k, n))
+    d_shape = batch + ((m,) if case["vec"] != "a" else ()) + ((n,) if case["vec"] != "b" else ())
+    return a_shape, b_shape, d_shape
+
+
+def run_gemm(case: Dict[str, Any], seed: int) -> Optional[str]:
+    """None when the case's result is right, else what is wrong."""
+    import xgemm
+    f = fw_of(case["fw"])
+    rng = np.random.default_rng(seed)
+    dt = case["dtype"]
+    a_shape, b_shape, d_shape = _gemm_shapes(case)
+    A, B = _values(rng, a_shape, dt), _values(rng, b_shape, dt)
+    c_shape = None if case["c"] is None else (d_shape[-1:] if case["c"] == "n" else d_shape)
+    C = None if c_shape is None else _values(rng, c_shape, case["c_dtype"])
+    jaxish = case["fw"] in ("jax", "jit")
+    a = f.place(A, dt, case["a_major"], case["a_pad"], case["a_off"])
+    b_vals = B[0] if case["bcast"] == "b_expand" and not jaxish else B
+    b = f.place(b_vals, dt, case["b_major"], case["b_pad"], case["b_off"])
+    if case["bcast"] == "b_expand" and not jaxish:       # a stride-0 batch dim
+        b = f.expand(b[None] if f.name == "torch" else b[None, ...], tuple(case["batch"]) + b_vals.shape)
+        B = np.broadcast_to(B, b.shape)
+    c = None if C is None else f.place(C, case["c_dtype"])
+    alpha, beta = case["alpha"], case["beta"]
+    out_dt = case["out"] or dt
+    if jaxish:
+        ta = case["a_major"] == "col" and len(a_shape) >= 2
+        tb = case["b_major"] == "col" and len(b_shape) >= 2
+
+        def call(a, b, c):
+            a = a.swapaxes(-1, -2) if ta else a
+            b = b.swapaxes(-1, -2) if tb else b
+            return xgemm.jax.gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=case["out"])
+        fn = call if case["fw"] == "jax" else f.jitted(
+            (ta, tb, alpha, beta, case["out"], c is None), lambda: call)
+        d = fn(a, b, c)
+    else:
+        out = None
+        if case["out"] is not None:
+            out = f.empty_poisoned(d_shape, case["out"], case["out_major"] if len(d_shape) >= 2 else "row")
+        f.poison_allocator(math.prod(d_shape) * 4)
+        d = xgemm.gemm(a, b, c, alpha=alpha, beta=beta, out=out)
+        if out is not None and d is not out:
+            return "out= given but another array returned"
+    f.sync()
+    got, got_dt = f.host(d)
+    if got_dt != out_dt:
+        return f"dtype {got_dt}, expected {out_dt}"
+    if got.shape != d_shape:
+        return f"shape {got.shape}, expected {d_shape}"
+    prod = np.matmul(A, B)
+    mag = np.abs(alpha) * np.matmul(np.abs(A), np.abs(B))
+    ref = alpha * prod
+    if C is not None and beta != 0.0:
+        ref = ref + beta * C
+        mag = mag + abs(beta) * np.abs(C)
+    acc_eps = _EPS["float64" if dt == "float64" else "float32"]
+    tol = 2 * _EPS[out_dt] * mag + 2 * max(case["k"], 1) * acc_eps * mag + _TINY[out_dt]
+    return _compare(got, ref, tol)
+
+
+def _softmax_ref(X: np.ndarray, axis: int) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        if X.size == 0:
+            return X.copy()
+        e = np.exp(X - X.max(axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
+
+
+def run_softmax(case: Dict[str, Any], seed: int) -> Optional[str]:
+    import xgemm
+    f = fw_of(case["fw"])
+    rng = np.random.default_rng(seed)
+    dt, shape, axis = case["dtype"], tuple(case["shape"]), case["axis"]
+    X = rng.normal(0.0, 3.0, size=shape)
+    special = case["special"]
+    if special == "large":
+        X = X * {"float16": 10000.0, "bfloat16": 1e30}.get(dt, 1e30) / 3
+    X = _round(X, dt)
+    if X.size and special in ("neg_inf_row", "nan", "pos_inf"):
+        flat = np.moveaxis(X, axis, -1)             # a view: rows along the softmax axis
+        row = tuple(rng.integers(0, s) for s in flat.shape[:-1])
+        if special == "neg_inf_row":
+            flat[row] = -np.inf
+        else:
+            flat[row + (int(rng.integers(0, flat.shape[-1])),)] = np.nan if special == "nan" else np.inf
+    x = f.place(X, dt, view=case["view"])
+    if case["fw"] == "jax":
+        d = xgemm.jax.softmax(x, axis)
+    elif case["fw"] == "jit":
+        d = f.jitted(("softmax", axis), lambda: (lambda x: xgemm.jax.softmax(x, axis)))(x)
+    else:
+        out = f.empty_poisoned(shape, dt) if case["out"] else None
+        f.poison_allocator(X.size * 4)
+        d = xgemm.softmax(x, axis, out=out)
+    f.sync()
+    got, got_dt = f.host(d)
+    if got_dt != dt:
+        return f"dtype {got_dt}, expected {dt}"
+    if got.shape != shape:
+        return f"shape {got.shape}, expected {shape}"
+    ref = _softmax_ref(X, axis)
+    tol = (2 * _EPS[dt] + (1e-12 if dt == "float64" else 4e-6)) * np.abs(ref) + _TINY[dt] + 1e-300
+    return _compare(got, ref, tol)
+
+
+def _compare(got: np.ndarray, ref: np.ndarray, tol) -> Optional[str]:
+    nan_got, nan_ref = np.isnan(got), np.isnan(ref)
+    if (nan_got != nan_ref).any():
+        i = np.argwhere(nan_got != nan_ref)[0]
+        return f"NaN mismatch at {tuple(i)}: got {got[tuple(i)]}, expected {ref[tuple(i)]} ({int(nan_got.sum())} NaN)"
+    ok = ~nan_ref
+    with np.errstate(invalid="ignore"):
+        err = np.where(ok & (got != ref), np.abs(got - ref), 0.0)
+    bad = err > tol
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        return f"{int(bad.sum())} wrong, first at {i}: got {got[i]!r}, expected {ref[i]!r} (tol {np.broadcast_to(tol, ref.shape)[i]:.3g})"
+    return None
+
+
+def run_case(case: Dict[str, Any], seed: int = 0) -> Optional[str]:
+    """None when right; else a one-line description. Exceptions are failures too."""
+    try:
+        return (run_gemm if case["op"] == "gemm" else run_softmax)(case, seed)
+    except Exception as exc:        # noqa: BLE001 -- any exception from a valid call is a failure
+        return f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+
+def reproducer(case: Dict[str, Any], seed: int) -> str:
+    return f"python benchmarks/fuzz.py --case '{json.dumps(case)}' --seed {seed}"
+
+
+def klass(case: Dict[str, Any]) -> str:
+    return f"{case['op']}/{case['fw']}/{case['dtype']}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The runner
+# ---------------------------------------------------------------------------------------------
+def fuzz(cases: int, seed: int, frameworks: Tuple[str, ...], log=print, budget_s: float = 0.0) -> Dict[str, Any]:
+    """Run cases seed*1000003 + 0, 1, ...; with budget_s, stop drawing new ones after that long."""
+    counts, fails, seconds = Counter(), Counter(), Counter()
+    failures: List[Dict[str, Any]] = []
+    t0 = time.perf_counter()
+    ran = 0
+    for i in range(cases):
+        if budget_s and time.perf_counter() - t0 > budget_s:
+            break
+        ran += 1
+        case_seed = seed * 1_000_003 + i
+        case = draw(Choose(case_seed), frameworks)
+        t = time.perf_counter()
+        why = run_case(case, case_seed)
+        seconds[klass(case)] += time.perf_counter() - t
+        counts[klass(case)] += 1
+        if why is not None:
+            fails[klass(case)] += 1
+            failures.append(dict(case=case, seed=case_seed, why=why))
+            log(f"FAIL {klass(case)}: {why}\n  {reproducer(case, case_seed)}")
+    return dict(cases=ran, seed=seed, seconds=time.perf_counter() - t0, counts=dict(counts),
+                seconds_by_class=dict(seconds), failures_by_class=dict(fails), failures=failures)
+
+
+def _merge(parts: List[Dict[str, Any]]) -> Dict[str, Any]:
+    counts, fails, seconds, failures = Counter(), Counter(), Counter(), []
+    for p in parts:
+        counts.update(p["counts"])
+        seconds.update(p["seconds_by_class"])
+        fails.update(p["failures_by_class"])
+        failures += p["failures"]
+    return dict(cases=sum(p["cases"] for p in parts), seeds=[p["seed"] for p in parts],
+                seconds=max(p["seconds"] for p in parts), counts=dict(sorted(counts.items())),
+                seconds_by_class={k: round(v, 3) for k, v in sorted(seconds.items())},
+                failures_by_class=dict(sorted(fails.items())), failures=failures)
+
+
+def gpu_frameworks(wanted: Tuple[str, ...]) -> Tuple[str, ...]:
+    """The wanted frameworks this machine can run on a GPU (all but CuPy with --cpu)."""
+    if DEVICE == "cpu":
+        return tuple(n for n in wanted if n != "cupy")
+    have = []
+    for name in wanted:
+        try:
+            if name == "torch":
+                import torch
+                ok = torch.cuda.is_available()
+            elif name == "cupy":
+                import cupy
+                ok = cupy.cuda.runtime.getDeviceCount() > 0
+            else:
+                import jax
+                ok = any(d.platform == "gpu" for d in jax.devices())
+        except Exception:       # noqa: BLE001 -- not importable / no device: not fuzzed here
+            ok = False
+        if ok:
+            have.append(name)
+    return tuple(have)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1, help="processes, each with its own seed")
+    p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    p.add_argument("--case", help="run this one case (JSON), as a failure's reproducer prints it")
+    p.add_argument("--json", help="write the report here")
+    p.add_argument("--cpu", action="store_true", help="torch and JAX on the CPU (checks the fuzzer, not kernels)")
+    p.add_argument("--budget-s", type=float, default=0.0, help="stop drawing cases after this long (each worker)")
+    p.add_argument("--part", action="store_true", help=argparse.SUPPRESS)   # a worker: JSON on stdout
+    args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = "cpu" if args.cpu else DEVICE
+    if args.case:
+        why = run_case(json.loads(args.case), args.seed)
+        print("ok" if why is None else f"FAIL: {why}")
+        return 0 if why is None else 1
+    frameworks = gpu_frameworks(tuple(args.frameworks.split(",")))
+    if not frameworks:
+        print("no framework with a GPU here: nothing fuzzed", file=sys.stderr)
+        return 2
+    if args.part:
+        print(json.dumps(fuzz(args.cases, args.seed, frameworks, log=lambda s: print(s, file=sys.stderr),
+                              budget_s=args.budget_s)))
+        return 0
+    if args.workers > 1:
+        per = -(-args.cases // args.workers)
+        threads = str(max((os.cpu_count() or 1) // args.workers, 1))     # the host's BLAS, shared
+        env = dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        procs = [subprocess.Popen([sys.executable, __file__, "--part", "--cases", str(per), "--seed",
+                                   str(args.seed * 1000 + w), "--frameworks", ",".join(frameworks), "--budget-s", str(args.budget_s)]
+                                  + (["--cpu"] if args.cpu else []),
+                                  stdout=subprocess.PIPE, text=True, env=env) for w in range(args.workers)]
+        parts = []
+        for pr in procs:
+            out, _ = pr.communicate()
+            if pr.returncode != 0:
+                print(f"worker failed (rc {pr.returncode})", file=sys.stderr)
+                return 1
+            parts.append(json.loads(out.strip().splitlines()[-1]))
+        report = _merge(parts)
+    else:
+        report = _merge([fuzz(args.cases, args.seed, frameworks, budget_s=args.budget_s)])
+    report["frameworks"] = list(frameworks)
+    print(f"{report['cases']} cases in {report['seconds']:.0f} s, {len(report['failures'])} failures")
+    print(f"{'class':34} {'cases':>7} {'failed':>7} {'ms/case':>8}")
+    for k, n in report["counts"].items():
+        ms = 1000 * report["seconds_by_class"][k] / n
+        print(f"{k:34} {n:7d} {report['failures_by_class'].get(k, 0):7d} {ms:8.1f}")
+    for fl in report["failures"][:20]:
+        print(f"FAIL {klass(fl['case'])}: {fl['why']}\n  {reproducer(fl['case'], fl['seed'])}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0 if not report["failures"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""What benchmarks/sanitize.sh runs under compute-sanitizer: every kernel family and policy row once,
+on small shapes, each output checked against torch in float64.
+
+    python benchmarks/sanitize_cases.py --part torch|jax      # the launches (GPU)
+    python benchmarks/sanitize_cases.py --report DIR          # per tool and kernel, from DIR/*.log
+
+torch part: cute_gemm_sm90 in each row of its policy table (small, medium, mid, large, skinny M,
+skinny N), the transposed run and the untransposed one, batched with an fp32 C; forced
+gluon_matmul_sm90 (B row- and column-major), gluon_splitk_sm90 and cute_mma_sm80; cute_sgemm
+(tiled and split-K with its reduce kernel); zero-padded staging; PDL chains (eight dependent
+GEMMs back to back on one stream, fp16 and fp32); gluon_softmax with one CTA per row and with
+2-, 8- and 16-CTA clusters (DSMEM). jax part: the jit custom calls (CuTe GEMM, its transposed
+run with C, softmax single-CTA and cluster).
+
+Before each case a line `=== CASE <label> kernel=<name>` goes to stdout (flushed), and the case
+ends with a device synchronize, so the sanitizer's reports that follow a marker are that case's.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def _mark(label: str, kernel: str) -> None:
+    print(f"=== CASE {label} kernel={kernel}", flush=True)
+
+
+def _check(label: str, got, ref, rtol: float) -> bool:
+    import torch
+    got, ref = got.double(), ref.double()
+    err = ((got - ref).abs() / (ref.abs() + 1.0)).max().item() if ref.numel() else 0.0
+    ok = bool(torch.isfinite(got).all()) and err <= rtol
+    print(f"    {'ok' if ok else 'WRONG'} {label}: max rel err {err:.2e}", flush=True)
+    return ok
+
+
+def torch_part() -> int:
+    import torch
+
+    import xgemm
+    torch.manual_seed(0)
+    dev = "cuda"
+
+    def mat(r, c, dtype=torch.bfloat16, major="row"):
+        x = torch.randn(r, c, device=dev).to(dtype)
+        return x if major == "row" else x.t().contiguous().t()
+
+    bad = 0
+
+    def gemm(label, a, b, c=None, beta=0.0, out_dtype=None, force=None, rtol=2e-2):
+        nonlocal bad
+        out = None if out_dtype is None else torch.empty(a.shape[:-1] + b.shape[-1:], dtype=out_dtype, device=dev)
+        with xgemm.policy.force(force):
+            plan = xgemm.explain(a, b, c, beta=beta, out=out)
+            _mark(label, plan.kernel_name)
+            d = xgemm.gemm(a, b, c, beta=beta, out=out)
+        torch.cuda.synchronize()
+        ref = a.double() @ b.double() + (beta * c.double() if c is not None else 0)
+        bad += not _check(label, d, ref, rtol)
+
+    # cute_gemm_sm90: each policy row; k >= 512 with row-major A and B takes the transposed run
+    gemm("cute small", mat(200, 136), mat(136, 72))
+    gemm("cute medium", mat(1536, 256), mat(256, 1536))
+    gemm("cute mid transposed", mat(3072, 512), mat(512, 3072))
+    gemm("cute mid untransposed", mat(3072, 512, major="col"), mat(512, 3072))
+    gemm("cute large", mat(8192, 256), mat(256, 4096))
+    gemm("cute large transposed", mat(8192, 512, torch.float16), mat(512, 4096, torch.float16))
+    gemm("cute skinny M", mat(1024, 1024), mat(1024, 8192))
+    gemm("cute skinny N", mat(8192, 1024), mat(1024, 1024))
+    a3, b3 = torch.randn(3, 256, 128, device=dev).bfloat16(), torch.randn(3, 128, 384, device=dev).bfloat16()
+    gemm("cute batched C fp32 out", a3, b3, torch.randn(3, 256, 384, device=dev), beta=0.5,
+         out_dtype=torch.float32)
+    gemm("cute padded staging", mat(300, 999, torch.float16), mat(999, 1001, torch.float16))
+    gemm("gluon matmul", mat(512, 256), mat(256, 512), force="gluon_matmul_sm90")
+    gemm("gluon matmul B col", mat(512, 256), mat(256, 512, major="col"), force="gluon_matmul_sm90")
+    gemm("gluon split-K", mat(16, 8192), mat(8192, 1024), force="gluon_splitk_sm90")
+    gemm("cute sm80 mma", mat(256, 128, torch.float16), mat(128, 256, torch.float16), force="cute_mma_sm80")
+    gemm("cute sgemm", mat(512, 512, torch.float32), mat(512, 512, torch.float32), rtol=1e-5)
+    gemm("cute sgemm split-K", mat(64, 8192, torch.float32), mat(8192, 64, torch.float32), rtol=1e-5)
+
+    # PDL chains: each GEMM may start while the previous one ends (griddepcontrol)
+    for dtype, rtol in ((torch.float16, 5e-2), (torch.float32, 1e-4)):
+        x, w = mat(256, 256, dtype), mat(256, 256, dtype) / 16
+        plan = xgemm.explain(x, w)
+        _mark(f"PDL chain {dtype}", plan.kernel_name)
+        y, ref = x, x.double()
+        for _ in range(8):
+            y, ref = xgemm.matmul(y, w), ref @ w.double()
+        torch.cuda.synchronize()
+        bad += not _check(f"PDL chain {dtype}", y, ref, rtol)
+
+    for rows, cols, dtype in ((4096, 1000, torch.float32), (2048, 4096, torch.bfloat16),
+                              (64, 32768, torch.float16), (16, 131072, torch.float32),
+                              (8, 262144, torch.bfloat16)):
+        x = torch.randn(rows, cols, device=dev).to(dtype)
+        plan = xgemm.explain(x)
+        label = f"softmax {rows}x{cols} {dtype} ({'; '.join(plan.policy.notes)})"
+        _mark(label, plan.kernel_name)
+        y = xgemm.softmax(x)
+        torch.cuda.synchronize()
+        bad += not _check(label, y, torch.softmax(x.double(), -1), 2e-2)
+    return bad
+
+
+def jax_part() -> int:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import xgemm.jax as xj
+    bad = 0
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+
+    def check(label, got, ref, rtol):
+        nonlocal bad
+        got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+        err = float(np.max(np.abs(got - ref) / (np.abs(ref) + 1.0))) if ref.size else 0.0
+        ok = bool(np.isfinite(got).all()) and err <= rtol
+        print(f"    {'ok' if ok else 'WRONG'} {label}: max rel err {err:.2e}", flush=True)
+        bad += not ok
+
+    a = jax.random.normal(k1, (1024, 512), jnp.bfloat16)
+    b = jax.random.normal(k2, (512, 2048), jnp.bfloat16)
+    c = jax.random.normal(k3, (1024, 2048), jnp.float32)
+    f64 = lambda x: np.asarray(x, np.float64)   # noqa: E731
+    for label, fn, args, ref in (
+            ("jit gemm", lambda a, b: xj.matmul(a, b), (a, b), f64(a) @ f64(b)),
+            ("jit gemm C fp32 transposed run", lambda a, b, c: xj.gemm(a, b, c, beta=0.5, out_dtype=jnp.float32),
+             (a, b, c), f64(a) @ f64(b) + 0.5 * f64(c))):
+        _mark(label, xj.explain_gemm(*args[:2]).kernel_name)
+        check(label, jax.block_until_ready(jax.jit(fn)(*args)), ref, 2e-2)
+    for shape in ((1024, 4096), (32, 65536)):
+        x = jax.random.normal(k1, shape, jnp.float32)
+        _mark(f"jit softmax {shape}", xj.explain_softmax(x).kernel_name)
+        y = jax.block_until_ready(jax.jit(xj.softmax)(x))
+        e = np.exp(f64(x) - f64(x).max(-1, keepdims=True))
+        check(f"jit softmax {shape}", y, e / e.sum(-1, keepdims=True), 1e-5)
+    return bad
+
+
+_ERROR = re.compile(r"^=+ (Invalid|Uninitialized|Race|Barrier|Error|Warning|.*hazard)", re.I)
+_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+
+
+def report(directory: Path) -> int:
+    """Per tool and kernel: cases run, sanitizer errors after their markers, wrong outputs."""
+    rows, total = [], 0
+    for log in sorted(directory.glob("*.log")):
+        tool = log.stem.split("-")[0]
+        per = defaultdict(lambda: [0, 0, 0])        # kernel -> [cases, errors, wrong]
+        kernel, summary = "(before any case)", None
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("=== CASE "):
+                kernel = line.rsplit("kernel=", 1)[-1]
+                per[kernel][0] += 1
+            elif _ERROR.match(line):
+                per[kernel][1] += 1
+            elif line.strip().startswith("WRONG"):
+                per[kernel][2] += 1
+            m = _SUMMARY.search(line)
+            if m:
+                summary = int(m.group(1))
+        for k, (n, e, w) in sorted(per.items()):
+            rows.append((tool, log.stem, k, n, e, w))
+        total += (summary if summary is not None else 1) + sum(w for _, _, w in per.values())
+        rows.append((tool, log.stem, "ERROR SUMMARY", "", "missing" if summary is None else summary, ""))
+    print(f"{'tool':10} {'log':18} {'kernel':22} {'cases':>5} {'errors':>7} {'wrong':>5}")
+    for r in rows:
+        print(f"{r[0]:10} {r[1]:18} {r[2]:22} {r[3]!s:>5} {r[4]!s:>7} {r[5]!s:>5}")
+    return 0 if total == 0 else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", choices=("torch", "jax"))
+    p.add_argument("--report", type=Path)
+    args = p.parse_args(argv)
+    if args.report:
+        return report(args.report)
+    bad = torch_part() if args.part == "torch" else jax_part()
+    print(f"{bad} wrong outputs", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
