@@ -399,8 +399,10 @@ def klass(case: Dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 # The runner
 # ---------------------------------------------------------------------------------------------
-def fuzz(cases: int, seed: int, frameworks: Tuple[str, ...], log=print, budget_s: float = 0.0) -> Dict[str, Any]:
-    """Run cases seed*1000003 + 0, 1, ...; with budget_s, stop drawing new ones after that long."""
+def fuzz(cases: int, seed: int, frameworks: Tuple[str, ...], log=print, budget_s: float = 0.0,
+         part_file: Optional[str] = None) -> Dict[str, Any]:
+    """Run cases seed*1000003 + 0, 1, ...; with budget_s, stop drawing new ones after that long;
+    with part_file, rewrite the report there every 25 cases (a killed run keeps what it did)."""
     counts, fails, seconds = Counter(), Counter(), Counter()
     failures: List[Dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -419,8 +421,20 @@ def fuzz(cases: int, seed: int, frameworks: Tuple[str, ...], log=print, budget_s
             fails[klass(case)] += 1
             failures.append(dict(case=case, seed=case_seed, why=why))
             log(f"FAIL {klass(case)}: {why}\n  {reproducer(case, case_seed)}")
-    return dict(cases=ran, seed=seed, seconds=time.perf_counter() - t0, counts=dict(counts),
-                seconds_by_class=dict(seconds), failures_by_class=dict(fails), failures=failures)
+        if part_file and (ran % 25 == 0 or why is not None):
+            _write_part(part_file, ran, seed, t0, counts, seconds, fails, failures)
+    report = _write_part(part_file, ran, seed, t0, counts, seconds, fails, failures)
+    return report
+
+
+def _write_part(part_file, ran, seed, t0, counts, seconds, fails, failures) -> Dict[str, Any]:
+    report = dict(cases=ran, seed=seed, seconds=time.perf_counter() - t0, counts=dict(counts),
+                  seconds_by_class=dict(seconds), failures_by_class=dict(fails), failures=failures)
+    if part_file:
+        tmp = f"{part_file}.tmp"
+        Path(tmp).write_text(json.dumps(report))
+        os.replace(tmp, part_file)
+    return report
 
 
 def _merge(parts: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -469,10 +483,15 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the report here")
     p.add_argument("--cpu", action="store_true", help="torch and JAX on the CPU (checks the fuzzer, not kernels)")
     p.add_argument("--budget-s", type=float, default=0.0, help="stop drawing cases after this long (each worker)")
+    p.add_argument("--merge", help="only merge the worker reports DIR/fuzz-part-*.json (after a killed run)")
     p.add_argument("--part", action="store_true", help=argparse.SUPPRESS)   # a worker: JSON on stdout
+    p.add_argument("--part-file", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     global DEVICE
     DEVICE = "cpu" if args.cpu else DEVICE
+    if args.merge:
+        parts = [json.loads(f.read_text()) for f in sorted(Path(args.merge).glob("fuzz-part-*.json"))]
+        return _finish(dict(_merge(parts), frameworks="(merged)"), args.json)
     if args.case:
         why = run_case(json.loads(args.case), args.seed)
         print("ok" if why is None else f"FAIL: {why}")
@@ -483,15 +502,22 @@ def main(argv=None) -> int:
         return 2
     if args.part:
         print(json.dumps(fuzz(args.cases, args.seed, frameworks, log=lambda s: print(s, file=sys.stderr),
-                              budget_s=args.budget_s)))
+                              budget_s=args.budget_s, part_file=args.part_file)))
         return 0
     if args.workers > 1:
         per = -(-args.cases // args.workers)
         threads = str(max((os.cpu_count() or 1) // args.workers, 1))     # the host's BLAS, shared
-        env = dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        # XLA's autotuner would time every new dot of the jit cases (minutes across 12 processes)
+        env = dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
+                   XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_gpu_autotune_level=0")
+        parts_dir = Path(args.json).parent if args.json else None
+        if parts_dir:
+            parts_dir.mkdir(parents=True, exist_ok=True)
         procs = [subprocess.Popen([sys.executable, __file__, "--part", "--cases", str(per), "--seed",
-                                   str(args.seed * 1000 + w), "--frameworks", ",".join(frameworks), "--budget-s", str(args.budget_s)]
-                                  + (["--cpu"] if args.cpu else []),
+                                   str(args.seed * 1000 + w), "--frameworks", ",".join(frameworks),
+                                   "--budget-s", str(args.budget_s)]
+                                  + (["--cpu"] if args.cpu else [])
+                                  + (["--part-file", str(parts_dir / f"fuzz-part-{w}.json")] if parts_dir else []),
                                   stdout=subprocess.PIPE, text=True, env=env) for w in range(args.workers)]
         parts = []
         for pr in procs:
@@ -504,6 +530,10 @@ def main(argv=None) -> int:
     else:
         report = _merge([fuzz(args.cases, args.seed, frameworks, budget_s=args.budget_s)])
     report["frameworks"] = list(frameworks)
+    return _finish(report, args.json)
+
+
+def _finish(report: Dict[str, Any], json_path: Optional[str]) -> int:
     print(f"{report['cases']} cases in {report['seconds']:.0f} s, {len(report['failures'])} failures")
     print(f"{'class':34} {'cases':>7} {'failed':>7} {'ms/case':>8}")
     for k, n in report["counts"].items():
@@ -511,9 +541,9 @@ def main(argv=None) -> int:
         print(f"{k:34} {n:7d} {report['failures_by_class'].get(k, 0):7d} {ms:8.1f}")
     for fl in report["failures"][:20]:
         print(f"FAIL {klass(fl['case'])}: {fl['why']}\n  {reproducer(fl['case'], fl['seed'])}")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(report, indent=1) + "\n")
     return 0 if not report["failures"] else 1
 
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Issue 22's H200 run: the GPU tests, the examples, the fuzzer at scale, the sanitizers, the soak.
+# Issue 22's H200 run: the GPU tests, the examples, the sanitizers, the soak, the fuzzer at scale.
 # Logs and JSON land in $OUT (the device tool's folder; default /tmp/xgemm-reliability).
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs (0 skips a stage): CACHE_TAR (.cache/xgemm-cache.tar.xz), TESTS_S (300), TESTS (tests/gpu),
-# EXAMPLES (1), FUZZ_CASES (20000), FUZZ_S (per-worker budget, 240), FUZZ_WORKERS (12), FUZZ_SEED (1),
-# SAN (1; SAN_TOOLS / SAN_PARTS / SAN_TIMEOUT as in sanitize.sh), SOAK (1; SOAK_EAGER, SOAK_JIT).
+# EXAMPLES (1), SAN (1; SAN_TOOLS / SAN_PARTS / SAN_TIMEOUT as in sanitize.sh), SOAK (1; SOAK_EAGER,
+# SOAK_JIT), FUZZ_CASES (20000), FUZZ_WORKERS (12), FUZZ_SEED (1), DEADLINE (s, 570): the fuzzer's
+# workers stop drawing cases DEADLINE - 90 s after the start (compiles of new classes may run over).
 set -u
 OUT=${OUT:-/tmp/xgemm-reliability}; mkdir -p "$OUT"
 source .gpu/use-bundle .gpu
@@ -21,13 +22,21 @@ fi
 if [ "${EXAMPLES:-1}" != 0 ]; then
   for f in examples/*.py; do timeout 120 python3 "$f" > "$OUT/example-$(basename "$f" .py).log" 2>&1; stage "$f" $?; done
 fi
-if [ "${FUZZ_CASES:-20000}" != 0 ]; then
-  timeout $(( ${FUZZ_S:-240} + 120 )) python3 benchmarks/fuzz.py --cases "${FUZZ_CASES:-20000}" --seed "${FUZZ_SEED:-1}" \
-    --workers "${FUZZ_WORKERS:-12}" --budget-s "${FUZZ_S:-240}" --json "$OUT/fuzz.json" > "$OUT/fuzz.log" 2>&1
-  stage fuzz $?; head -40 "$OUT/fuzz.log"
+if [ "${SAN:-1}" != 0 ]; then
+  bash benchmarks/sanitize.sh "$OUT/sanitize" > "$OUT/sanitize.log" 2>&1; stage sanitize $?; cat "$OUT/sanitize.log"
 fi
-if [ "${SAN:-1}" != 0 ]; then bash benchmarks/sanitize.sh "$OUT/sanitize" > "$OUT/sanitize.log" 2>&1; stage sanitize $?; cat "$OUT/sanitize.log"; fi
 if [ "${SOAK:-1}" != 0 ]; then
   timeout 400 python3 benchmarks/soak.py --eager "${SOAK_EAGER:-1000000}" --jit "${SOAK_JIT:-100000}" \
-    --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1; stage soak $?; tail -6 "$OUT/soak.log"
+    --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1; stage soak $?; tail -4 "$OUT/soak.log"
+fi
+if [ "${FUZZ_CASES:-20000}" != 0 ]; then
+  budget=$(( ${DEADLINE:-570} - 90 - (SECONDS - t0) ))
+  if [ "$budget" -gt 20 ]; then
+    timeout $(( budget + 75 )) python3 benchmarks/fuzz.py --cases "${FUZZ_CASES:-20000}" --seed "${FUZZ_SEED:-1}" \
+      --workers "${FUZZ_WORKERS:-12}" --budget-s "$budget" --json "$OUT/fuzz.json" > "$OUT/fuzz.log" 2>&1
+    rc=$?
+    [ -f "$OUT/fuzz.json" ] || python3 benchmarks/fuzz.py --merge "$OUT" --json "$OUT/fuzz.json" > "$OUT/fuzz-merged.log" 2>&1
+    stage "fuzz (budget $budget s)" $rc; grep -v "compiling\|CacheWarning\|cache.corrupt" "$OUT/fuzz.log" | head -45
+    [ -f "$OUT/fuzz-merged.log" ] && head -45 "$OUT/fuzz-merged.log"
+  fi
 fi

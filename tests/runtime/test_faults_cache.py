@@ -207,6 +207,24 @@ def test_cute_corrupt_object_is_rebuilt_with_one_warning(cute_fakes, elf, damage
     assert fn == ("loaded", ".so") and not warned
 
 
+def test_cute_library_linked_on_another_machine_is_relinked_without_a_warning(cute_fakes, monkeypatch):
+    """A carried cache's .so was linked against the build machine's cutlass paths: its load fails
+    for a missing dependency, which says nothing about the file; the .o serves and is relinked."""
+    build = cute_fakes["build"]
+    cute_cache.cute(CUTE_KEY, build)
+    so, obj = _cute_paths(build=build)
+    real_load = cute_cache._load_so
+
+    def load_elsewhere(path):
+        raise RuntimeError(f"Failed to load dynamic shared library {path} libcute_dsl_runtime.so: "
+                           f"cannot open shared object file: No such file or directory")
+    monkeypatch.setattr(cute_cache, "_load_so", load_elsewhere)
+    cute_cache._memory.clear()
+    fn, warned = caught(cute_cache.cute, CUTE_KEY, build)
+    assert fn == ("loaded", ".o") and not warned and cute_fakes["builds"] == 1
+    monkeypatch.setattr(cute_cache, "_load_so", real_load)
+
+
 def test_cute_truncated_library_is_never_dlopened(root, elf, tmp_path):
     """The real loaders (tvm_ffi, ctypes) die of SIGBUS on a truncated library; a fresh process
     with a truncated .so and .o in its cache must rebuild, not crash."""

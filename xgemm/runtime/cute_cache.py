@@ -250,7 +250,11 @@ def _try_load(so: Path, obj: Path) -> Optional[Any]:
         except ImportError as exc:
             _log.debug("xgemm.runtime.cute_cache: cannot load %s here (%s); trying the object file", so, exc)
         except Exception as exc:   # noqa: BLE001 - e.g. truncated, or linked elsewhere against other paths
-            cache.corrupt(so, f"{type(exc).__name__}: {exc}")
+            if "cannot open shared object file" in str(exc):     # linked on another machine (a carried
+                _log.debug("xgemm.runtime.cute_cache: %s needs another machine's libraries (%s); "   # cache):
+                           "relinking it from the object file", so, exc)                          # not corrupt
+            else:
+                cache.corrupt(so, f"{type(exc).__name__}: {exc}")
     if obj.exists() and _whole(obj):
         try:
             fn = _load_o(obj)
