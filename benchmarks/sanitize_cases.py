@@ -52,7 +52,11 @@ def torch_part() -> int:
 
     def gemm(label, a, b, c=None, beta=0.0, out_dtype=None, force=None, rtol=2e-2):
         nonlocal bad
-        out = None if out_dtype is None else torch.empty(a.shape[:-1] + b.shape[-1:], dtype=out_dtype, device=dev)
+        # out= filled with NaN: every element must be written, and under initcheck the output counts
+        # as initialized, so a report is a read of memory nobody wrote (scratch, padding), not a
+        # TMA store the tool does not track
+        shape, dt = a.shape[:-1] + b.shape[-1:], out_dtype or a.dtype
+        out = torch.full(shape, float("nan"), dtype=dt, device=dev) if force != "gluon_splitk_sm90" else None
         with xgemm.policy.force(force):
             plan = xgemm.explain(a, b, c, beta=beta, out=out)
             _mark(label, plan.kernel_name)
@@ -78,8 +82,8 @@ def torch_part() -> int:
     gemm("gluon matmul B col", mat(512, 256), mat(256, 512, major="col"), force="gluon_matmul_sm90")
     gemm("gluon split-K", mat(16, 8192), mat(8192, 1024), force="gluon_splitk_sm90")
     gemm("cute sm80 mma", mat(256, 128, torch.float16), mat(128, 256, torch.float16), force="cute_mma_sm80")
-    gemm("cute sgemm", mat(512, 512, torch.float32), mat(512, 512, torch.float32), rtol=1e-5)
-    gemm("cute sgemm split-K", mat(64, 8192, torch.float32), mat(8192, 64, torch.float32), rtol=1e-5)
+    gemm("cute sgemm", mat(512, 512, torch.float32), mat(512, 512, torch.float32), rtol=2e-4)
+    gemm("cute sgemm split-K", mat(64, 8192, torch.float32), mat(8192, 64, torch.float32), rtol=2e-4)
 
     # PDL chains: each GEMM may start while the previous one ends (griddepcontrol)
     for dtype, rtol in ((torch.float16, 5e-2), (torch.float32, 1e-4)):
@@ -141,36 +145,64 @@ def jax_part() -> int:
     return bad
 
 
-_ERROR = re.compile(r"^=+ (Invalid|Uninitialized|Race|Barrier|Error|Warning|.*hazard)", re.I)
+_HEADER = re.compile(r"^=+ (Invalid|Uninitialized|Race reported|Error: Race|Barrier|Warning: .*hazard|Program hit|"
+                     r"Out-of-range|Misaligned|Malloc|Leaked)", re.I)
+_AT = re.compile(r"^=+\s+at (?:void )?([A-Za-z_][\w:]*)")
 _SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
 
 
+def owner(symbol: str) -> str:
+    """xgemm for our kernels (Gluon's xgemm_*, CuTe-DSL's cutlass-named ones), else the framework's."""
+    return "xgemm" if re.search(r"xgemm|cutlass|cute", symbol, re.I) else "framework"
+
+
+def parse(text: str) -> dict:
+    """One sanitizer log: the cases run (case marker -> kernel), each error's kernel symbol (the
+    first 'at' line after its header; 'API' for errors outside kernels), wrong outputs, the
+    summary's error count (None when the run did not finish)."""
+    cases, errors, wrong, summary = [], [], 0, None
+    pending = None
+    for line in text.splitlines():
+        if line.startswith("=== CASE "):
+            cases.append(line.rsplit("kernel=", 1)[-1])
+            continue
+        if line.strip().startswith("WRONG"):
+            wrong += 1
+        m = _SUMMARY.search(line)
+        if m:
+            summary = int(m.group(1))
+        if _HEADER.match(line):
+            if pending is not None:
+                errors.append((pending, "API"))
+            pending = line.lstrip("= ").strip()
+            continue
+        m = _AT.match(line)
+        if pending is not None and m:
+            errors.append((pending, m.group(1)))
+            pending = None
+    if pending is not None:
+        errors.append((pending, "API"))
+    return dict(cases=cases, errors=errors, wrong=wrong, summary=summary)
+
+
 def report(directory: Path) -> int:
-    """Per tool and kernel: cases run, sanitizer errors after their markers, wrong outputs."""
-    rows, total = [], 0
+    """Per tool and part: cases and kernels run, errors by the kernel they happened in (xgemm's own
+    or the framework's), wrong outputs, the tool's error summary. Exit 0 only when every run
+    finished with 0 errors and right outputs."""
+    bad = 0
+    print(f"{'run':22} {'cases':>5} {'summary':>8} {'wrong':>5}  errors by kernel")
     for log in sorted(directory.glob("*.log")):
-        tool = log.stem.split("-")[0]
-        per = defaultdict(lambda: [0, 0, 0])        # kernel -> [cases, errors, wrong]
-        kernel, summary = "(before any case)", None
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("=== CASE "):
-                kernel = line.rsplit("kernel=", 1)[-1]
-                per[kernel][0] += 1
-            elif _ERROR.match(line):
-                per[kernel][1] += 1
-            elif line.strip().startswith("WRONG"):
-                per[kernel][2] += 1
-            m = _SUMMARY.search(line)
-            if m:
-                summary = int(m.group(1))
-        for k, (n, e, w) in sorted(per.items()):
-            rows.append((tool, log.stem, k, n, e, w))
-        total += (summary if summary is not None else 1) + sum(w for _, _, w in per.values())
-        rows.append((tool, log.stem, "ERROR SUMMARY", "", "missing" if summary is None else summary, ""))
-    print(f"{'tool':10} {'log':18} {'kernel':22} {'cases':>5} {'errors':>7} {'wrong':>5}")
-    for r in rows:
-        print(f"{r[0]:10} {r[1]:18} {r[2]:22} {r[3]!s:>5} {r[4]!s:>7} {r[5]!s:>5}")
-    return 0 if total == 0 else 1
+        r = parse(log.read_text(errors="replace"))
+        by = defaultdict(int)
+        for _, symbol in r["errors"]:
+            by[f"{owner(symbol) if symbol != 'API' else 'API'}:{symbol[:60]}"] += 1
+        kernels = ", ".join(sorted(set(r["cases"])))
+        summary = "unfinished" if r["summary"] is None else r["summary"]
+        errs = "; ".join(f"{k} x{n}" for k, n in sorted(by.items())) or "none"
+        print(f"{log.stem:22} {len(r['cases']):5d} {summary!s:>8} {r['wrong']:5d}  {errs}")
+        print(f"{'':22} kernels run: {kernels}")
+        bad += (r["summary"] != 0) + r["wrong"]
+    return 0 if bad == 0 else 1
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,49 @@
+"""benchmarks/sanitize_cases.py's report on synthetic compute-sanitizer logs: errors are counted by
+the kernel they happened in, unfinished runs and wrong outputs fail the run."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import sanitize_cases as sc  # noqa: E402
+
+CLEAN = """========= COMPUTE-SANITIZER
+=== CASE cute small kernel=cute_gemm_sm90
+    ok cute small: max rel err 3.6e-03
+=== CASE softmax kernel=gluon_softmax
+    ok softmax: max rel err 1e-06
+========= ERROR SUMMARY: 0 errors
+"""
+
+DIRTY = """========= COMPUTE-SANITIZER
+=== CASE cute padded staging kernel=cute_gemm_sm90
+========= Uninitialized __global__ memory read of size 2 bytes
+=========     at void at::native::elementwise_kernel<(int)128, (int)4>(int, T3)+0x1a0
+=========     by thread (32,0,0) in block (132,0,0)
+========= 
+========= Invalid __global__ read of size 4 bytes
+=========     at xgemm_softmax_online+0x3f0
+=========     by thread (1,0,0) in block (0,0,0)
+========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call to cuPointerGetAttribute.
+=========     Saved host backtrace up to driver entry point at error
+    WRONG cute sgemm: max rel err 2.8e-05
+========= ERROR SUMMARY: 3 errors
+"""
+
+
+def test_clean_run_passes_and_dirty_runs_are_attributed(tmp_path, capsys):
+    (tmp_path / "memcheck-torch.log").write_text(CLEAN)
+    assert sc.report(tmp_path) == 0
+    r = sc.parse(DIRTY)
+    assert r["cases"] == ["cute_gemm_sm90"] and r["wrong"] == 1 and r["summary"] == 3
+    kernels = [k for _, k in r["errors"]]
+    assert kernels == ["at::native::elementwise_kernel", "xgemm_softmax_online", "API"]
+    assert [sc.owner(k) for k in kernels[:2]] == ["framework", "xgemm"]
+    (tmp_path / "initcheck-torch.log").write_text(DIRTY)
+    (tmp_path / "racecheck-torch.log").write_text(CLEAN.replace("========= ERROR SUMMARY: 0 errors\n", ""))
+    assert sc.report(tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "xgemm:xgemm_softmax_online x1" in out and "framework:at::native::elementwise_kernel x1" in out
+    assert "unfinished" in out
