@@ -190,3 +190,17 @@ def test_numpy_first_operand_with_a_device_array(monkeypatch):
     monkeypatch.setattr(ops, "framework_of", lambda x: "torch" if isinstance(x, CudaStandIn) else "numpy")
     with raises(errors.DeviceError, "b is on cuda:0", "first operand is a NumPy array (cpu)", "move b to the CPU"):
         ops.import_into("numpy", CudaStandIn(), "b", "matmul")
+
+
+def test_inference_tensor_out_outside_inference_mode():
+    """torch refuses in-place writes to inference tensors outside inference mode; so does out= on
+    every device (a GPU kernel would have written it silently)."""
+    torch = pytest.importorskip("torch")
+    with torch.inference_mode():
+        out = torch.empty(3, 5)
+    a, b = torch.ones(3, 4), torch.ones(4, 5)
+    with raises(errors.OutError, "inference tensor", "out.clone()"):
+        xgemm.matmul(a, b, out=out)
+    with torch.inference_mode():
+        assert xgemm.matmul(a, b, out=out) is out
+    assert torch.equal(out, torch.full((3, 5), 4.0))

@@ -10,6 +10,7 @@ jax.jit. The entry points (api.py) and the torch ops (torch/ops.py) both call th
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -34,6 +35,10 @@ def _check_out(fn: str, out: Any, owner: str, shape: Tuple[int, ...], dtypes: Se
     if fw != owner:
         raise errors.FrameworkError(f"{fn}: out is a {fw} array but the result is {owner} (the first operand's "
                                     f"framework); pass a {owner} array as out")
+    if fw == "torch" and out.is_inference() and not sys.modules["torch"].is_inference_mode_enabled():
+        # torch refuses in-place writes to these outside inference mode; a kernel would not ask
+        raise errors.OutError(f"{fn}: out is an inference tensor (made under torch.inference_mode()), which torch "
+                              f"does not let anything write outside that mode; call inside it, or pass out.clone()")
     v = arrays.view(out, "out", fn)
     if v.shape != tuple(shape):
         raise errors.ShapeError(f"{fn}: out has shape {v.shape}; the result has shape {tuple(shape)}; pass an out of that shape")
