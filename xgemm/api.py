@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
-from xgemm import arrays, errors, prepare
+from xgemm import arrays, compose, errors, prepare
 from xgemm.core import checks, policy
 from xgemm.torch import fastpath
 from xgemm.torch import native as torch_native
@@ -23,8 +23,12 @@ def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
 
 
 def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0, out: Any = None,
-         _fn: str = "gemm") -> Any:
-    """D = alpha * A @ B + beta * C. C broadcasts to D's shape; beta == 0 never reads C."""
+         bias: Any = None, activation: Optional[str] = None, _fn: str = "gemm") -> Any:
+    """D = act(alpha * A @ B + beta * C + bias). C broadcasts to D's shape; beta == 0 never reads C;
+    bias is a vector of N values added to every row; activation is one of relu, relu2, gelu,
+    gelu_tanh, silu, sigmoid (None: none). The epilogue runs in float32 (float64 for float64)."""
+    if bias is not None or activation is not None:
+        return compose.run(_fn, a, b, c, alpha, beta, bias, activation, False, out)
     # C++: a signature seen before. Under a torch.compile trace the native module is never touched
     # (dynamo can neither guard on a module object nor trace its call): compiling() is asked first.
     if out is None and not torch_native.compiling() and torch_native.active is not None:
@@ -47,6 +51,14 @@ def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0
     if key is not None and isinstance(prep, prepare.Prepared):
         fastpath.gemm_store(key, prep, result)
     return result
+
+
+def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out: Any = None) -> Any:
+    """act(gate) * up, where A @ B + bias = [gate | up]: b's first N/2 columns are the gate
+    projection, its last N/2 the up projection; the result has N/2 columns. activation: swiglu
+    (silu gate), geglu (exact gelu) or reglu (relu). Interleaved weights ([g0, u0, g1, u1, ...]):
+    pass b.reshape(K, N // 2, 2).swapaxes(-1, -2).reshape(K, N) (core/epilogues.py)."""
+    return compose.run("gated", a, b, None, 1.0, 0.0, bias, activation, True, out)
 
 
 def _torch_op_needed(*xs: Any) -> bool:
@@ -90,18 +102,25 @@ def softmax(x: Any, axis: int = -1, *, out: Any = None) -> Any:
 # explain
 
 def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Optional[float] = None,
-            axis: int = -1, out: Any = None) -> policy.Plan:
-    """The plan a call would run: kernel, policy, why others declined, and any copy made.
+            axis: int = -1, out: Any = None, bias: Any = None, activation: Optional[str] = None) -> policy.Plan:
+    """The plan a call would run: kernel, policy, why others declined, any copy made, the epilogue.
 
-    explain(x) -> softmax, explain(a, b) -> matmul, explain(a, b, c, alpha=, beta=) -> gemm;
-    op="softmax"|"matmul"|"gemm" overrides. Printing the result gives a few readable lines.
+    explain(x) -> softmax, explain(a, b) -> matmul, explain(a, b, c, alpha=, beta=) -> gemm,
+    bias= / activation= as gemm() takes them; op="softmax"|"matmul"|"gemm"|"gated" overrides.
+    Printing the result gives a few readable lines.
     """
     op = op or {1: "softmax", 2: "matmul", 3: "gemm"}.get(len(arrays))
     if op == "softmax" and len(arrays) == 1:
         return prepare.prepare_softmax("explain", arrays[0], axis, out, plan_only=True)
-    if op in ("matmul", "gemm") and len(arrays) in (2, 3):
+    if op in ("matmul", "gemm", "gated") and len(arrays) in (2, 3):
         c = arrays[2] if len(arrays) == 3 else None
         beta = (1.0 if c is not None else 0.0) if beta is None else beta
+        if op == "gated":
+            return compose.run("explain", arrays[0], arrays[1], None, 1.0, 0.0, bias, activation or "swiglu", True,
+                               out, plan_only=True)
+        if bias is not None or activation is not None:
+            return compose.run("explain", arrays[0], arrays[1], c, alpha, beta, bias, activation, False, out,
+                               plan_only=True)
         return prepare.prepare_gemm("explain", arrays[0], arrays[1], c, alpha, beta, out, plan_only=True)
     raise errors.ShapeError(f"explain: got {len(arrays)} arrays with op={op!r}; pass (x) for softmax, "
-                            f"(a, b) for matmul or (a, b, c) for gemm")
+                            f"(a, b) for matmul or gated, or (a, b, c) for gemm")

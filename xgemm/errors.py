@@ -46,6 +46,10 @@ class NonFiniteScalarError(XgemmError, ValueError):
     """alpha/beta is NaN or infinite."""
 
 
+class EpilogueError(XgemmError, ValueError):
+    """An epilogue the call cannot have: an unknown activation, or gating asked of a plain GEMM."""
+
+
 class KernelUnavailableError(XgemmError, RuntimeError):
     """A kernel was forced (policy override) but cannot serve this problem or this machine, or its
     binary cannot run here (missing from the cache, or a driver too old for it)."""

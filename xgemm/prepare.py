@@ -27,7 +27,7 @@ class Prepared:
     finish: Callable[[Any], Any]
 
 
-def _check_out(fn: str, out: Any, owner: str, shape: Tuple[int, ...], dtypes: Sequence[str],
+def check_out(fn: str, out: Any, owner: str, shape: Tuple[int, ...], dtypes: Sequence[str],
                inputs: Sequence[arrays.ArrayView]) -> arrays.ArrayView:
     fw = arrays.require_array(fn, "out", out)
     if fw == "jax":
@@ -72,7 +72,7 @@ def same_device(fn: str, views: Sequence[Tuple[str, arrays.ArrayView]]) -> None:
                                      f"move {n} to {_dev(v0)} first (e.g. torch: {n}.to({n0}.device))")
 
 
-def _owner(fn: str, name: str, x: Any) -> str:
+def owner_of(fn: str, name: str, x: Any) -> str:
     """The result's framework: the first operand's, one xgemm can allocate in and hand back."""
     owner = arrays.require_array(fn, name, x)
     if owner == "other":
@@ -84,13 +84,13 @@ def _owner(fn: str, name: str, x: Any) -> str:
 
 
 def _owner_and_tracers(fn: str, named: Sequence[Tuple[str, Any]]) -> str:
-    owner = _owner(fn, named[0][0], named[0][1])
+    fw = owner_of(fn, named[0][0], named[0][1])
     for name, x in named[1:]:
         arrays.require_array(fn, name, x)
-        if owner != "jax" and arrays.is_jax_tracer(x):
+        if fw != "jax" and arrays.is_jax_tracer(x):
             raise errors.FrameworkError(f"{fn}: {name} is a JAX tracer (inside jax.jit/grad) but {named[0][0]} is a "
-                                        f"{owner} array; pass JAX arrays for every operand inside JAX transforms")
-    return owner
+                                        f"{fw} array; pass JAX arrays for every operand inside JAX transforms")
+    return fw
 
 
 def run(prep: "Prepared | Any") -> Any:
@@ -103,8 +103,10 @@ def run(prep: "Prepared | Any") -> Any:
     return prep.finish(prep.out.obj if result is None else result)
 
 
-def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: Any, *, plan_only: bool = False):
-    """A Prepared GEMM (or, with plan_only, its Plan); for JAX operands the result itself."""
+def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: Any, *, plan_only: bool = False,
+                 out_dtype: Optional[str] = None):
+    """A Prepared GEMM (or, with plan_only, its Plan); for JAX operands the result itself.
+    out_dtype: the result's dtype without out= (one of checks.out_dtypes; default the operands')."""
     alpha = checks.scalar(fn, "alpha", alpha, traced=arrays.is_jax_tracer(alpha))
     beta = checks.scalar(fn, "beta", beta, traced=arrays.is_jax_tracer(beta))
     named = [("a", a), ("b", b)] + ([("c", c)] if c is not None else [])
@@ -117,8 +119,8 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
         c_j = arrays.import_into("jax", c_used, "c", fn) if c_used is not None else None
         from xgemm import jax as xjax
         if plan_only:
-            return xjax.explain_gemm(a, b_j, c_j, alpha=alpha, beta=beta, fn=fn)
-        return xjax.gemm(a, b_j, c_j, alpha=alpha, beta=beta, fn=fn)
+            return xjax.explain_gemm(a, b_j, c_j, alpha=alpha, beta=beta, out_dtype=out_dtype, fn=fn)
+        return xjax.gemm(a, b_j, c_j, alpha=alpha, beta=beta, out_dtype=out_dtype, fn=fn)
     dt = checks.gemm_dtypes(fn, arrays.dtype_name(a), arrays.dtype_name(b),
                             arrays.dtype_name(c) if c is not None else None)
     shape = checks.gemm_shape(fn, tuple(a.shape), tuple(b.shape), tuple(c.shape) if c is not None else None,
@@ -126,14 +128,17 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
     m, n, k, batch, a_vec, b_vec = shape.m, shape.n, shape.k, shape.batch, shape.a_vec, shape.b_vec
     full, final = shape.full, shape.final
     out_dtypes = checks.out_dtypes(dt)
-    out_dtype = arrays.dtype_name(out) if out is not None and arrays.framework_of(out) not in (None, "jax") else dt
+    if out is not None and arrays.framework_of(out) not in (None, "jax"):
+        out_dtype = arrays.dtype_name(out)
+    else:
+        out_dtype = checks.out_dtype(fn, dt, out_dtype)
 
     b = arrays.import_into(owner, b, "b", fn)
     c_used = arrays.import_into(owner, c_used, "c", fn) if c_used is not None else None
     va, vb = arrays.view(a, "a", fn), arrays.view(b, "b", fn)
     vc = arrays.view(c_used, "c", fn) if c_used is not None else None
     same_device(fn, [("a", va), ("b", vb)] + ([("c", vc)] if vc is not None else []))
-    vout = _check_out(fn, out, owner, final, out_dtypes, [va, vb] + ([vc] if vc is not None else [])) if out is not None else None
+    vout = check_out(fn, out, owner, final, out_dtypes, [va, vb] + ([vc] if vc is not None else [])) if out is not None else None
 
     # Promote 1-D operands to matrices as views (numpy.matmul semantics), in the owner framework.
     a2 = a[None, :] if a_vec else a
@@ -322,7 +327,7 @@ def _squeeze(r: Any, a_vec: bool, b_vec: bool) -> Any:
 
 def prepare_softmax(fn: str, x: Any, axis: Any, out: Any, *, plan_only: bool = False):
     """A Prepared softmax (or, with plan_only, its Plan); for JAX arrays the result itself."""
-    owner = _owner(fn, "x", x)
+    owner = owner_of(fn, "x", x)
     if owner == "jax":               # xgemm.jax checks the array as below (core/checks.py)
         if out is not None:
             raise errors.OutError(f"{fn}: out= is not supported for JAX (its arrays are immutable); use the result")
@@ -332,7 +337,7 @@ def prepare_softmax(fn: str, x: Any, axis: Any, out: Any, *, plan_only: bool = F
     dt = checks.dtype(fn, "x", arrays.dtype_name(x)) if ndim else None
     axis = checks.softmax_axis(fn, ndim, axis)
     vx = arrays.view(x, "x", fn)
-    vout = _check_out(fn, out, owner, vx.shape, (dt,), [vx]) if out is not None else None
+    vout = check_out(fn, out, owner, vx.shape, (dt,), [vx]) if out is not None else None
     shape = vx.shape
     cols = shape[axis]
     rows = math.prod(shape) // cols if cols else math.prod(shape[:axis] + shape[axis + 1:])

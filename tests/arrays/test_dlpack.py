@@ -210,7 +210,7 @@ def test_read_only_out_of_a_versioned_producer_is_refused():
     for ro in (Producer(read_only(np.zeros((3, 5), np.float32))),
                Handmade(np.zeros((3, 5), np.float32), flags=dlpack.FLAG_READ_ONLY)):
         with pytest.raises(errors.OutError) as info:
-            prepare._check_out("matmul", ro, "other", (3, 5), ("float32",), [va, vb])
+            prepare.check_out("matmul", ro, "other", (3, 5), ("float32",), [va, vb])
         msg = str(info.value)
         assert "out is read-only" in msg and "read-only flag" in msg and "pass a writeable array" in msg, msg
         assert "drop out=" in msg, msg
@@ -219,7 +219,7 @@ def test_read_only_out_of_a_versioned_producer_is_refused():
 def test_writeable_out_of_a_versioned_producer_passes_the_out_checks():
     va, vb = arrays.view(Producer(A), "a", "matmul"), arrays.view(Producer(B), "b", "matmul")
     out = Producer(np.zeros((3, 5), np.float32))
-    v = prepare._check_out("matmul", out, "other", (3, 5), ("float32",), [va, vb])
+    v = prepare.check_out("matmul", out, "other", (3, 5), ("float32",), [va, vb])
     assert not v.readonly and v.shape == (3, 5)
 
 

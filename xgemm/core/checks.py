@@ -10,6 +10,7 @@ import numbers
 from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 from xgemm import errors
+from xgemm.core import epilogues
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "float64")
 HALF = ("float16", "bfloat16")
@@ -115,6 +116,29 @@ def gemm_shape(fn: str, a: Sequence[int], b: Sequence[int], c: Optional[Sequence
         raise errors.ShapeError(f"{fn}: c has shape {tuple(c)}, which does not broadcast to the result "
                                 f"shape {final}; pass c of shape {final} or one that broadcasts to it")
     return GemmShape(m, n, k, batch, a_vec, b_vec, batch + (m, n), final)
+
+
+def activation(fn: str, name: Any, gated: bool) -> None:
+    """An epilogue's activation: one of epilogues.ACTIVATIONS (or None) for gemm, of GATED for gated."""
+    allowed = tuple(epilogues.GATED) if gated else epilogues.ACTIVATIONS
+    if (name is None and not gated) or name in allowed:
+        return
+    other = ("; gating is xgemm.gated(a, b, activation=...)" if not gated and name in epilogues.GATED else
+             "; a plain activation is xgemm.gemm(a, b, activation=...)" if gated and name in epilogues.ACTIVATIONS
+             else "")
+    raise errors.EpilogueError(f"{fn}: activation={name!r}; use one of {', '.join(allowed)}"
+                               f"{'' if gated else ' or None'}{other}")
+
+
+def bias(fn: str, dt: str, shape: Tuple[int, ...], n: int, operands: str) -> None:
+    """A bias vector: N values (one per column of the product), of the operands' dtype or the
+    accumulator's (float32 for fp16/bf16)."""
+    if tuple(shape) != (n,):
+        raise errors.ShapeError(f"{fn}: bias has shape {tuple(shape)}; it adds one value per column of the product, "
+                                f"so pass shape ({n},)")
+    if dtype(fn, "bias", dt) not in out_dtypes(operands):
+        raise errors.DTypeError(f"{fn}: bias is {dt}; with {operands} operands use one of "
+                                f"{', '.join(out_dtypes(operands))}")
 
 
 def softmax_axis(fn: str, ndim: int, axis: Any) -> int:

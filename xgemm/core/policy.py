@@ -42,6 +42,7 @@ class Plan:
     policy: Policy
     declined: List[Tuple[str, str]] = field(default_factory=list)
     copies: List[str] = field(default_factory=list)
+    epilogue: str = ""              # bias / activation / gating after the product, and where it runs
 
     @property
     def kernel_name(self) -> str:
@@ -60,6 +61,8 @@ class Plan:
         for name, reason in self.declined:
             lines.append(f"  declined {name}: {reason}")
         lines.extend(f"  copy: {c}" for c in self.copies) if self.copies else lines.append("  copies: none (zero-copy)")
+        if self.epilogue:
+            lines.append(f"  epilogue: {self.epilogue}")
         return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgemm import errors
-from xgemm.core import checks, policy
+from xgemm.core import checks, epilogues, policy
 from xgemm.core.problem import Device
 from xgemm.jax import ffi as jax_ffi
 from xgemm.jax import lowering  # noqa: F401  (registers the cuda lowerings of the primitives)
@@ -83,13 +83,17 @@ def _checked_softmax(fn: str, x: Any, axis: Any):
 # GEMM
 
 def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
-         out_dtype: Any = None, fn: str = "gemm") -> jax.Array:
-    """D = alpha * a @ b + beta * c with numpy.matmul semantics (1-D operands, batch broadcasting).
+         out_dtype: Any = None, bias: Any = None, activation: Optional[str] = None, fn: str = "gemm") -> jax.Array:
+    """D = act(alpha * a @ b + beta * c + bias) with numpy.matmul semantics (1-D operands, batch
+    broadcasting).
 
     float32 / float16 / bfloat16 / float64; a and b of one dtype; fp32 accumulation (fp64 for
-    fp64), alpha/beta applied in that type, then the cast to out_dtype (a.dtype by default;
-    float32 is also allowed for fp16/bf16). beta == 0 never reads c.
+    fp64), alpha/beta (and the epilogue: bias, a vector of N values, then activation, one of
+    core/epilogues.ACTIVATIONS) applied in that type, then the cast to out_dtype (a.dtype by
+    default; float32 is also allowed for fp16/bf16). beta == 0 never reads c.
     """
+    if bias is not None or activation is not None:
+        return _with_epilogue(fn, a, b, c, alpha, beta, out_dtype, bias, activation, False)
     a, b, c, alpha, beta, out, shape = _checked_gemm(fn, a, b, c, alpha, beta, out_dtype)
     a_vec, b_vec = shape.a_vec, shape.b_vec
     a2 = a[None, :] if a_vec else a
@@ -113,6 +117,52 @@ def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0
 def matmul(a: Any, b: Any) -> jax.Array:
     """a @ b with numpy.matmul semantics."""
     return gemm(a, b)
+
+
+def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out_dtype: Any = None,
+          fn: str = "gated") -> jax.Array:
+    """act(gate) * up of [gate | up] = a @ b + bias (b's first N/2 columns the gate projection);
+    activation swiglu, geglu or reglu (xgemm.gated says more)."""
+    return _with_epilogue(fn, a, b, None, 1.0, 0.0, out_dtype, bias, activation, True)
+
+
+def _checked_epilogue(fn, a, b, c, alpha, beta, out_dtype, bias, activation, gated):
+    checks.activation(fn, activation, gated)
+    a, b, c, alpha, beta, out, shape = _checked_gemm(fn, a, b, c, alpha, beta, out_dtype)
+    if (bias is not None or gated) and shape.b_vec:
+        raise errors.ShapeError(f"{fn}: b is 1-D (shape {b.shape}); a bias or gating works on the columns of a "
+                                f"2-D b, so pass b[:, None]")
+    if gated and shape.n % 2:
+        raise errors.ShapeError(f"{fn}: b has {shape.n} columns; a gated product needs [gate | up] halves, an even "
+                                f"number")
+    if bias is not None:
+        bias = _as_jax(fn, "bias", bias)
+        checks.bias(fn, np.dtype(bias.dtype).name, bias.shape, shape.n, np.dtype(a.dtype).name)
+    acc = "float64" if a.dtype == jnp.float64 else "float32"
+    return a, b, c, alpha, beta, out, bias, acc
+
+
+def _with_epilogue(fn, a, b, c, alpha, beta, out_dtype, bias, activation, gated):
+    """The product through xgemm's primitive in the accumulator type, the epilogue in jnp ops
+    (core/epilogues.py), one cast: jax.grad, vmap, jit and sharding see ordinary ops around it."""
+    a, b, c, alpha, beta, out, bias, acc = _checked_epilogue(fn, a, b, c, alpha, beta, out_dtype, bias,
+                                                             activation, gated)
+    pre = gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=acc, fn=fn)
+    if bias is not None:
+        pre = pre + bias.astype(acc)
+    y = epilogues.gate(jnp, pre, activation) if gated else epilogues.apply(jnp, pre, activation)
+    return y.astype(out)
+
+
+def explain_epilogue(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0, bias: Any = None,
+                     activation: Optional[str] = None, gated: bool = False, out_dtype: Any = None,
+                     fn: str = "explain") -> policy.Plan:
+    """The plan of gemm(..., bias=, activation=) or gated(...): the product's, with its epilogue line."""
+    a, b, c, alpha, beta, out, bias, acc = _checked_epilogue(fn, a, b, c, alpha, beta, out_dtype, bias,
+                                                             activation, gated)
+    plan = explain_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=acc, fn=fn)
+    plan.epilogue = epilogues.describe(bias is not None, activation, gated, acc, "jax")
+    return plan
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,17 +18,21 @@ from xgemm import prepare
 
 
 @torch.library.custom_op("xgemm::gemm", mutates_args=())
-def gemm_op(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor], alpha: float, beta: float) -> torch.Tensor:
-    return prepare.run(prepare.prepare_gemm("gemm", a, b, c, alpha, beta, None))
+def gemm_op(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor], alpha: float, beta: float,
+            out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """out_dtype: float32 for fp16/bf16 operands (the composed epilogues' accumulator), else None."""
+    dt = None if out_dtype is None else str(out_dtype).rsplit(".", 1)[-1]
+    return prepare.run(prepare.prepare_gemm("gemm", a, b, c, alpha, beta, None, out_dtype=dt))
 
 
 @gemm_op.register_fake
-def _gemm_fake(a, b, c, alpha, beta):
-    return torch.matmul(a, b)        # fake tensors: shape/dtype/device propagation only
+def _gemm_fake(a, b, c, alpha, beta, out_dtype=None):
+    d = torch.matmul(a, b)           # fake tensors: shape/dtype/device propagation only
+    return d if out_dtype is None else d.to(out_dtype)
 
 
 def _gemm_setup(ctx, inputs, output):
-    a, b, c, alpha, beta = inputs
+    a, b, c, alpha, beta = inputs[:5]
     ctx.save_for_backward(a, b)
     ctx.alpha, ctx.beta = alpha, beta
     ctx.c_shape = None if c is None else c.shape
@@ -63,7 +67,7 @@ def _gemm_backward(ctx, grad):
         gb = gb.squeeze(-1) if b.dim() == 1 else gb
     if ctx.c_shape is not None and ctx.needs_input_grad[2]:
         gc = _unbroadcast(grad * ctx.beta, ctx.c_shape)
-    return ga, gb, gc, None, None
+    return ga, gb, gc, None, None, None
 
 
 gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup)

@@ -1,0 +1,129 @@
+"""Epilogues composed after the product, in the caller's framework: bias, activation, gating.
+
+    gemm(a, b, c, alpha=, beta=, bias=, activation=)   D = act(alpha A@B + beta C + bias)
+    gated(a, b, bias=, activation="swiglu")             D = act(gate) * up of [gate | up] = A@B + bias
+
+No kernel fuses an epilogue yet. Until one does, the product runs through the usual kernels with
+a float32 result (float64 for float64 operands), the epilogue runs on it with the framework's own
+ops in that type (core/epilogues.py), and the result is cast once: the numerics of a fused fp32
+epilogue, at the cost of one more pass over D. The product is xgemm's (for torch under autograd
+or torch.compile, its custom op; for JAX, xgemm.jax), the epilogue ordinary framework ops, so
+autograd, torch.compile and jax.grad / vmap / jit need nothing new. explain() says so.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+from xgemm import arrays, errors, prepare
+from xgemm.core import checks, epilogues, policy
+
+
+def _namespace(fw: str):
+    """The framework's array-API namespace, imported directly (array_api_compat.array_namespace's
+    lru_cache makes torch.compile warn)."""
+    if fw == "torch":
+        import array_api_compat.torch as xp
+    elif fw == "cupy":
+        import array_api_compat.cupy as xp
+    else:
+        import array_api_compat.numpy as xp
+    return xp
+
+
+def _check(fn: str, a: Any, b: Any, c: Any, beta: float, bias: Any, activation: Optional[str], gated: bool):
+    """(dtype, result shape, the product's N) after the checks an epilogue adds to gemm's."""
+    checks.activation(fn, activation, gated)
+    dt = checks.gemm_dtypes(fn, arrays.dtype_name(a), arrays.dtype_name(b),
+                            arrays.dtype_name(c) if c is not None else None)
+    shape = checks.gemm_shape(fn, tuple(a.shape), tuple(b.shape), tuple(c.shape) if c is not None else None,
+                              beta, c is not None)
+    if (bias is not None or gated) and shape.b_vec:
+        raise errors.ShapeError(f"{fn}: b is 1-D (shape {tuple(b.shape)}); a bias or gating works on the columns "
+                                f"of a 2-D b, so pass b[:, None]")
+    final = shape.final
+    if gated:
+        if shape.n % 2:
+            raise errors.ShapeError(f"{fn}: b has {shape.n} columns; a gated product needs [gate | up] halves, "
+                                    f"an even number")
+        final = final[:-1] + (shape.n // 2,)
+    if bias is not None:
+        checks.bias(fn, arrays.dtype_name(bias), tuple(bias.shape), shape.n, dt)
+    return dt, final, shape.n
+
+
+def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activation: Optional[str],
+        gated: bool, out: Any, *, plan_only: bool = False) -> Any:
+    """The composed call (or, with plan_only, the product's Plan with its epilogue line)."""
+    alpha = checks.scalar(fn, "alpha", alpha, traced=arrays.is_jax_tracer(alpha))
+    beta = checks.scalar(fn, "beta", beta, traced=arrays.is_jax_tracer(beta))
+    owner = prepare.owner_of(fn, "a", a)
+    if owner == "jax":
+        if out is not None:
+            raise errors.OutError(f"{fn}: out= is not supported for JAX (its arrays are immutable); use the result")
+        from xgemm import jax as xjax
+        b, c, bias = (arrays.import_into("jax", x, name, fn) if x is not None else None
+                      for x, name in ((b, "b"), (c, "c"), (bias, "bias")))
+        if plan_only:
+            return xjax.explain_epilogue(a, b, c, alpha=alpha, beta=beta, bias=bias, activation=activation,
+                                         gated=gated, fn=fn)
+        if gated:
+            return xjax.gated(a, b, bias=bias, activation=activation, fn=fn)
+        return xjax.gemm(a, b, c, alpha=alpha, beta=beta, bias=bias, activation=activation, fn=fn)
+    c_used = c if beta != 0.0 else None
+    if owner == "torch" and sys.modules["torch"].compiler.is_compiling():
+        # a torch.compile trace: the product's checks run inside the op (prepare_gemm, at run
+        # time), the epilogue's shapes are torch's; dynamo cannot trace checks.broadcast's max(default=)
+        checks.activation(fn, activation, gated)
+        dt = arrays.dtype_name(a)
+    else:
+        dt, final, n = _check(fn, a, b, c, beta, bias, activation, gated)
+        if bias is not None:
+            bias = arrays.import_into(owner, bias, "bias", fn)
+            prepare.same_device(fn, [("a", arrays.view(a, "a", fn)), ("bias", arrays.view(bias, "bias", fn))])
+    acc = "float64" if dt == "float64" else "float32"
+    if out is not None:
+        inputs = [arrays.view(x, name, fn) for x, name in ((a, "a"), (b, "b"), (c_used, "c"), (bias, "bias"))
+                  if x is not None]
+        prepare.check_out(fn, out, owner, final, checks.out_dtypes(dt), inputs)
+    note = epilogues.describe(bias is not None, activation, gated, acc, owner)
+    if plan_only:
+        plan = prepare.prepare_gemm(fn, a, b, c_used, alpha, beta, None, plan_only=True, out_dtype=acc)
+        plan.epilogue = note
+        return plan
+    pre = _product(fn, owner, a, b, c_used, alpha, beta, acc)
+    xp = _namespace(owner)
+    if bias is not None:
+        pre = pre + xp.astype(bias, pre.dtype)
+    y = epilogues.gate(xp, pre, activation) if gated else epilogues.apply(xp, pre, activation)
+    out_dt = arrays.dtype_name(out) if out is not None else dt
+    y = xp.astype(y, _dtype(owner, out_dt))
+    if out is None:
+        return y
+    if owner == "torch":
+        out.copy_(y)
+    else:
+        out[...] = y
+    return out
+
+
+def _product(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: float, acc: str) -> Any:
+    """alpha A @ B + beta C in `acc`, through xgemm (the torch op when autograd or a trace needs it)."""
+    if owner == "torch":
+        torch = sys.modules["torch"]
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+                getattr(x, "requires_grad", False) for x in (a, b, c) if x is not None)):
+            from xgemm.torch import ops as xtorch
+            if not xtorch.compiling():
+                prepare.prepare_gemm(fn, a, b, c, alpha, beta, None, plan_only=True, out_dtype=acc)
+            return xtorch.gemm_op(a, b, c, alpha, beta, getattr(torch, acc))
+    return prepare.run(prepare.prepare_gemm(fn, a, b, c, alpha, beta, None, out_dtype=acc))
+
+
+def _dtype(fw: str, name: str):
+    if fw == "torch":
+        return getattr(sys.modules["torch"], name)
+    if name == "bfloat16" and fw == "numpy":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return sys.modules["numpy"].dtype(name) if fw == "numpy" else sys.modules["cupy"].dtype(name)
