@@ -36,6 +36,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from xgemm.core import epilogues
+
 FRAMEWORKS = ("torch", "cupy", "jax", "jit")
 DIMS = (1, 2, 0, 3, 8, 16, 17, 31, 64, 61, 97, 128, 127, 129, 256, 255, 509, 512, 1000, 1021, 1024,
         2048, 2053, 4096)
@@ -94,6 +96,17 @@ def _draw_gemm(choose, fw: str, dtype: str) -> Dict[str, Any]:
         case["out"] = choose("out_dtype", (None,) + outs)
     elif choose("with_out", (False, True)):
         case.update(out=choose("out", outs), out_major=choose("out_major", ("row", "col")))
+    # drawn last, so the fields above stay what they were for a seed before epilogues existed
+    epi = choose("epilogue", (None, None, "bias", "act", "bias_act", "gated"))
+    case.update(bias=None, activation=None, gated=False)
+    if epi is not None and case["vec"] != "b":
+        if epi == "gated" and case["n"] % 2 == 0:
+            case.update(gated=True, activation=choose("gated_act", tuple(epilogues.GATED)), alpha=1.0, beta=0.0,
+                        c=None, c_dtype=None)
+        if epi in ("act", "bias_act"):
+            case["activation"] = choose("activation", epilogues.ACTIVATIONS)
+        if epi in ("bias", "bias_act") or (case["gated"] and choose("gated_bias", (False, True))):
+            case["bias"] = choose("bias_dtype", outs)
     return case
 
 
@@ -261,6 +274,8 @@ def _gemm_shapes(case) -> Tuple[tuple, tuple, tuple]:
     b_shape = (k,) if case["vec"] == "b" else (
         (k, n) if case["bcast"] == "b2d" else (1, k, n) if case["bcast"] == "b_expand" else batch + (k, n))
     d_shape = batch + ((m,) if case["vec"] != "a" else ()) + ((n,) if case["vec"] != "b" else ())
+    if case.get("gated"):
+        d_shape = d_shape[:-1] + (n // 2,)
     return a_shape, b_shape, d_shape
 
 
@@ -274,6 +289,9 @@ def run_gemm(case: Dict[str, Any], seed: int) -> Optional[str]:
     A, B = _values(rng, a_shape, dt), _values(rng, b_shape, dt)
     c_shape = None if case["c"] is None else (d_shape[-1:] if case["c"] == "n" else d_shape)
     C = None if c_shape is None else _values(rng, c_shape, case["c_dtype"])
+    act, gated = case.get("activation"), case.get("gated", False)
+    V = None if not case.get("bias") else _values(rng, (case["n"],), case["bias"])
+    epi = V is not None or act is not None
     jaxish = case["fw"] in ("jax", "jit")
     a = f.place(A, dt, case["a_major"], case["a_pad"], case["a_off"])
     b_vals = B[0] if case["bcast"] == "b_expand" and not jaxish else B
@@ -282,25 +300,33 @@ def run_gemm(case: Dict[str, Any], seed: int) -> Optional[str]:
         b = f.expand(b[None] if f.name == "torch" else b[None, ...], tuple(case["batch"]) + b_vals.shape)
         B = np.broadcast_to(B, b.shape)
     c = None if C is None else f.place(C, case["c_dtype"])
+    v = None if V is None else f.place(V, case["bias"])
     alpha, beta = case["alpha"], case["beta"]
     out_dt = case["out"] or dt
     if jaxish:
         ta = case["a_major"] == "col" and len(a_shape) >= 2
         tb = case["b_major"] == "col" and len(b_shape) >= 2
 
-        def call(a, b, c):
+        def call(a, b, c, v):
             a = a.swapaxes(-1, -2) if ta else a
             b = b.swapaxes(-1, -2) if tb else b
-            return xgemm.jax.gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=case["out"])
+            if gated:
+                return xgemm.jax.gated(a, b, bias=v, activation=act, out_dtype=case["out"])
+            return xgemm.jax.gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=case["out"], bias=v, activation=act)
         fn = call if case["fw"] == "jax" else f.jitted(
-            (ta, tb, alpha, beta, case["out"], c is None), lambda: call)
-        d = fn(a, b, c)
+            (ta, tb, alpha, beta, case["out"], c is None, v is None, act, gated), lambda: call)
+        d = fn(a, b, c, v)
     else:
         out = None
         if case["out"] is not None:
             out = f.empty_poisoned(d_shape, case["out"], case["out_major"] if len(d_shape) >= 2 else "row")
         f.poison_allocator(math.prod(d_shape) * 4)
-        d = xgemm.gemm(a, b, c, alpha=alpha, beta=beta, out=out)
+        if gated:
+            d = xgemm.gated(a, b, bias=v, activation=act, out=out)
+        elif epi:
+            d = xgemm.gemm(a, b, c, alpha=alpha, beta=beta, bias=v, activation=act, out=out)
+        else:
+            d = xgemm.gemm(a, b, c, alpha=alpha, beta=beta, out=out)
         if out is not None and d is not out:
             return "out= given but another array returned"
     f.sync()
@@ -316,8 +342,45 @@ def run_gemm(case: Dict[str, Any], seed: int) -> Optional[str]:
         ref = ref + beta * C
         mag = mag + abs(beta) * np.abs(C)
     acc_eps = _EPS["float64" if dt == "float64" else "float32"]
-    tol = 2 * _EPS[out_dt] * mag + 2 * max(case["k"], 1) * acc_eps * mag + _TINY[out_dt]
-    return _compare(got, ref, tol)
+    if not epi:
+        tol = 2 * _EPS[out_dt] * mag + 2 * max(case["k"], 1) * acc_eps * mag + _TINY[out_dt]
+        return _compare(got, ref, tol)
+    # the epilogue: the pre-activation's error carried through act' (and the gate's product), the
+    # output's rounding, and the accumulator type's own math (exp, tanh, erf: a few ulp)
+    if V is not None:
+        ref = ref + V
+        mag = mag + np.abs(V)
+    tol_pre = 2 * max(case["k"], 1) * acc_eps * mag + 4 * acc_eps * np.abs(ref)
+    y, tol = _epilogue64(ref, tol_pre, act, gated, acc_eps)
+    tol = tol + (2 * _EPS[out_dt] + 8 * acc_eps) * np.abs(y) + _TINY[out_dt]
+    return _compare(got, y, tol)
+
+
+def _act64(x: np.ndarray, name: Optional[str]) -> np.ndarray:
+    """The activations in float64, written apart from core/epilogues.py (the reference's own)."""
+    if name is None:
+        return x
+    with np.errstate(over="ignore"):
+        sig = 1.0 / (1.0 + np.exp(-x))
+    return {"relu": lambda: np.maximum(x, 0), "relu2": lambda: np.maximum(x, 0) ** 2, "sigmoid": lambda: sig,
+            "silu": lambda: x * sig, "gelu": lambda: 0.5 * x * (1 + np.vectorize(math.erf, otypes=[np.float64])(x / math.sqrt(2))),
+            "gelu_tanh": lambda: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))}[name]()
+
+
+def _epilogue64(pre: np.ndarray, tol_pre: np.ndarray, act: Optional[str], gated: bool, acc_eps: float):
+    """(act(pre) or its gating, and the error bound tol_pre becomes through it). The activation's
+    own math in the accumulator type errs by a few ulp of x, not of act(x): gelu's 1 + erf(x/sqrt 2)
+    cancels for negative x (torch's and jax's formula alike), hence 8 ulp of |x|."""
+    import array_api_compat.numpy as xp
+    if not gated:
+        slope = np.abs(epilogues.derivative(xp, pre, act)) + 0.05        # + a margin for relu's kink
+        return _act64(pre, act), slope * tol_pre + 8 * acc_eps * np.abs(pre)
+    n = pre.shape[-1] // 2
+    g, u, tg, tu = pre[..., :n], pre[..., n:], tol_pre[..., :n], tol_pre[..., n:]
+    ga = epilogues.GATED[act]
+    slope = np.abs(epilogues.derivative(xp, g, ga)) + 0.05
+    return (_act64(g, ga) * u,
+            np.abs(u) * (slope * tg + 8 * acc_eps * np.abs(g)) + np.abs(_act64(g, ga)) * tu + tg * tu)
 
 
 def _matmul64(A: np.ndarray, B: np.ndarray) -> np.ndarray:

@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import fuzz  # noqa: E402
 
+from xgemm.core import epilogues  # noqa: E402
+
 
 def test_cases_are_drawn_the_same_for_a_seed_and_cover_the_space():
     cases = [fuzz.draw(fuzz.Choose(s)) for s in range(400)]
@@ -23,6 +25,8 @@ def test_cases_are_drawn_the_same_for_a_seed_and_cover_the_space():
     assert any(0 in (c["m"], c["n"], c["k"]) for c in gemm) and any(c["batch"] for c in gemm)
     assert any(c["out"] for c in gemm) and any(c["c"] for c in gemm) and any(c["a_off"] for c in gemm)
     assert {c["special"] for c in cases if c["op"] == "softmax"} >= {"neg_inf_row", "nan", "pos_inf"}
+    assert any(c["gated"] for c in gemm) and any(c["bias"] for c in gemm)
+    assert {c["activation"] for c in gemm if not c["gated"]} >= set(epilogues.ACTIVATIONS)
 
 
 def test_the_check_catches_a_wrong_result(monkeypatch):
@@ -38,6 +42,11 @@ def test_the_check_catches_a_wrong_result(monkeypatch):
     assert "wrong" in fuzz.run_case(case, 1)
     monkeypatch.setattr(xgemm, "gemm", lambda *a, **k: torch.full_like(real(*a, **k), float("nan")))
     assert "NaN mismatch" in fuzz.run_case(case, 1)
+    monkeypatch.setattr(xgemm, "gemm", real)
+    gelu = dict(case, bias="float32", activation="gelu")
+    assert fuzz.run_case(gelu, 1) is None
+    monkeypatch.setattr(xgemm, "gemm", lambda *a, **k: real(*a, **dict(k, activation="gelu_tanh")))
+    assert "wrong" in fuzz.run_case(gelu, 1)          # the tanh approximation is not the exact gelu
 
 
 def test_cpu_run_and_reproducer():

@@ -1,10 +1,13 @@
 """Compile, on a machine without a GPU, every CuTe class tests/gpu/test_gemm_tc_gpu.py launches, so
 the H200 session that runs those tests finds them in the disk cache instead of compiling there.
 
-    CUTE_DSL_ARCH=sm_90a python tests/gpu/prebuild_classes.py [--jobs 2]
+    CUTE_DSL_ARCH=sm_90a python tests/gpu/prebuild_classes.py [--jobs 2] [--fuzz N]
 
 (`python -m xgemm build-cache` prebuilds the policy's common classes; this adds the tests' forced
-configs, majorness, C and batch variants.) Then tar the cache's current fingerprint directories
+configs, majorness, C and batch variants, and with --fuzz the classes the first N torch cases of
+benchmarks/fuzz.py reach (found by running them on CPU tensors dressed as an H200,
+tests/fake_cuda.py, whose recorder stands in for every launch): a fuzz run on the GPU then spends
+its time on cases, not on compiling classes on first use.) Then tar the cache's current fingerprint directories
 and carry the tarball (docs/development.md). Not a test module: pytest does not collect it.
 """
 from __future__ import annotations
@@ -17,6 +20,54 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
 
 
+def fuzz_items(cases: int, seed: int, workers: int) -> list:
+    """(module, key) of every CuTe class the torch cases of a `fuzz.py --seed S --workers W` run
+    launch (each worker's first cases / W), recorded instead of launched."""
+    sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
+    import fuzz
+    from fake_cuda import Fake
+
+    import xgemm
+    fuzz.DEVICE = "cpu"
+    keys = set()
+    per = -(-cases // workers)
+    for w in range(workers):
+        for i in range(per):
+            case_seed = (seed * 1000 + w) * 1_000_003 + i
+            case = fuzz.draw(fuzz.Choose(case_seed), fuzz.FRAMEWORKS)
+            if case["fw"] != "torch":
+                continue
+            with Fake(keep=True) as fake:
+                try:
+                    _launch_case(fuzz, xgemm, case, case_seed)
+                except Exception:       # noqa: BLE001 -- a recorder's garbage result may upset a later step
+                    pass
+            keys |= {call[1] for call in fake.calls if call[0] == "cute"}
+    return [(f"xgemm.kernels.{key[0]}", key) for key in sorted(keys, key=repr)]
+
+
+def _launch_case(fuzz, xgemm, case, seed):
+    """The xgemm call of a fuzz case (fuzz.run_gemm / run_softmax without their checks)."""
+    import numpy as np
+    f = fuzz.fw_of("torch")
+    if case["op"] == "softmax":
+        x = f.place(np.zeros(case["shape"]), case["dtype"], view=case["view"])
+        xgemm.softmax(x, case["axis"])
+        return
+    a_shape, b_shape, d_shape = fuzz._gemm_shapes(case)
+    a = f.place(np.zeros(a_shape), case["dtype"], case["a_major"], case["a_pad"], case["a_off"])
+    b_vals = np.zeros(b_shape[1:] if case["bcast"] == "b_expand" else b_shape)
+    b = f.place(b_vals, case["dtype"], case["b_major"], case["b_pad"], case["b_off"])
+    if case["bcast"] == "b_expand":
+        b = f.expand(b[None], tuple(case["batch"]) + b_vals.shape)
+    c = None
+    if case["c"] is not None:
+        c = f.place(np.zeros(d_shape[-1:] if case["c"] == "n" else d_shape), case["c_dtype"])
+    out = None if case["out"] is None else f.empty_poisoned(d_shape, case["out"], case["out_major"]
+                                                             if len(d_shape) >= 2 else "row")
+    xgemm.gemm(a, b, c, alpha=case["alpha"], beta=case["beta"], out=out)
+
+
 def main() -> int:
     import test_gemm_tc_gpu as T
 
@@ -24,8 +75,11 @@ def main() -> int:
     from xgemm.runtime import cute_cache as xcompile
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--fuzz", type=int, default=0, help="also the classes of this many torch fuzz cases")
+    ap.add_argument("--seed", type=int, default=1, help="the fuzz run's --seed (its workers' seeds follow)")
+    ap.add_argument("--workers", type=int, default=14, help="the fuzz run's --workers")
     args = ap.parse_args()
-    items = []
+    items = fuzz_items(args.fuzz, args.seed, args.workers) if args.fuzz else []
     for mod, case, pol in T.cases_for_prebuild():
         d = T.build_case(case, device="cpu")
         prob = d["problem"]
