@@ -170,3 +170,24 @@ def test_numpy_and_cuda_operands_get_a_device_error():
         xgemm.matmul(a, b)
     with pytest.raises(xgemm.errors.DeviceError, match="a is on cuda:0 and b on cpu"):
         xgemm.matmul(b.T.contiguous(), a.T.copy())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["out", "a", "both", "issue"])
+def test_extent_one_dims_with_any_stride(dtype, case):
+    """torch's (n, 1).t() is (1, n) with strides (1, 1); the kernels get the dense stride of the
+    same memory (issue 22: cute_gemm_sm90 refused the real one at launch with a raw ValueError)."""
+    if case == "issue":                  # the issue's reproducer: (1, 8) @ (8, 63) and (8, 64)
+        for n in (63, 64):
+            a = torch.randint(-5, 6, (8, 1), dtype=DT[dtype], device="cuda").t()
+            b = torch.randint(-5, 6, (n, 8), dtype=DT[dtype], device="cuda").t()
+            exact(xgemm.matmul(a, b), a.double().cpu() @ b.double().cpu(), dtype)
+        return
+    a = torch.randint(-5, 6, (64, 1), dtype=DT[dtype], device="cuda").t() if case in ("a", "both") else \
+        torch.randint(-5, 6, (1, 64), dtype=DT[dtype], device="cuda")
+    b, gb = ints(64, 64, dtype=dtype)
+    out = torch.full((64, 1), float("nan"), dtype=DT[dtype], device="cuda").t() if case in ("out", "both") else None
+    d = xgemm.matmul(a, b, out=out)
+    exact(d, a.double().cpu() @ gb, dtype)
+    if out is not None:
+        assert d is out
