@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
-from xgemm import arrays, compose, errors, prepare
+from xgemm import arrays, compose, errors, grouped, prepare
 from xgemm.core import checks, policy
 from xgemm.torch import fastpath
 from xgemm.torch import native as torch_native
@@ -59,6 +59,25 @@ def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out: 
     (silu gate), geglu (exact gelu) or reglu (relu). Interleaved weights ([g0, u0, g1, u1, ...]):
     pass b.reshape(K, N // 2, 2).swapaxes(-1, -2).reshape(K, N) (core/epilogues.py)."""
     return compose.run("gated", a, b, None, 1.0, 0.0, bias, activation, True, out)
+
+
+def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None) -> Any:
+    """lhs [T, K] in contiguous groups of group_sizes[e] rows, each times rhs[e] [K, N] -> [T, N]
+    (jax.lax.ragged_dot's semantics; rows beyond sum(group_sizes) are zeros). Result in lhs's framework;
+    the group sizes are never read on the host."""
+    if _torch_op_needed(lhs, rhs):
+        from xgemm.torch import grouped_ops
+        return grouped_ops.ragged_dot(lhs, rhs, group_sizes, out_dtype=out_dtype)
+    return grouped.ragged_dot(lhs, rhs, group_sizes, out_dtype=out_dtype)
+
+
+def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None) -> Any:
+    """torch._grouped_mm's offsets (cumulative group ends): x [T, K], w [E, K, N] -> [T, N];
+    x [M, T], w [T, N] -> [E, M, N]. Rows beyond offs[-1] are zeros (torch leaves them unwritten)."""
+    if _torch_op_needed(x, w):
+        from xgemm.torch import grouped_ops
+        return grouped_ops.grouped_mm(x, w, offs, out_dtype=out_dtype)
+    return grouped.grouped_mm(x, w, offs, out_dtype=out_dtype)
 
 
 def _torch_op_needed(*xs: Any) -> bool:

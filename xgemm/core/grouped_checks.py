@@ -1,0 +1,94 @@
+"""Argument checks of the grouped (ragged) GEMMs, shared by the eager path (grouped.py), the torch
+op (torch/grouped_ops.py) and xgemm.jax (jax/grouped.py).
+
+They see shapes and dtype names only, never the values of group sizes or offsets: those stay on
+the device, so a check here cannot synchronize with the host (or concretize a JAX tracer).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence, Tuple
+
+from xgemm import errors
+from xgemm.core import checks
+
+INDEX_DTYPES = ("int32", "int64")
+
+
+class GroupedShape(NamedTuple):
+    """One grouped product. `ragged_k` False: rows [T, K] in groups, each times its own [K, N]
+    matrix -> [T, N]. True (the variable-K product, the weight gradient): a [M, T] times b [T, N]
+    with the T axis in groups -> one [M, N] per group, [E, M, N]."""
+    rows: int                       # T, the grouped axis
+    m: int                          # ragged_k: a's rows; else T
+    k: int                          # ragged_k: T; else the contraction K
+    n: int
+    groups: int                     # E
+    ragged_k: bool
+    out: Tuple[int, ...]
+
+
+def operand_dtypes(fn: str, names: Tuple[str, str], a: str, b: str) -> str:
+    """The operands' common float dtype (checks.SUPPORTED_DTYPES)."""
+    dt = checks.dtype(fn, names[0], a)
+    if checks.dtype(fn, names[1], b) != dt:
+        raise errors.DTypeError(f"{fn}: {names[0]} is {dt} and {names[1]} is {b}; cast {names[1]} to {dt} "
+                                f"({names[1]}.astype({names[0]}.dtype))")
+    return dt
+
+
+def index_dtype(fn: str, name: str, dt: str) -> str:
+    if dt not in INDEX_DTYPES:
+        raise errors.DTypeError(f"{fn}: {name} has dtype {dt}; pass int32 or int64 {name} "
+                                f"(e.g. {name}.astype('int32'))")
+    return dt
+
+
+def _ndim(fn: str, name: str, shape: Sequence[int], ndim: int, what: str) -> None:
+    if len(shape) != ndim:
+        raise errors.ShapeError(f"{fn}: {name} has shape {tuple(shape)}; it must be {ndim}-D {what}")
+
+
+def ragged_dot(fn: str, lhs: Sequence[int], rhs: Sequence[int], group_sizes: Sequence[int]) -> GroupedShape:
+    """lhs [T, K], rhs [E, K, N], group_sizes [E] (jax.lax.ragged_dot's shapes)."""
+    _ndim(fn, "lhs", lhs, 2, "[T, K] (rows grouped contiguously by group); reshape a batch to rows, "
+          "or jax.vmap over it")
+    _ndim(fn, "rhs", rhs, 3, "[E, K, N] (one [K, N] matrix per group)")
+    e, k, n = rhs
+    if lhs[1] != k:
+        raise errors.ShapeError(f"{fn}: lhs has shape {tuple(lhs)} and rhs {tuple(rhs)}; lhs.shape[1] ({lhs[1]}) "
+                                f"must equal rhs.shape[1] ({k})")
+    if tuple(group_sizes) != (e,):
+        raise errors.ShapeError(f"{fn}: group_sizes has shape {tuple(group_sizes)}; it holds one size per group "
+                                f"of rhs, so pass shape ({e},)")
+    return GroupedShape(lhs[0], lhs[0], k, n, e, False, (lhs[0], n))
+
+
+def grouped_mm(fn: str, x: Sequence[int], w: Sequence[int], offs: Sequence[int]) -> GroupedShape:
+    """torch._grouped_mm's two grouped cases: x [T, K] with w [E, K, N] (groups of rows, offs [E]),
+    or x [M, T] with w [T, N] (groups of the contraction, offs [E] -> out [E, M, N])."""
+    if len(x) != 2 or len(w) not in (2, 3):
+        raise errors.ShapeError(
+            f"{fn}: x has shape {tuple(x)} and w {tuple(w)}; grouped_mm takes x [T, K] with w [E, K, N] (groups "
+            f"of x's rows) or x [M, T] with w [T, N] (groups of the contraction, out [E, M, N]); for a batch of "
+            f"equal-size groups use matmul")
+    if len(offs) != 1:
+        raise errors.ShapeError(f"{fn}: offs has shape {tuple(offs)}; it must be 1-D [E], each group's end offset "
+                                f"(the cumulative sum of the group sizes)")
+    e = offs[0]
+    if len(w) == 3:
+        if w[0] != e:
+            raise errors.ShapeError(f"{fn}: offs has shape {tuple(offs)} and w {tuple(w)}; offs holds one end offset "
+                                    f"per group of w, so pass shape ({w[0]},)")
+        if x[1] != w[1]:
+            raise errors.ShapeError(f"{fn}: x has shape {tuple(x)} and w {tuple(w)}; x.shape[1] ({x[1]}) must equal "
+                                    f"w.shape[1] ({w[1]})")
+        return GroupedShape(x[0], x[0], x[1], w[2], e, False, (x[0], w[2]))
+    if x[1] != w[0]:
+        raise errors.ShapeError(f"{fn}: x has shape {tuple(x)} and w {tuple(w)}; x.shape[1] ({x[1]}) must equal "
+                                f"w.shape[0] ({w[0]}) (the grouped contraction)")
+    return GroupedShape(x[1], x[0], x[1], w[1], e, True, (e, x[0], w[1]))
+
+
+def out_dtype(fn: str, dt: str, out: Optional[str]) -> str:
+    """The result dtype: the operands' (None), or float32 for fp16/bf16 operands."""
+    return checks.out_dtype(fn, dt, out)

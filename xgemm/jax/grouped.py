@@ -1,0 +1,254 @@
+"""Grouped (ragged) GEMM in JAX: ragged_dot / grouped_mm with their custom_vjp, a vmap rule, and an
+expert-parallel sharding over a mesh axis.
+
+    ragged_dot(lhs[T, K], rhs[E, K, N], group_sizes[E]) -> [T, N]     jax.lax.ragged_dot's semantics
+    grouped_mm(x[T, K], w[E, K, N], offs[E]) -> [T, N]                torch._grouped_mm's offsets
+    grouped_mm(x[M, T], w[T, N], offs[E]) -> [E, M, N]                the variable-K product
+    ragged_dot_expert_parallel(lhs, rhs, group_sizes, mesh, axis)    rhs sharded over experts
+
+Rows beyond sum(group_sizes) are zeros; group sizes stay on the device (traced under jit: never
+concretized). xgemm/grouped.py's docstring has the full semantics.
+
+The forward is XLA's ragged_dot (the embedded default); the backward is
+    dlhs = ragged_dot(dout, rhs^T, group_sizes)
+    drhs[e] = lhs_e^T @ dout_e  (the variable-K product: XLA's ragged_dot_general with the ragged
+                                 dimension contracted; zeros for an empty group)
+and both call this module's custom_vjp functions, so reverse over reverse works (forward mode,
+jvp, does not, as for xgemm.jax.gemm). A GPU kernel replaces _multiply_groups / _contract_groups:
+a primitive with a cuda lowering there, the custom_vjp / vmap / sharding structure unchanged.
+
+vmap: XLA's ragged_dot batches only when every operand is batched; the rule here folds any batching
+into ONE unbatched call instead: rows are permuted (on the device) so that each group's rows of every
+batch element are contiguous, and the result is gathered back. Cost: a gather of lhs and of the
+result; rhs is never copied when it is shared (unbatched), and reshaped (free) when batched.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_batching import custom_vmap
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from xgemm import errors
+from xgemm.core import grouped_checks
+
+# the variable-K product: a [T, M] . b [T, N] contracted over T, which is ragged -> [E, M, N]
+_CONTRACT_GROUPS = jax.lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
+
+
+def _as_jax(fn: str, name: str, x: Any) -> Any:
+    if isinstance(x, (jax.Array, jax.core.Tracer)):
+        return x
+    if hasattr(x, "__dlpack__") or isinstance(x, np.ndarray):
+        return jnp.asarray(x)
+    raise errors.NotAnArrayError(f"{fn}: {name} is a {type(x).__name__}, not an array; pass a jax.Array")
+
+
+def _name(dt: Any) -> Optional[str]:
+    return None if dt is None else np.dtype(dt).name
+
+
+def _checked(fn: str, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any, ragged_dot: bool):
+    a, b, index = (_as_jax(fn, n, x) for n, x in zip(names, (a, b, index)))
+    dt = grouped_checks.operand_dtypes(fn, names[:2], _name(a.dtype), _name(b.dtype))
+    grouped_checks.index_dtype(fn, names[2], _name(index.dtype))
+    check = grouped_checks.ragged_dot if ragged_dot else grouped_checks.grouped_mm
+    shape = check(fn, a.shape, b.shape, index.shape)
+    out = grouped_checks.out_dtype(fn, dt, _name(out_dtype))
+    return a, b, index.astype(jnp.int32), out, shape
+
+
+def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: Any = None,
+               fn: str = "ragged_dot") -> jax.Array:
+    """lhs [T, K] in contiguous groups of group_sizes[e] rows, each times rhs[e] [K, N] -> [T, N].
+    preferred_element_type: the result dtype (lhs.dtype by default; float32 allowed for fp16/bf16);
+    fp16/bf16 accumulate in float32. Rows beyond sum(group_sizes) are zeros."""
+    lhs, rhs, sizes, out, _ = _checked(fn, ("lhs", "rhs", "group_sizes"), lhs, rhs, group_sizes,
+                                       preferred_element_type, True)
+    return _jit_ragged_dot(lhs, rhs, sizes, out)
+
+
+def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, fn: str = "grouped_mm") -> jax.Array:
+    """torch._grouped_mm's convention (offs: each group's end offset, cumulative): x [T, K] with
+    w [E, K, N] -> [T, N], or x [M, T] with w [T, N] -> [E, M, N] (the variable-K product)."""
+    x, w, offs, out, shape = _checked(fn, ("x", "w", "offs"), x, w, offs, out_dtype, False)
+    sizes = jnp.diff(offs, prepend=jnp.zeros((1,), offs.dtype))
+    if shape.ragged_k:
+        return _jit_contract(x.T, w, sizes, out)
+    return _jit_ragged_dot(x, w, sizes, out)
+
+
+def ragged_dot_expert_parallel(lhs: Any, rhs: Any, group_sizes: Any, mesh: jax.sharding.Mesh, axis: str, *,
+                               preferred_element_type: Any = None, fn: str = "ragged_dot_expert_parallel"):
+    """ragged_dot with the experts sharded over mesh axis `axis` (D devices): no collective.
+
+    Layout (the caller's token dispatch produces it):
+      rhs [E, K, N]: sharded over E, PartitionSpec(axis): device d holds experts
+          [d*E/D, (d+1)*E/D) (E a multiple of D).
+      group_sizes [E]: the global sizes, sharded like rhs: device d reads the sizes of its experts.
+      lhs [D*C, K]: sharded over rows in D equal blocks of capacity C, PartitionSpec(axis): block d
+          holds the rows of device d's experts, grouped by expert in expert order from the block's
+          start; the block's rows after its experts' total (padding, sum of its sizes <= C) are
+          ignored and give zero rows.
+    Result [D*C, N], sharded over rows like lhs. Other mesh axes: operands replicated over them.
+    Each device runs ragged_dot(its block, its experts, their sizes); grads (custom_vjp) shard alike.
+    """
+    lhs, rhs, sizes, out, shape = _checked(fn, ("lhs", "rhs", "group_sizes"), lhs, rhs, group_sizes,
+                                           preferred_element_type, True)
+    if axis not in mesh.shape:
+        raise errors.ShapeError(f"{fn}: axis {axis!r} is not an axis of the mesh {dict(mesh.shape)}; "
+                                f"pass one of {tuple(mesh.shape)}")
+    d = mesh.shape[axis]
+    if shape.groups % d or shape.rows % d:
+        raise errors.ShapeError(f"{fn}: rhs has {shape.groups} experts and lhs {shape.rows} rows over {d} devices "
+                                f"of axis {axis!r}; both must be multiples of {d} (pad lhs to D blocks of equal "
+                                f"capacity, and the experts to a multiple of D with empty groups)")
+    specs = (PartitionSpec(axis, None), PartitionSpec(axis, None, None), PartitionSpec(axis))
+    placed = (lhs, rhs, sizes)
+    if dict(zip(mesh.axis_names, mesh.axis_types))[axis] == AxisType.Explicit:
+        # jax.make_mesh's default: shard_map takes operands only as its in_specs say (Auto axes
+        # reshard by themselves); a no-op where they already are
+        placed = [jax.reshard(x, NamedSharding(mesh, s)) for x, s in zip(placed, specs)]
+    local = jax.shard_map(lambda l, r, g: _ragged_dot(l, r, g, out), mesh=mesh, in_specs=specs,
+                          out_specs=specs[0])
+    return local(*placed)
+
+
+# ---------------------------------------------------------------------------------------------
+# The forward products (XLA's ragged dot here; a kernel's primitive later), with their vmap rule
+
+def _acc(dt: Any):
+    return jnp.float64 if dt == jnp.float64 else jnp.float32
+
+
+# float32 products in float32 on GPUs too (no TF32), as the GEMM reference (primitives.py)
+_PRECISION = jax.lax.Precision.HIGHEST
+
+
+@functools.lru_cache(maxsize=None)
+def _multiply_groups(out: str):
+    """(lhs [T, K], rhs [E, K, N], sizes [E] int32) -> [T, N] of `out`."""
+    @custom_vmap
+    def multiply(lhs, rhs, sizes):
+        y = jax.lax.ragged_dot(lhs, rhs, sizes, precision=_PRECISION,
+                               preferred_element_type=_acc(lhs.dtype))
+        return y.astype(out)
+
+    @multiply.def_vmap
+    def multiply_batched(axis_size, in_batched, lhs, rhs, sizes):
+        lhs_b, rhs_b, sizes_b = in_batched
+        rows, k = lhs.shape[-2:]
+        lhs = lhs if lhs_b else jnp.broadcast_to(lhs, (axis_size, rows, k))
+        sizes = sizes if sizes_b else jnp.broadcast_to(sizes, (axis_size,) + sizes.shape)
+        dest, folded = _fold(sizes, rows, shared=not rhs_b)
+        rhs = rhs.reshape((-1,) + rhs.shape[-2:]) if rhs_b else rhs
+        y = multiply(lhs.reshape(-1, k)[_inverse(dest)], rhs, folded)
+        return y[dest.reshape(-1)].reshape(axis_size, rows, -1), True
+    return multiply
+
+
+@functools.lru_cache(maxsize=None)
+def _contract_groups(out: str):
+    """(a [T, M], b [T, N], sizes [E] int32) -> [E, M, N] of `out`: a_e^T @ b_e per group."""
+    @custom_vmap
+    def contract(a, b, sizes):
+        y = jax.lax.ragged_dot_general(a, b, sizes, _CONTRACT_GROUPS, precision=_PRECISION,
+                                       preferred_element_type=_acc(a.dtype))
+        return y.astype(out)
+
+    @contract.def_vmap
+    def contract_batched(axis_size, in_batched, a, b, sizes):
+        rows, groups = a.shape[-2], sizes.shape[-1]
+        a, b, sizes = (x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+                       for x, batched in zip((a, b, sizes), in_batched))
+        dest, folded = _fold(sizes, rows, shared=False)
+        src = _inverse(dest)
+        y = contract(a.reshape(-1, a.shape[-1])[src], b.reshape(-1, b.shape[-1])[src], folded)
+        return y.reshape((axis_size, groups) + y.shape[1:]), True
+    return contract
+
+
+def _fold(sizes: Any, rows: int, *, shared: bool):
+    """A batch of groupings -> one: sizes [B, E] of B row sets of `rows` rows each. Returns dest
+    [B, rows] (where row t of batch b goes among the B*rows folded rows) and the folded group sizes:
+    shared=True (one rhs for the batch): E groups, group e = every batch's rows of group e in batch
+    order; shared=False: B*E groups (b, e) in that order. Rows in no group go last, in no group."""
+    batch, groups = sizes.shape
+    ends = jnp.minimum(jnp.cumsum(sizes, axis=1), rows)                # clipped at T, as ragged_dot
+    ends = jnp.concatenate([jnp.zeros((batch, 1), ends.dtype), ends], axis=1)   # [B, E+1], 0 first
+    counts = jnp.diff(ends, axis=1)                                    # effective sizes [B, E]
+    counts_all = jnp.concatenate([counts, rows - ends[:, -1:]], axis=1)          # + rows in no group
+    if shared:
+        order = counts_all.T.reshape(-1)                               # group-major
+        first = (jnp.cumsum(order) - order).reshape(groups + 1, batch).T
+        folded = counts.sum(axis=0, dtype=jnp.int32)
+    else:
+        flat = counts.reshape(-1)                                      # batch-major, leftovers last
+        tail = counts_all[:, -1]
+        first = jnp.concatenate([(jnp.cumsum(flat) - flat).reshape(batch, groups),
+                                 (flat.sum() + jnp.cumsum(tail) - tail)[:, None]], axis=1)
+        folded = flat.astype(jnp.int32)
+    t = jnp.arange(rows, dtype=ends.dtype)
+    group = jax.vmap(lambda e: jnp.searchsorted(e[1:], t, side="right"))(ends)   # [B, rows] in [0, E]
+    start = jnp.take_along_axis(ends, group, axis=1)
+    dest = jnp.take_along_axis(first, group, axis=1) + t - start
+    return dest.astype(jnp.int32), folded
+
+
+def _inverse(dest: Any) -> Any:
+    """The permutation's inverse: src[dest[i]] = i."""
+    n = dest.size
+    return jnp.zeros((n,), jnp.int32).at[dest.reshape(-1)].set(jnp.arange(n, dtype=jnp.int32), unique_indices=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# custom_vjp: the backward as grouped products of this module
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _ragged_dot(lhs, rhs, sizes, out: str):
+    return _multiply_groups(out)(lhs, rhs, sizes)
+
+
+def _ragged_dot_fwd(lhs, rhs, sizes, out):
+    return _ragged_dot(lhs, rhs, sizes, out), (lhs, rhs, sizes)
+
+
+def _ragged_dot_bwd(out, res, dy):
+    lhs, rhs, sizes = res
+    dy = dy.astype(lhs.dtype)      # the kernels' input dtype; accumulation is float32 again
+    dlhs = _ragged_dot(dy, jnp.swapaxes(rhs, 1, 2), sizes, np.dtype(lhs.dtype).name)
+    drhs = _contract(lhs, dy, sizes, np.dtype(rhs.dtype).name)
+    return dlhs, drhs, None
+
+
+_ragged_dot.defvjp(_ragged_dot_fwd, _ragged_dot_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _contract(a, b, sizes, out: str):
+    """a [T, M], b [T, N] -> [E, M, N]."""
+    return _contract_groups(out)(a, b, sizes)
+
+
+def _contract_fwd(a, b, sizes, out):
+    return _contract(a, b, sizes, out), (a, b, sizes)
+
+
+def _contract_bwd(out, res, dy):
+    a, b, sizes = res
+    dy = dy.astype(a.dtype)
+    da = _ragged_dot(b, jnp.swapaxes(dy, 1, 2), sizes, np.dtype(a.dtype).name)    # [T, M]
+    db = _ragged_dot(a, dy, sizes, np.dtype(b.dtype).name)                         # [T, N]
+    return da, db, None
+
+
+_contract.defvjp(_contract_fwd, _contract_bwd)
+
+# eager arrays run one compiled call; inside a trace the jit is inlined
+_jit_ragged_dot = jax.jit(_ragged_dot, static_argnums=3)
+_jit_contract = jax.jit(_contract, static_argnums=3)
