@@ -329,12 +329,9 @@ def run_gemm(case: Dict[str, Any], seed: int) -> Optional[str]:
             d = xgemm.gemm(a, b, c, alpha=alpha, beta=beta, out=out)
         if out is not None and d is not out:
             return "out= given but another array returned"
-    f.sync()
-    got, got_dt = f.host(d)
-    if got_dt != out_dt:
-        return f"dtype {got_dt}, expected {out_dt}"
-    if got.shape != d_shape:
-        return f"shape {got.shape}, expected {d_shape}"
+    got, why = _fetch(f, d, out_dt, d_shape)
+    if why:
+        return why
     prod = _matmul64(A, B)
     mag = np.abs(alpha) * _matmul64(np.abs(A), np.abs(B))
     ref = alpha * prod
@@ -431,15 +428,23 @@ def run_softmax(case: Dict[str, Any], seed: int) -> Optional[str]:
         out = f.empty_poisoned(shape, dt) if case["out"] else None
         f.poison_allocator(X.size * 4)
         d = xgemm.softmax(x, axis, out=out)
-    f.sync()
-    got, got_dt = f.host(d)
-    if got_dt != dt:
-        return f"dtype {got_dt}, expected {dt}"
-    if got.shape != shape:
-        return f"shape {got.shape}, expected {shape}"
+    got, why = _fetch(f, d, dt, shape)
+    if why:
+        return why
     ref = _softmax_ref(X, axis)
     tol = (2 * _EPS[dt] + (1e-12 if dt == "float64" else 4e-6)) * np.abs(ref) + _TINY[dt] + 1e-300
     return _compare(got, ref, tol)
+
+
+def _fetch(f: "Fw", d: Any, dtype: str, shape: Tuple[int, ...]) -> Tuple[Optional[np.ndarray], Optional[str]]:
+    """The result in float64 on the host after the device finished, or what is wrong with its dtype or shape."""
+    f.sync()
+    got, got_dt = f.host(d)
+    if got_dt != dtype:
+        return None, f"dtype {got_dt}, expected {dtype}"
+    if got.shape != tuple(shape):
+        return None, f"shape {got.shape}, expected {tuple(shape)}"
+    return got, None
 
 
 def _compare(got: np.ndarray, ref: np.ndarray, tol) -> Optional[str]:
