@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
-from xgemm import arrays, compose, errors, grouped, prepare
+from xgemm import arrays, compose, errors, fp8, grouped, prepare
 from xgemm.core import checks, policy
 from xgemm.torch import fastpath
 from xgemm.torch import native as torch_native
@@ -78,6 +78,22 @@ def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None) -> Any:
         from xgemm.torch import grouped_ops
         return grouped_ops.grouped_mm(x, w, offs, out_dtype=out_dtype)
     return grouped.grouped_mm(x, w, offs, out_dtype=out_dtype)
+
+
+def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any = "bfloat16", bias: Any = None) -> Any:
+    """(a * scale_a) @ (b * scale_b) + bias in float32, cast to out_dtype; a, b fp8 (e4m3fn / e5m2);
+    the scales' shapes select the recipe: tensor-wise (scalars), row-wise ([M, 1], [1, N]) or
+    block-wise ([M, K/128], [K/128, N/128]) (xgemm/fp8.py). Result in a's framework."""
+    if _torch_op_needed(a, b, scale_a, scale_b, bias):
+        from xgemm.torch import fp8_ops
+        return fp8_ops.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
+    return fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
+
+
+def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = "float8_e4m3fn") -> Any:
+    """(x_fp8, scale) with x ~= x_fp8 * scale, out-of-range values saturated; recipes tensor, row,
+    col, block_1x128, block_128x128."""
+    return fp8.quantize_fp8(x, recipe, dtype)
 
 
 def _torch_op_needed(*xs: Any) -> bool:

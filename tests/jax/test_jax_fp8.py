@@ -1,0 +1,106 @@
+"""xgemm.jax.fp8: scaled_matmul in jit / vmap / export, and its custom_vjp: the fp8 operands get the
+gradients of the dequantized operands (jax.grad of the float32 formula a_deq @ b_deq), optionally
+with the incoming gradient quantized row-wise to e5m2."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from xgemm import errors  # noqa: E402
+from xgemm.jax import fp8  # noqa: E402
+
+PAIRS = [("tensor", "tensor"), ("row", "col"), ("block_1x128", "block_128x128")]
+
+
+def _operands(recipes, m=6, k=200, n=140, seed=0):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.standard_normal((m, k)) * np.exp(rng.uniform(-3, 3, (m, 1))), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((k, n)) * np.exp(rng.uniform(-3, 3, (1, n))), jnp.float32)
+    qa, sa = fp8.quantize_fp8(x, recipes[0])
+    qb, sb = fp8.quantize_fp8(w, recipes[1])
+    return qa, qb, sa, sb, jnp.asarray(rng.standard_normal(n), jnp.float32)
+
+
+def _deq(q, s, block):
+    s = s.reshape((1, 1)) if s.ndim == 0 else s
+    r = jnp.arange(q.shape[0]) // block[0] if s.shape[0] > 1 else jnp.zeros(q.shape[0], int)
+    c = jnp.arange(q.shape[1]) // block[1] if s.shape[1] > 1 else jnp.zeros(q.shape[1], int)
+    return q.astype(jnp.float32) * s[r][:, c]
+
+
+BLOCKS = {"tensor": ((10 ** 9, 10 ** 9), (10 ** 9, 10 ** 9)), "row": ((1, 10 ** 9), (10 ** 9, 1)),
+          "block_1x128": ((1, 128), (128, 128))}
+
+
+@pytest.mark.parametrize("recipes", PAIRS, ids=lambda p: p[0])
+def test_grads_are_those_of_the_dequantized_formula(recipes):
+    qa, qb, sa, sb, bias = _operands(recipes)
+    g = jnp.asarray(np.random.default_rng(3).standard_normal((6, 140)), jnp.float32)
+    loss = lambda a, b, bias: jnp.sum(fp8.scaled_matmul(a, b, sa, sb, bias=bias, out_dtype=jnp.float32) * g)
+    da, db, dbias = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(qa, qb, bias)
+    ba, bb = BLOCKS[recipes[0]]
+    a_deq, b_deq = _deq(qa, sa, ba), _deq(qb, sb, bb)
+    ref = jax.grad(lambda x, y, v: jnp.sum((jnp.matmul(x, y, precision="highest") + v) * g), argnums=(0, 1, 2))
+    ra, rb, rbias = ref(a_deq, b_deq, bias)
+    assert da.dtype == jnp.float32 and db.dtype == jnp.float32          # not fp8
+    np.testing.assert_allclose(da, ra, rtol=1e-5, atol=1e-5 * float(jnp.abs(ra).max()))
+    np.testing.assert_allclose(db, rb, rtol=1e-5, atol=1e-5 * float(jnp.abs(rb).max()))
+    np.testing.assert_allclose(dbias, rbias, rtol=1e-5, atol=1e-6)
+    dsa = jax.grad(lambda s: jnp.sum(fp8.scaled_matmul(qa, qb, s, sb).astype(jnp.float32)))(sa)
+    assert np.all(dsa == 0)                                             # scales: no gradient
+
+
+def test_grads_come_in_bfloat16_by_default():
+    qa, qb, sa, sb, _ = _operands(PAIRS[1])
+    da = jax.grad(lambda a: jnp.sum(fp8.scaled_matmul(a, qb, sa, sb).astype(jnp.float32)))(qa)
+    assert da.dtype == jnp.bfloat16
+
+
+def test_e5m2_gradients_differ_by_at_most_e5m2_rounding():
+    qa, qb, sa, sb, _ = _operands(PAIRS[2])
+    g = jnp.asarray(np.random.default_rng(4).standard_normal((6, 140)) * np.exp(np.random.default_rng(5).uniform(
+        -3, 3, (6, 1))), jnp.float32)
+
+    def grads(grad_dtype):
+        f = lambda a, b: jnp.sum(fp8.scaled_matmul(a, b, sa, sb, out_dtype=jnp.float32, grad_dtype=grad_dtype) * g)
+        return jax.grad(f, argnums=(0, 1))(qa, qb)
+
+    exact, e5 = grads(None), grads("float8_e5m2")
+    a_deq, b_deq = _deq(qa, sa, (1, 128)), _deq(qb, sb, (128, 128))
+    # |dg| <= 2^-3 |g| + subnormal rounding per row, so the products move by at most that through |b|, |a|
+    row = jnp.abs(g).max(axis=1, keepdims=True) / 57344.0
+    dg = 2.0 ** -3 * jnp.abs(g) + 2.0 ** -17 * row
+    bound_a = dg @ jnp.abs(b_deq).T
+    bound_b = jnp.abs(a_deq).T @ dg
+    assert np.all(np.abs(e5[0] - exact[0]) <= bound_a * 1.001 + 1e-6)
+    assert np.all(np.abs(e5[1] - exact[1]) <= bound_b * 1.001 + 1e-6)
+    assert not np.allclose(e5[0], exact[0], rtol=1e-6)                 # the option does something
+
+
+def test_vmap_and_jit():
+    recipes = PAIRS[1]
+    ops = [_operands(recipes, seed=s) for s in range(3)]
+    qa, qb, sa, sb = (jnp.stack([o[i] for o in ops]) for i in range(4))
+    f = jax.jit(jax.vmap(lambda a, b, s, t: fp8.scaled_matmul(a, b, s, t, out_dtype=jnp.float32)))
+    y = f(qa, qb, sa, sb)
+    for i, o in enumerate(ops):
+        np.testing.assert_array_equal(y[i], fp8.scaled_matmul(*o[:4], out_dtype=jnp.float32))
+    q = jax.vmap(lambda x: fp8.quantize_fp8(x, "block_1x128"))(jnp.ones((2, 3, 130)))
+    assert q[0].shape == (2, 3, 130) and q[1].shape == (2, 3, 2)
+
+
+def test_export_round_trip():
+    qa, qb, sa, sb, bias = _operands(PAIRS[2])
+    f = jax.jit(lambda a, b, s, t, v: fp8.scaled_matmul(a, b, s, t, bias=v))
+    exp = jax.export.export(f)(qa, qb, sa, sb, bias)
+    back = jax.export.deserialize(exp.serialize())
+    np.testing.assert_array_equal(back.call(qa, qb, sa, sb, bias), f(qa, qb, sa, sb, bias))
+
+
+def test_errors_are_typed_under_jit():
+    qa, qb, sa, sb, _ = _operands(PAIRS[0])
+    with pytest.raises(errors.ShapeError, match="match no recipe"):
+        jax.jit(lambda a: fp8.scaled_matmul(a, qb, jnp.ones((6, 3), jnp.float32), sb))(qa)
+    with pytest.raises(errors.DTypeError, match="grad_dtype"):
+        fp8.scaled_matmul(qa, qb, sa, sb, grad_dtype="float8_e4m3fn")

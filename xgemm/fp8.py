@@ -1,0 +1,182 @@
+"""FP8 GEMM, eager: NumPy (ml_dtypes), torch and CuPy arrays; JAX arrays and tracers go to xgemm.jax.fp8.
+
+    scaled_matmul(a[M, K], b[K, N], scale_a, scale_b, *, out_dtype="bfloat16", bias=None) -> [M, N]
+    quantize_fp8(x, recipe="tensor", dtype="float8_e4m3fn") -> (x_fp8, scale)
+
+Scale convention (torch._scaled_mm's scale_a / scale_b): a scale is the DEQUANTIZATION scale,
+float32: dequantized = fp8 value * scale. The scales' shapes select the recipe:
+    tensor-wise   scale_a ()            scale_b ()                 ((1,) and (1, 1) too)
+    row-wise      scale_a [M, 1]        scale_b [1, N]             (per row of a, per column of b)
+    block-wise    scale_a [M, ceil(K/128)]  scale_b [ceil(K/128), ceil(N/128)]
+                  (1x128 activation blocks, 128x128 weight blocks, DeepSeek-V3 style; the last K or
+                  N block may be partial)
+out = (a * scale_a) @ (b * scale_b) with the operands dequantized and accumulated in float32, plus
+bias [N] in float32, then cast to out_dtype (bfloat16, float16 or float32). For block-wise scales
+this equals scaling each 128-wide K block's partial product by scale_a[m, kb] * scale_b[kb, nb]
+(what a kernel does in its mainloop). a and b are float8_e4m3fn or float8_e5m2, not necessarily
+the same (e4m3 x e5m2 is allowed, as in torch._scaled_mm).
+
+quantize_fp8 recipes and their scale shapes for x [R, C]: "tensor" () (x of any rank), "row"
+[R, 1], "col" [1, C] (the weight b [K, N] per output column), "block_1x128" [R, ceil(C/128)],
+"block_128x128" [ceil(R/128), ceil(C/128)]. One pass: amax over the block's finite |x|, scale =
+amax / fp8_max (448 for e4m3fn, 57344 for e5m2), and 1.0 where amax is 0 (an all-zero block gives
+zeros and a finite positive scale); q = clamp(x / scale, -fp8_max, fp8_max) cast to fp8. So values
+beyond the range, +-inf included, saturate to +-fp8_max (the clamp TransformerEngine / DeepSeek
+quantizers do: a bare cast gives NaN for e4m3fn in NumPy and JAX, saturates in torch on the CPU,
+and gives inf for e5m2), and NaN stays NaN without spoiling its block's scale.
+
+The embedded default dequantizes in float32 and runs one matmul; it reads any layout. A Hopper
+FP8 wgmma kernel wants both operands K-major (a row-major, b column-major), and another layout
+will cost it a transposing copy: explain_scaled_matmul() says which. No FP8 kernel exists yet;
+one plugs in at run_default().
+Autograd and torch.compile: torch tensors go through the torch.library op xgemm::scaled_matmul
+(torch/fp8_ops.py), routed by the public entry (api.py).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple, Optional
+
+from xgemm import arrays, errors, prepare
+from xgemm.core import fp8_checks
+
+
+class Checked(NamedTuple):
+    owner: str
+    a: Any
+    b: Any
+    scale_a: Any
+    scale_b: Any
+    bias: Any
+    out_dtype: str
+    recipe: fp8_checks.MatmulRecipe
+
+
+def dtype_name(dt: Any) -> Optional[str]:
+    """'bfloat16' for a name, a NumPy / ml_dtypes / JAX / torch dtype; None stays None."""
+    if dt is None or isinstance(dt, str):
+        return dt
+    name = getattr(dt, "name", None)
+    if isinstance(name, str):
+        return name
+    inner = getattr(dt, "dtype", None)                   # jnp.bfloat16 and friends
+    if inner is not None and isinstance(getattr(inner, "name", None), str):
+        return inner.name
+    if type(dt).__module__.startswith("torch"):
+        return str(dt).rsplit(".", 1)[-1]
+    return getattr(dt, "__name__", str(dt))
+
+
+def _same_framework(fn: str, owner: str, name: str, x: Any) -> Any:
+    fw = arrays.require_array(fn, name, x)
+    if fw != owner:
+        # DLPack has no fp8 type code every framework reads, so fp8 operands are never exchanged
+        raise errors.FrameworkError(f"{fn}: a is a {owner} array and {name} a {fw} one; pass fp8 operands of one "
+                                    f"framework (convert {name} to {owner} first)")
+    return x
+
+
+def _device(x: Any) -> str:
+    return str(getattr(x, "device", "cpu"))
+
+
+def check_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any = None, bias: Any = None, *,
+                        fn: str = "scaled_matmul") -> Checked:
+    owner = prepare.owner_of(fn, "a", a)
+    b = _same_framework(fn, owner, "b", b)
+    fp8_checks.fp8_dtype(fn, "a", arrays.dtype_name(a))
+    fp8_checks.fp8_dtype(fn, "b", arrays.dtype_name(b))
+    named = {"scale_a": scale_a, "scale_b": scale_b}
+    if bias is not None:
+        named["bias"] = bias
+    for name in list(named):
+        arrays.require_array(fn, name, named[name])
+        named[name] = arrays.import_into(owner, named[name], name, fn)
+    fp8_checks.scale_dtype(fn, "scale_a", arrays.dtype_name(named["scale_a"]))
+    fp8_checks.scale_dtype(fn, "scale_b", arrays.dtype_name(named["scale_b"]))
+    recipe = fp8_checks.matmul_recipe(fn, a.shape, b.shape, named["scale_a"].shape, named["scale_b"].shape)
+    if bias is not None:
+        fp8_checks.bias(fn, arrays.dtype_name(named["bias"]), named["bias"].shape, recipe.n)
+    out = fp8_checks.out_dtype(fn, dtype_name(out_dtype))
+    where = _device(a)
+    for name, x in [("b", b)] + list(named.items()):
+        if _device(x) != where:
+            raise errors.DeviceError(f"{fn}: a is on {where} and {name} on {_device(x)}; move {name} to {where} first")
+    return Checked(owner, a, b, named["scale_a"], named["scale_b"], named.get("bias"), out, recipe)
+
+
+def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any = "bfloat16", bias: Any = None,
+                  fn: str = "scaled_matmul") -> Any:
+    """(a * scale_a) @ (b * scale_b) + bias in float32, cast to out_dtype; the recipe from the scales'
+    shapes (module docstring). Result in a's framework."""
+    if arrays.framework_of(a) == "jax":
+        from xgemm.jax import fp8 as jax_fp8
+        return jax_fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, fn=fn)
+    c = check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias, fn=fn)
+    return run_default(namespace(c.owner), c)
+
+
+def run_default(xp: Any, c: Checked) -> Any:
+    """The embedded default: dequantize in float32, one matmul, the bias, one cast. Where an FP8
+    kernel plugs in: plan an fp8 GemmProblem and run the chosen kernel."""
+    f32, dev = _dtype(c.owner, "float32"), c.a.device
+    a = fp8_checks.dequantize(xp, c.a, c.scale_a, c.recipe.a_block, f32, dev)
+    b = fp8_checks.dequantize(xp, c.b, c.scale_b, c.recipe.b_block, f32, dev)
+    y = xp.matmul(a, b)
+    if c.bias is not None:
+        y = y + xp.astype(c.bias, f32)
+    return xp.astype(y, _dtype(c.owner, c.out_dtype))
+
+
+def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = "float8_e4m3fn", *, fn: str = "quantize_fp8"):
+    """(x_fp8, scale) with x ~= x_fp8 * scale; recipes, saturation and NaN in the module docstring."""
+    owner = prepare.owner_of(fn, "x", x)
+    if owner == "jax":
+        from xgemm.jax import fp8 as jax_fp8
+        return jax_fp8.quantize_fp8(x, recipe=recipe, dtype=dtype, fn=fn)
+    dt = fp8_checks.fp8_dtype(fn, "dtype", dtype_name(dtype))
+    block, _ = fp8_checks.quantize_block(fn, recipe, x.shape)
+    src = arrays.dtype_name(x)
+    if src not in ("float32", "float16", "bfloat16", "float64"):
+        raise errors.DTypeError(f"{fn}: x has dtype {src}; quantize a float32, float16, bfloat16 or float64 array")
+    xp = namespace(owner)
+    return fp8_checks.quantize(xp, x, block, _dtype(owner, dt), fp8_checks.FP8_MAX[dt], _dtype(owner, "float32"),
+                               x.device)
+
+
+def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, fn: str = "explain") -> str:
+    """Where scaled_matmul runs, and what copies an FP8 wgmma kernel would need (K-major a and b)."""
+    if arrays.framework_of(a) == "jax":
+        from xgemm.jax import fp8 as jax_fp8
+        return jax_fp8.explain_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
+    c = check_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
+    return fp8_checks.kernel_needs(c.recipe, _unit_stride(c.a, 1), _unit_stride(c.b, 0))
+
+
+def _unit_stride(x: Any, axis: int) -> bool:
+    """Whether `axis` is x's contiguous one (element strides; NumPy's are in bytes)."""
+    if x.shape[axis] <= 1:
+        return True
+    strides = x.stride() if callable(getattr(x, "stride", None)) else tuple(s // x.itemsize for s in x.strides)
+    return strides[axis] == 1
+
+
+def namespace(fw: str) -> Any:
+    """The framework's array-API namespace, imported directly (array_namespace's lru_cache makes
+    torch.compile warn)."""
+    if fw == "torch":
+        import array_api_compat.torch as xp
+    elif fw == "cupy":
+        import array_api_compat.cupy as xp
+    else:
+        import array_api_compat.numpy as xp
+    return xp
+
+
+def _dtype(fw: str, name: str) -> Any:
+    if fw == "torch":
+        return getattr(sys.modules["torch"], name)
+    if fw == "numpy" and name in ("bfloat16",) + fp8_checks.FP8_DTYPES:
+        import ml_dtypes
+        return getattr(ml_dtypes, name)
+    return sys.modules[fw].dtype(name)
