@@ -29,7 +29,6 @@ import random
 import subprocess
 import sys
 import time
-import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple

@@ -16,19 +16,7 @@ import sys
 from typing import Any, Optional
 
 from xgemm import arrays, errors, prepare
-from xgemm.core import checks, epilogues, policy
-
-
-def _namespace(fw: str):
-    """The framework's array-API namespace, imported directly (array_api_compat.array_namespace's
-    lru_cache makes torch.compile warn)."""
-    if fw == "torch":
-        import array_api_compat.torch as xp
-    elif fw == "cupy":
-        import array_api_compat.cupy as xp
-    else:
-        import array_api_compat.numpy as xp
-    return xp
+from xgemm.core import checks, epilogues
 
 
 def _check(fn: str, a: Any, b: Any, c: Any, beta: float, bias: Any, activation: Optional[str], gated: bool):
@@ -92,12 +80,12 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
         plan.epilogue = note
         return plan
     pre = _product(fn, owner, a, b, c_used, alpha, beta, acc)
-    xp = _namespace(owner)
+    xp = arrays.namespace(owner)
     if bias is not None:
         pre = pre + xp.astype(bias, pre.dtype)
     y = epilogues.gate(xp, pre, activation) if gated else epilogues.apply(xp, pre, activation)
     out_dt = arrays.dtype_name(out) if out is not None else dt
-    y = xp.astype(y, _dtype(owner, out_dt))
+    y = xp.astype(y, arrays.framework_dtype(owner, out_dt))
     if out is None:
         return y
     if owner == "torch":
@@ -118,12 +106,3 @@ def _product(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: fl
                 prepare.prepare_gemm(fn, a, b, c, alpha, beta, None, plan_only=True, out_dtype=acc)
             return xtorch.gemm_op(a, b, c, alpha, beta, getattr(torch, acc))
     return prepare.run(prepare.prepare_gemm(fn, a, b, c, alpha, beta, None, out_dtype=acc))
-
-
-def _dtype(fw: str, name: str):
-    if fw == "torch":
-        return getattr(sys.modules["torch"], name)
-    if name == "bfloat16" and fw == "numpy":
-        import ml_dtypes
-        return ml_dtypes.bfloat16
-    return sys.modules["numpy"].dtype(name) if fw == "numpy" else sys.modules["cupy"].dtype(name)

@@ -34,7 +34,6 @@ Autograd and torch.compile: torch tensors go through the torch.library op xgemm:
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, NamedTuple, Optional
 
 from xgemm import arrays, errors, prepare
@@ -113,19 +112,19 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias, fn=fn)
-    return run_default(namespace(c.owner), c)
+    return run_default(arrays.namespace(c.owner), c)
 
 
 def run_default(xp: Any, c: Checked) -> Any:
     """The embedded default: dequantize in float32, one matmul, the bias, one cast. Where an FP8
     kernel plugs in: plan an fp8 GemmProblem and run the chosen kernel."""
-    f32, dev = _dtype(c.owner, "float32"), c.a.device
+    f32, dev = arrays.framework_dtype(c.owner, "float32"), c.a.device
     a = fp8_checks.dequantize(xp, c.a, c.scale_a, c.recipe.a_block, f32, dev)
     b = fp8_checks.dequantize(xp, c.b, c.scale_b, c.recipe.b_block, f32, dev)
     y = xp.matmul(a, b)
     if c.bias is not None:
         y = y + xp.astype(c.bias, f32)
-    return xp.astype(y, _dtype(c.owner, c.out_dtype))
+    return xp.astype(y, arrays.framework_dtype(c.owner, c.out_dtype))
 
 
 def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = "float8_e4m3fn", *, fn: str = "quantize_fp8"):
@@ -136,12 +135,10 @@ def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = "float8_e4m3fn", *
         return jax_fp8.quantize_fp8(x, recipe=recipe, dtype=dtype, fn=fn)
     dt = fp8_checks.fp8_dtype(fn, "dtype", dtype_name(dtype))
     block, _ = fp8_checks.quantize_block(fn, recipe, x.shape)
-    src = arrays.dtype_name(x)
-    if src not in ("float32", "float16", "bfloat16", "float64"):
-        raise errors.DTypeError(f"{fn}: x has dtype {src}; quantize a float32, float16, bfloat16 or float64 array")
-    xp = namespace(owner)
-    return fp8_checks.quantize(xp, x, block, _dtype(owner, dt), fp8_checks.FP8_MAX[dt], _dtype(owner, "float32"),
-                               x.device)
+    fp8_checks.quantize_source(fn, arrays.dtype_name(x))
+    xp = arrays.namespace(owner)
+    return fp8_checks.quantize(xp, x, block, arrays.framework_dtype(owner, dt), fp8_checks.FP8_MAX[dt],
+                               arrays.framework_dtype(owner, "float32"), x.device)
 
 
 def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, fn: str = "explain") -> str:
@@ -159,24 +156,3 @@ def _unit_stride(x: Any, axis: int) -> bool:
         return True
     strides = x.stride() if callable(getattr(x, "stride", None)) else tuple(s // x.itemsize for s in x.strides)
     return strides[axis] == 1
-
-
-def namespace(fw: str) -> Any:
-    """The framework's array-API namespace, imported directly (array_namespace's lru_cache makes
-    torch.compile warn)."""
-    if fw == "torch":
-        import array_api_compat.torch as xp
-    elif fw == "cupy":
-        import array_api_compat.cupy as xp
-    else:
-        import array_api_compat.numpy as xp
-    return xp
-
-
-def _dtype(fw: str, name: str) -> Any:
-    if fw == "torch":
-        return getattr(sys.modules["torch"], name)
-    if fw == "numpy" and name in ("bfloat16",) + fp8_checks.FP8_DTYPES:
-        import ml_dtypes
-        return getattr(ml_dtypes, name)
-    return sys.modules[fw].dtype(name)

@@ -28,7 +28,6 @@ routing is the public entry's (api.py), as for gemm, since the op imports this m
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, NamedTuple, Optional
 
 from xgemm import arrays, errors, prepare
@@ -96,7 +95,7 @@ def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None, f
     if c.owner == "jax":
         from xgemm.jax import grouped as jax_grouped
         return jax_grouped.ragged_dot(c.a, c.b, c.index, preferred_element_type=c.out_dtype, fn=fn)
-    xp = namespace(c.owner)
+    xp = arrays.namespace(c.owner)
     return run_default(xp, c, xp.cumulative_sum(c.index))
 
 
@@ -109,16 +108,17 @@ def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, fn: str = "g
     if c.owner == "jax":
         from xgemm.jax import grouped as jax_grouped
         return jax_grouped.grouped_mm(c.a, c.b, c.index, out_dtype=c.out_dtype, fn=fn)
-    return run_default(namespace(c.owner), c, c.index)
+    return run_default(arrays.namespace(c.owner), c, c.index)
 
 
 def run_default(xp: Any, c: Checked, ends: Any) -> Any:
     """The embedded default on the owner framework's own ops; `ends` are the groups' end offsets,
     on the device. Where a grouped kernel plugs in: plan a GroupedProblem and run the chosen kernel."""
     acc = "float64" if c.dtype == "float64" else "float32"
+    acc_t, out_t = arrays.framework_dtype(c.owner, acc), arrays.framework_dtype(c.owner, c.out_dtype)
     if c.shape.ragged_k:
-        return contract_groups(xp, c.a, c.b, ends, _dtype(c.owner, acc), _dtype(c.owner, c.out_dtype))
-    return multiply_groups(xp, c.a, c.b, ends, _dtype(c.owner, acc), _dtype(c.owner, c.out_dtype))
+        return contract_groups(xp, c.a, c.b, ends, acc_t, out_t)
+    return multiply_groups(xp, c.a, c.b, ends, acc_t, out_t)
 
 
 def _group_of_rows(xp: Any, ends: Any, rows: int, device: Any) -> Any:
@@ -152,24 +152,3 @@ def contract_groups(xp: Any, a: Any, b: Any, ends: Any, acc: Any, out: Any) -> A
         blocks.append(xp.matmul(xp.where(mine[None, :], a_acc, zero), xp.where(mine[:, None], b_acc, zero)))
     result = xp.stack(blocks) if blocks else xp.zeros((0, m, n), dtype=acc, device=dev)
     return xp.astype(result, out)
-
-
-def namespace(fw: str) -> Any:
-    """The framework's array-API namespace, imported directly (array_api_compat.array_namespace's
-    lru_cache makes torch.compile warn)."""
-    if fw == "torch":
-        import array_api_compat.torch as xp
-    elif fw == "cupy":
-        import array_api_compat.cupy as xp
-    else:
-        import array_api_compat.numpy as xp
-    return xp
-
-
-def _dtype(fw: str, name: str) -> Any:
-    if fw == "torch":
-        return getattr(sys.modules["torch"], name)
-    if name == "bfloat16" and fw == "numpy":
-        import ml_dtypes
-        return ml_dtypes.bfloat16
-    return sys.modules["numpy"].dtype(name) if fw == "numpy" else sys.modules["cupy"].dtype(name)

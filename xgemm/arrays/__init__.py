@@ -5,9 +5,11 @@ Data flows one way: caller array -> view() -> ArrayView -> core.problem -> kerne
 the owner framework.
 """
 from xgemm.arrays.detect import FRAMEWORKS, dtype_name, framework_of, is_jax_tracer, require_array
-from xgemm.arrays.ops import MIXING_RULES, compact, current_stream, empty, import_into, padded_copy
+from xgemm.arrays.ops import (MIXING_RULES, compact, current_stream, empty, framework_dtype, import_into, namespace,
+                              padded_copy)
 from xgemm.arrays.views import ArrayView, alignment, operand, view, view_torch
 
 __all__ = ["FRAMEWORKS", "MIXING_RULES", "ArrayView", "alignment", "compact", "current_stream", "dtype_name",
-           "empty", "framework_of", "import_into", "is_jax_tracer", "operand", "padded_copy", "require_array",
+           "empty", "framework_dtype", "framework_of", "import_into", "is_jax_tracer", "namespace", "operand",
+           "padded_copy", "require_array",
            "view", "view_torch"]

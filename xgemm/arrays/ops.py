@@ -139,11 +139,31 @@ def _bytes(shape: Tuple[int, ...], dtype: str) -> str:
 
 
 def _np_dtype(dtype: str):
+    """NumPy's dtype of a name; bfloat16 and the float8 types through ml_dtypes."""
     import numpy
-    if dtype == "bfloat16":
+    if dtype == "bfloat16" or dtype.startswith("float8"):
         import ml_dtypes
-        return ml_dtypes.bfloat16
+        return numpy.dtype(getattr(ml_dtypes, dtype))
     return numpy.dtype(dtype)
+
+
+def framework_dtype(fw: str, name: str) -> Any:
+    """The owner framework's dtype object of a dtype name (torch.bfloat16, ml_dtypes.bfloat16, ...)."""
+    if fw == "torch":
+        return getattr(sys.modules["torch"], name)
+    return _np_dtype(name)
+
+
+def namespace(fw: str) -> Any:
+    """The owner framework's array-API namespace (NumPy, torch, CuPy), imported directly:
+    array_api_compat.array_namespace's lru_cache makes torch.compile warn."""
+    if fw == "torch":
+        import array_api_compat.torch as xp
+    elif fw == "cupy":
+        import array_api_compat.cupy as xp
+    else:
+        import array_api_compat.numpy as xp
+    return xp
 
 
 def current_stream(fw: str, device: Device) -> int:

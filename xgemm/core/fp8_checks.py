@@ -167,3 +167,10 @@ def quantize(xp: Any, x: Any, block: Optional[Tuple[int, int]], dtype: Any, fmax
     full = scale if block is None else _expand(xp, scale, tuple(x.shape), block, device)
     q = xp.clip(x / full, -fmax, fmax)
     return xp.astype(q, dtype), scale
+
+
+def quantize_source(fn: str, dt: str) -> str:
+    """What quantize_fp8 takes: a float32, float16, bfloat16 or float64 array."""
+    if dt not in ("float32", "float16", "bfloat16", "float64"):
+        raise errors.DTypeError(f"{fn}: x has dtype {dt}; quantize a float32, float16, bfloat16 or float64 array")
+    return dt

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgemm import errors
+from xgemm.jax import inputs
 from xgemm.core import checks, epilogues, policy
 from xgemm.core.problem import Device
 from xgemm.jax import ffi as jax_ffi
@@ -42,29 +43,17 @@ from xgemm.jax.transforms import gemm as _gemm_op
 from xgemm.jax.transforms import softmax as _softmax_op
 
 
-def _is_tracer(x: Any) -> bool:
-    return isinstance(x, jax.core.Tracer)
-
-
-def _as_jax(fn: str, name: str, x: Any) -> Any:
-    if isinstance(x, jax.Array) or _is_tracer(x):
-        return x
-    if hasattr(x, "__dlpack__") or isinstance(x, np.ndarray):
-        return jnp.asarray(x)
-    raise errors.NotAnArrayError(f"{fn}: {name} is a {type(x).__name__}, not an array; pass a jax.Array")
-
-
 def _scalar(fn: str, name: str, v: Any) -> float:
-    return checks.scalar(fn, name, v, traced=_is_tracer(v))
+    return checks.scalar(fn, name, v, traced=inputs.is_tracer(v))
 
 
 def _checked_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out_dtype: Any):
     """gemm()'s arguments as JAX arrays and floats, checked by core/checks.py as the eager path
     checks them: (a, b, c or None when beta == 0, alpha, beta, out dtype name, GemmShape)."""
-    a, b = _as_jax(fn, "a", a), _as_jax(fn, "b", b)
+    a, b = inputs.as_jax(fn, "a", a), inputs.as_jax(fn, "b", b)
     alpha, beta = _scalar(fn, "alpha", alpha), _scalar(fn, "beta", beta)
     has_c = c is not None
-    c = _as_jax(fn, "c", c) if has_c and beta != 0.0 else None
+    c = inputs.as_jax(fn, "c", c) if has_c and beta != 0.0 else None
     dt = checks.gemm_dtypes(fn, np.dtype(a.dtype).name, np.dtype(b.dtype).name,
                             np.dtype(c.dtype).name if c is not None else None)
     out = checks.out_dtype(fn, dt, None if out_dtype is None else np.dtype(out_dtype).name)
@@ -75,7 +64,7 @@ def _checked_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out_dt
 
 def _checked_softmax(fn: str, x: Any, axis: Any):
     """softmax()'s x as a JAX array and its axis normalized, checked as the eager path checks them."""
-    x = _as_jax(fn, "x", x)
+    x = inputs.as_jax(fn, "x", x)
     if x.ndim:
         checks.dtype(fn, "x", np.dtype(x.dtype).name)
     return x, checks.softmax_axis(fn, x.ndim, axis)
@@ -105,7 +94,7 @@ def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0
         if c.ndim >= 1 and (a_vec or b_vec):   # back to the promoted (..., M, N) form
             c2 = c[..., None, :] if a_vec and not b_vec else c[..., None] if b_vec and not a_vec else c[..., None, None]
     cfg = GemmConfig(alpha=alpha, beta=beta, out_dtype=out)
-    if any(_is_tracer(x) for x in (a2, b2, c2) if x is not None):
+    if any(inputs.is_tracer(x) for x in (a2, b2, c2) if x is not None):
         d = _gemm_op(a2, b2, c2, cfg)
     else:
         d = _eager_gemm(cfg, c2 is not None)(a2, b2, *(() if c2 is None else (c2,)))
@@ -138,7 +127,7 @@ def _checked_epilogue(fn, a, b, c, alpha, beta, out_dtype, bias, activation, gat
         raise errors.ShapeError(f"{fn}: b has {shape.n} columns; a gated product needs [gate | up] halves, an even "
                                 f"number")
     if bias is not None:
-        bias = _as_jax(fn, "bias", bias)
+        bias = inputs.as_jax(fn, "bias", bias)
         checks.bias(fn, np.dtype(bias.dtype).name, bias.shape, shape.n, np.dtype(a.dtype).name)
     acc = "float64" if a.dtype == jnp.float64 else "float32"
     return a, b, c, alpha, beta, out, bias, acc
@@ -181,7 +170,7 @@ def softmax(x: Any, axis: int = -1, *, fn: str = "softmax") -> jax.Array:
     """Numerically stable softmax along `axis`, same dtype as x (fp32 math; fp64 for fp64).
     Rows of all -inf give NaN, like jax.nn.softmax."""
     x, axis = _checked_softmax(fn, x, axis)
-    if _is_tracer(x):
+    if inputs.is_tracer(x):
         return _softmax_op(x, axis)
     return _eager_softmax(axis)(x)
 
@@ -195,7 +184,7 @@ def _eager_softmax(axis: int):
 # explain(): the plan the lowering would make for these operands
 
 def _device_of(x: Any):
-    if _is_tracer(x):
+    if inputs.is_tracer(x):
         platform = jax.default_backend()
     else:
         platform = next(iter(x.devices())).platform

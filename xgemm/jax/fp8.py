@@ -23,9 +23,8 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from xgemm import errors
+from xgemm.jax import inputs
 from xgemm.core import fp8_checks
 
 _PRECISION = jax.lax.Precision.HIGHEST          # float32 products in float32 on GPUs too (no TF32)
@@ -38,31 +37,17 @@ class Fp8Config(NamedTuple):
     grad_dtype: Optional[str]
 
 
-def _as_jax(fn: str, name: str, x: Any) -> Any:
-    if isinstance(x, (jax.Array, jax.core.Tracer)):
-        return x
-    if hasattr(x, "__dlpack__") or isinstance(x, np.ndarray):
-        return jnp.asarray(x)
-    raise errors.NotAnArrayError(f"{fn}: {name} is a {type(x).__name__}, not an array; pass a jax.Array")
-
-
-def _name(dt: Any) -> Optional[str]:
-    if dt is None or isinstance(dt, str):
-        return dt
-    return np.dtype(dt).name
-
-
 def _checked(fn, a, b, scale_a, scale_b, bias, out_dtype):
-    a, b, sa, sb = (_as_jax(fn, n, x) for n, x in zip(("a", "b", "scale_a", "scale_b"), (a, b, scale_a, scale_b)))
-    fp8_checks.fp8_dtype(fn, "a", _name(a.dtype))
-    fp8_checks.fp8_dtype(fn, "b", _name(b.dtype))
-    fp8_checks.scale_dtype(fn, "scale_a", _name(sa.dtype))
-    fp8_checks.scale_dtype(fn, "scale_b", _name(sb.dtype))
+    a, b, sa, sb = (inputs.as_jax(fn, n, x) for n, x in zip(("a", "b", "scale_a", "scale_b"), (a, b, scale_a, scale_b)))
+    fp8_checks.fp8_dtype(fn, "a", inputs.dtype_name(a.dtype))
+    fp8_checks.fp8_dtype(fn, "b", inputs.dtype_name(b.dtype))
+    fp8_checks.scale_dtype(fn, "scale_a", inputs.dtype_name(sa.dtype))
+    fp8_checks.scale_dtype(fn, "scale_b", inputs.dtype_name(sb.dtype))
     recipe = fp8_checks.matmul_recipe(fn, a.shape, b.shape, sa.shape, sb.shape)
     if bias is not None:
-        bias = _as_jax(fn, "bias", bias)
-        fp8_checks.bias(fn, _name(bias.dtype), bias.shape, recipe.n)
-    return a, b, sa, sb, bias, fp8_checks.out_dtype(fn, _name(out_dtype)), recipe
+        bias = inputs.as_jax(fn, "bias", bias)
+        fp8_checks.bias(fn, inputs.dtype_name(bias.dtype), bias.shape, recipe.n)
+    return a, b, sa, sb, bias, fp8_checks.out_dtype(fn, inputs.dtype_name(out_dtype)), recipe
 
 
 def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any = jnp.bfloat16, bias: Any = None,
@@ -77,12 +62,10 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
 def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = jnp.float8_e4m3fn, *, fn: str = "quantize_fp8"):
     """(x_fp8, scale), x ~= x_fp8 * scale (float32 scale); recipes and saturation as xgemm.quantize_fp8.
     No gradient is defined through it (a cast)."""
-    x = _as_jax(fn, "x", x)
-    dt = fp8_checks.fp8_dtype(fn, "dtype", _name(dtype))
+    x = inputs.as_jax(fn, "x", x)
+    dt = fp8_checks.fp8_dtype(fn, "dtype", inputs.dtype_name(dtype))
     fp8_checks.quantize_block(fn, recipe, x.shape)
-    if _name(x.dtype) not in ("float32", "float16", "bfloat16", "float64"):
-        raise errors.DTypeError(f"{fn}: x has dtype {_name(x.dtype)}; quantize a float32, float16, bfloat16 or "
-                                f"float64 array")
+    fp8_checks.quantize_source(fn, inputs.dtype_name(x.dtype))
     return _jit_quantize(x, recipe, dt)
 
 

@@ -25,7 +25,7 @@ result; rhs is never copied when it is shared (unbatched), and reshaped (free) w
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,7 @@ from jax.custom_batching import custom_vmap
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from xgemm import errors
+from xgemm.jax import inputs
 from xgemm.core import grouped_checks
 
 # the variable-K product: a [T, M] . b [T, N] contracted over T, which is ragged -> [E, M, N]
@@ -41,25 +42,13 @@ _CONTRACT_GROUPS = jax.lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
 
 
-def _as_jax(fn: str, name: str, x: Any) -> Any:
-    if isinstance(x, (jax.Array, jax.core.Tracer)):
-        return x
-    if hasattr(x, "__dlpack__") or isinstance(x, np.ndarray):
-        return jnp.asarray(x)
-    raise errors.NotAnArrayError(f"{fn}: {name} is a {type(x).__name__}, not an array; pass a jax.Array")
-
-
-def _name(dt: Any) -> Optional[str]:
-    return None if dt is None else np.dtype(dt).name
-
-
 def _checked(fn: str, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any, ragged_dot: bool):
-    a, b, index = (_as_jax(fn, n, x) for n, x in zip(names, (a, b, index)))
-    dt = grouped_checks.operand_dtypes(fn, names[:2], _name(a.dtype), _name(b.dtype))
-    grouped_checks.index_dtype(fn, names[2], _name(index.dtype))
+    a, b, index = (inputs.as_jax(fn, n, x) for n, x in zip(names, (a, b, index)))
+    dt = grouped_checks.operand_dtypes(fn, names[:2], inputs.dtype_name(a.dtype), inputs.dtype_name(b.dtype))
+    grouped_checks.index_dtype(fn, names[2], inputs.dtype_name(index.dtype))
     check = grouped_checks.ragged_dot if ragged_dot else grouped_checks.grouped_mm
     shape = check(fn, a.shape, b.shape, index.shape)
-    out = grouped_checks.out_dtype(fn, dt, _name(out_dtype))
+    out = grouped_checks.out_dtype(fn, dt, inputs.dtype_name(out_dtype))
     return a, b, index.astype(jnp.int32), out, shape
 
 
