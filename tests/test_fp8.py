@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from xgemm import errors, fp8
+from xgemm import arrays, errors, fp8
 from xgemm.core import fp8_checks
 
 torch = pytest.importorskip("torch")
@@ -70,7 +70,7 @@ def test_scaled_matmul_matches_float64_of_dequantized(fw, recipes, shape):
     tol = 1e-5 * (np.abs(_deq64(qa, sa, recipes[0])) @ np.abs(_deq64(qb, sb, recipes[1])) + 1)
     assert np.all(np.abs(_np(y) - ref) <= tol)
     ybf = fp8.scaled_matmul(qa, qb, sa, sb, bias=_to(fw, bias))             # bfloat16 by default
-    assert fp8.dtype_name(ybf.dtype) == "bfloat16"
+    assert arrays.requested_dtype(ybf.dtype) == "bfloat16"
     np.testing.assert_allclose(_np(ybf), _np(y), rtol=2 ** -8, atol=1e-30)   # one rounding of the float32 result
 
 
@@ -81,7 +81,7 @@ def test_quantize_round_trip_within_fp8_rounding(fw, recipe, dtype):
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((130, 260)) * np.exp(rng.uniform(-6, 6, (130, 1)))).astype(np.float32)
     q, s = fp8.quantize_fp8(_to(fw, x), recipe, dtype)
-    assert fp8.dtype_name(q.dtype) == dtype and fp8.dtype_name(s.dtype) == "float32"
+    assert arrays.requested_dtype(q.dtype) == dtype and arrays.requested_dtype(s.dtype) == "float32"
     exp_shape = fp8_checks.quantize_block("t", recipe, x.shape)[1]
     assert tuple(s.shape) == exp_shape
     full = _expand(_np(s), x.shape, BLOCKS[recipe])

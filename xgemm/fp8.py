@@ -34,7 +34,7 @@ Autograd and torch.compile: torch tensors go through the torch.library op xgemm:
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from xgemm import arrays, errors, prepare
 from xgemm.core import fp8_checks
@@ -49,21 +49,6 @@ class Checked(NamedTuple):
     bias: Any
     out_dtype: str
     recipe: fp8_checks.MatmulRecipe
-
-
-def dtype_name(dt: Any) -> Optional[str]:
-    """'bfloat16' for a name, a NumPy / ml_dtypes / JAX / torch dtype; None stays None."""
-    if dt is None or isinstance(dt, str):
-        return dt
-    name = getattr(dt, "name", None)
-    if isinstance(name, str):
-        return name
-    inner = getattr(dt, "dtype", None)                   # jnp.bfloat16 and friends
-    if inner is not None and isinstance(getattr(inner, "name", None), str):
-        return inner.name
-    if type(dt).__module__.startswith("torch"):
-        return str(dt).rsplit(".", 1)[-1]
-    return getattr(dt, "__name__", str(dt))
 
 
 def _same_framework(fn: str, owner: str, name: str, x: Any) -> Any:
@@ -96,7 +81,7 @@ def check_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: A
     recipe = fp8_checks.matmul_recipe(fn, a.shape, b.shape, named["scale_a"].shape, named["scale_b"].shape)
     if bias is not None:
         fp8_checks.bias(fn, arrays.dtype_name(named["bias"]), named["bias"].shape, recipe.n)
-    out = fp8_checks.out_dtype(fn, dtype_name(out_dtype))
+    out = fp8_checks.out_dtype(fn, arrays.requested_dtype(out_dtype))
     where = _device(a)
     for name, x in [("b", b)] + list(named.items()):
         if _device(x) != where:
@@ -133,7 +118,7 @@ def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = "float8_e4m3fn", *
     if owner == "jax":
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.quantize_fp8(x, recipe=recipe, dtype=dtype, fn=fn)
-    dt = fp8_checks.fp8_dtype(fn, "dtype", dtype_name(dtype))
+    dt = fp8_checks.fp8_dtype(fn, "dtype", arrays.requested_dtype(dtype))
     block, _ = fp8_checks.quantize_block(fn, recipe, x.shape)
     fp8_checks.quantize_source(fn, arrays.dtype_name(x))
     xp = arrays.namespace(owner)

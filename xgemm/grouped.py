@@ -28,7 +28,7 @@ routing is the public entry's (api.py), as for gemm, since the op imports this m
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from xgemm import arrays, errors, prepare
 from xgemm.core import grouped_checks
@@ -45,21 +45,6 @@ class Checked(NamedTuple):
     shape: grouped_checks.GroupedShape
 
 
-def dtype_name(dt: Any) -> Optional[str]:
-    """'float32' for a name, a NumPy / ml_dtypes / JAX / torch dtype or scalar type; None stays None."""
-    if dt is None or isinstance(dt, str):
-        return dt
-    name = getattr(dt, "name", None)                     # numpy.dtype
-    if isinstance(name, str):
-        return name
-    inner = getattr(dt, "dtype", None)                   # jnp.float32 and friends
-    if inner is not None and isinstance(getattr(inner, "name", None), str):
-        return inner.name
-    if type(dt).__module__.startswith("torch"):          # torch.float32
-        return str(dt).rsplit(".", 1)[-1]
-    return getattr(dt, "__name__", str(dt))              # numpy.float32, ml_dtypes.bfloat16
-
-
 def _check(fn: str, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any, ragged_dot: bool) -> Checked:
     owner = prepare.owner_of(fn, names[0], a)
     for name, x in zip(names[1:], (b, index)):
@@ -73,7 +58,7 @@ def _check(fn: str, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any, ra
     grouped_checks.index_dtype(fn, names[2], arrays.dtype_name(index))
     shapes = (tuple(a.shape), tuple(b.shape), tuple(index.shape))
     shape = grouped_checks.ragged_dot(fn, *shapes) if ragged_dot else grouped_checks.grouped_mm(fn, *shapes)
-    out = grouped_checks.out_dtype(fn, dt, dtype_name(out_dtype))
+    out = grouped_checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
     if owner != "jax":
         prepare.same_device(fn, [(n, arrays.view(x, n, fn)) for n, x in zip(names, (a, b, index))])
     return Checked(owner, a, b, index, dt, out, shape)

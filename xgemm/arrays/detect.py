@@ -54,3 +54,19 @@ def dtype_name(x: Any) -> str:
     if isinstance(name, str):
         return name
     return str(dt).rsplit(".", 1)[-1]          # torch.float32 -> float32
+
+
+def requested_dtype(dt: Any) -> Optional[str]:
+    """The name of a dtype a caller asks for (out_dtype=...): a name, a NumPy / ml_dtypes / JAX /
+    torch dtype or scalar type; None stays None."""
+    if dt is None or isinstance(dt, str):
+        return dt
+    name = getattr(dt, "name", None)                     # numpy.dtype
+    if isinstance(name, str):
+        return name
+    inner = getattr(dt, "dtype", None)                   # jnp.float32 and friends
+    if inner is not None and isinstance(getattr(inner, "name", None), str):
+        return inner.name
+    if type(dt).__module__.startswith("torch"):          # torch.float32
+        return str(dt).rsplit(".", 1)[-1]
+    return getattr(dt, "__name__", str(dt))              # numpy.float32, ml_dtypes.bfloat16

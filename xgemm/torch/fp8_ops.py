@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from xgemm import errors, fp8
+from xgemm import arrays, errors, fp8
 
 
 @torch.library.custom_op("xgemm::scaled_matmul", mutates_args=())
@@ -36,7 +36,7 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
     """xgemm.fp8.scaled_matmul through the op (checked eagerly first; inside a torch.compile trace
     the op checks at run time)."""
     if torch.compiler.is_compiling():
-        return scaled_matmul_op(a, b, scale_a, scale_b, bias, getattr(torch, fp8.dtype_name(out_dtype)))
+        return scaled_matmul_op(a, b, scale_a, scale_b, bias, getattr(torch, arrays.requested_dtype(out_dtype)))
     c = fp8.check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad
                                        for x in (c.a, c.b, c.scale_a, c.scale_b, c.bias)):

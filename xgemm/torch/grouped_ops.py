@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from xgemm import grouped
+from xgemm import arrays, grouped
 
 
 @torch.library.custom_op("xgemm::grouped_mm", mutates_args=())
@@ -69,7 +69,7 @@ def _torch_dtype(name: Optional[str]) -> Optional[torch.dtype]:
 def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None) -> torch.Tensor:
     """xgemm.grouped.ragged_dot through the op: offs = cumsum(group_sizes), on the device."""
     if compiling():                  # checked at run time, inside the op; the trace sees torch's ops
-        return grouped_mm_op(lhs, rhs, torch.cumsum(group_sizes, 0), _torch_dtype(grouped.dtype_name(out_dtype)))
+        return grouped_mm_op(lhs, rhs, torch.cumsum(group_sizes, 0), _torch_dtype(arrays.requested_dtype(out_dtype)))
     c = grouped.check_ragged_dot(lhs, rhs, group_sizes, out_dtype)
     return grouped_mm_op(c.a, c.b, torch.cumsum(c.index, 0), _torch_dtype(c.out_dtype))
 
@@ -77,7 +77,7 @@ def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None) -
 def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None) -> torch.Tensor:
     """xgemm.grouped.grouped_mm through the op."""
     if compiling():
-        return grouped_mm_op(x, w, offs, _torch_dtype(grouped.dtype_name(out_dtype)))
+        return grouped_mm_op(x, w, offs, _torch_dtype(arrays.requested_dtype(out_dtype)))
     c = grouped.check_grouped_mm(x, w, offs, out_dtype)
     return grouped_mm_op(c.a, c.b, c.index, _torch_dtype(c.out_dtype))
 
