@@ -208,3 +208,13 @@ def test_jax_grad_vmap_jit():
         batched = jax.vmap(lambda x: xj.gemm(x, b, bias=bias, activation="sigmoid"))(jnp.stack([a, 2 * a]))
         np.testing.assert_allclose(np.asarray(batched[1]), ref(2 * np.asarray(a), np.asarray(b), bias=np.asarray(bias),
                                                                activation="sigmoid"), rtol=1e-12)
+
+
+def test_out_under_torch_compile():
+    """out= inside a torch.compile trace (the eager checks are skipped there) still writes out."""
+    torch = pytest.importorskip("torch")
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b, v, o: xgemm.gemm(a, b, bias=v, activation="relu", out=o))
+    a, b, v, o = torch.randn(4, 8), torch.randn(8, 6), torch.randn(6), torch.full((4, 6), float("nan"))
+    f(a, b, v, o)
+    torch.testing.assert_close(o, torch.relu(a @ b + v))

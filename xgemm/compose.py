@@ -20,7 +20,7 @@ from xgemm.core import checks, epilogues
 
 
 def _check(fn: str, a: Any, b: Any, c: Any, beta: float, bias: Any, activation: Optional[str], gated: bool):
-    """(dtype, result shape, the product's N) after the checks an epilogue adds to gemm's."""
+    """(dtype, result shape) after gemm's checks and those an epilogue adds."""
     checks.activation(fn, activation, gated)
     dt = checks.gemm_dtypes(fn, arrays.dtype_name(a), arrays.dtype_name(b),
                             arrays.dtype_name(c) if c is not None else None)
@@ -37,7 +37,7 @@ def _check(fn: str, a: Any, b: Any, c: Any, beta: float, bias: Any, activation: 
         final = final[:-1] + (shape.n // 2,)
     if bias is not None:
         checks.bias(fn, arrays.dtype_name(bias), tuple(bias.shape), shape.n, dt)
-    return dt, final, shape.n
+    return dt, final
 
 
 def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activation: Optional[str],
@@ -59,18 +59,19 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
             return xjax.gated(a, b, bias=bias, activation=activation, fn=fn)
         return xjax.gemm(a, b, c, alpha=alpha, beta=beta, bias=bias, activation=activation, fn=fn)
     c_used = c if beta != 0.0 else None
-    if owner == "torch" and sys.modules["torch"].compiler.is_compiling():
+    tracing = owner == "torch" and sys.modules["torch"].compiler.is_compiling()
+    if tracing:
         # a torch.compile trace: the product's checks run inside the op (prepare_gemm, at run
         # time), the epilogue's shapes are torch's; dynamo cannot trace checks.broadcast's max(default=)
         checks.activation(fn, activation, gated)
         dt = arrays.dtype_name(a)
     else:
-        dt, final, n = _check(fn, a, b, c, beta, bias, activation, gated)
+        dt, final = _check(fn, a, b, c, beta, bias, activation, gated)
         if bias is not None:
             bias = arrays.import_into(owner, bias, "bias", fn)
             prepare.same_device(fn, [("a", arrays.view(a, "a", fn)), ("bias", arrays.view(bias, "bias", fn))])
     acc = "float64" if dt == "float64" else "float32"
-    if out is not None:
+    if out is not None and not tracing:
         inputs = [arrays.view(x, name, fn) for x, name in ((a, "a"), (b, "b"), (c_used, "c"), (bias, "bias"))
                   if x is not None]
         prepare.check_out(fn, out, owner, final, checks.out_dtypes(dt), inputs)
