@@ -26,17 +26,8 @@ def _check(fn: str, a: Any, b: Any, c: Any, beta: float, bias: Any, activation: 
                             arrays.dtype_name(c) if c is not None else None)
     shape = checks.gemm_shape(fn, tuple(a.shape), tuple(b.shape), tuple(c.shape) if c is not None else None,
                               beta, c is not None)
-    if (bias is not None or gated) and shape.b_vec:
-        raise errors.ShapeError(f"{fn}: b is 1-D (shape {tuple(b.shape)}); a bias or gating works on the columns "
-                                f"of a 2-D b, so pass b[:, None]")
-    final = shape.final
-    if gated:
-        if shape.n % 2:
-            raise errors.ShapeError(f"{fn}: b has {shape.n} columns; a gated product needs [gate | up] halves, "
-                                    f"an even number")
-        final = final[:-1] + (shape.n // 2,)
-    if bias is not None:
-        checks.bias(fn, arrays.dtype_name(bias), tuple(bias.shape), shape.n, dt)
+    final = checks.epilogue_shape(fn, shape, gated, arrays.dtype_name(bias) if bias is not None else None,
+                                  tuple(bias.shape) if bias is not None else None, dt)
     return dt, final
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from xgemm import arrays, errors, prepare
-from xgemm.core import grouped_checks
+from xgemm.core import checks, grouped_checks
 
 
 class Checked(NamedTuple):
@@ -54,11 +54,11 @@ def _check(fn: str, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any, ra
                                         f"{owner} array; pass JAX arrays for every operand inside JAX transforms")
     b = arrays.import_into(owner, b, names[1], fn)
     index = arrays.import_into(owner, index, names[2], fn)
-    dt = grouped_checks.operand_dtypes(fn, names[:2], arrays.dtype_name(a), arrays.dtype_name(b))
+    dt = checks.operand_dtypes(fn, names[:2], arrays.dtype_name(a), arrays.dtype_name(b))
     grouped_checks.index_dtype(fn, names[2], arrays.dtype_name(index))
     shapes = (tuple(a.shape), tuple(b.shape), tuple(index.shape))
     shape = grouped_checks.ragged_dot(fn, *shapes) if ragged_dot else grouped_checks.grouped_mm(fn, *shapes)
-    out = grouped_checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
+    out = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
     if owner != "jax":
         prepare.same_device(fn, [(n, arrays.view(x, n, fn)) for n, x in zip(names, (a, b, index))])
     return Checked(owner, a, b, index, dt, out, shape)

@@ -42,11 +42,18 @@ def out_dtypes(dt: str) -> Tuple[str, ...]:
     return (dt, "float32") if dt in HALF else (dt,)
 
 
+def operand_dtypes(fn: str, names: Tuple[str, str], a: str, b: str) -> str:
+    """The two operands' common dtype (one of SUPPORTED_DTYPES), named in the error as the caller names them."""
+    dt = dtype(fn, names[0], a)
+    if dtype(fn, names[1], b) != dt:
+        raise errors.DTypeError(f"{fn}: {names[0]} is {dt} and {names[1]} is {b}; cast {names[1]} to {dt} "
+                                f"({names[1]}.astype({names[0]}.dtype))")
+    return dt
+
+
 def gemm_dtypes(fn: str, a: str, b: str, c: Optional[str]) -> str:
     """The operands' common dtype; C (when given) must be one of out_dtypes() of it."""
-    dt = dtype(fn, "a", a)
-    if dtype(fn, "b", b) != dt:
-        raise errors.DTypeError(f"{fn}: a is {dt} and b is {b}; cast b to {dt} (b.astype(a.dtype))")
+    dt = operand_dtypes(fn, ("a", "b"), a, b)
     if c is not None and dtype(fn, "c", c) not in out_dtypes(dt):
         raise errors.DTypeError(f"{fn}: c is {c}; with {dt} operands c must be one of {out_dtypes(dt)}")
     return dt
@@ -139,6 +146,24 @@ def bias(fn: str, dt: str, shape: Tuple[int, ...], n: int, operands: str) -> Non
     if dtype(fn, "bias", dt) not in out_dtypes(operands):
         raise errors.DTypeError(f"{fn}: bias is {dt}; with {operands} operands use one of "
                                 f"{', '.join(out_dtypes(operands))}")
+
+
+def epilogue_shape(fn: str, shape: GemmShape, gated: bool, bias_dtype: Optional[str],
+                   bias_shape: Optional[Tuple[int, ...]], operands: str) -> Tuple[int, ...]:
+    """The result shape of a GEMM with an epilogue (gated: half the product's columns), after the
+    checks the epilogue adds to gemm_shape's: a 2-D b, an even N to gate, a bias of N values."""
+    if (bias_shape is not None or gated) and shape.b_vec:
+        raise errors.ShapeError(f"{fn}: b is 1-D (shape ({shape.k},)); a bias or gating works on the columns "
+                                f"of a 2-D b, so pass b[:, None]")
+    final = shape.final
+    if gated:
+        if shape.n % 2:
+            raise errors.ShapeError(f"{fn}: b has {shape.n} columns; a gated product needs [gate | up] halves, "
+                                    f"an even number")
+        final = final[:-1] + (shape.n // 2,)
+    if bias_shape is not None:
+        bias(fn, bias_dtype, tuple(bias_shape), shape.n, operands)
+    return final
 
 
 def softmax_axis(fn: str, ndim: int, axis: Any) -> int:

@@ -6,10 +6,9 @@ the device, so a check here cannot synchronize with the host (or concretize a JA
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple, Sequence, Tuple
 
 from xgemm import errors
-from xgemm.core import checks
 
 INDEX_DTYPES = ("int32", "int64")
 
@@ -26,14 +25,6 @@ class GroupedShape(NamedTuple):
     ragged_k: bool
     out: Tuple[int, ...]
 
-
-def operand_dtypes(fn: str, names: Tuple[str, str], a: str, b: str) -> str:
-    """The operands' common float dtype (checks.SUPPORTED_DTYPES)."""
-    dt = checks.dtype(fn, names[0], a)
-    if checks.dtype(fn, names[1], b) != dt:
-        raise errors.DTypeError(f"{fn}: {names[0]} is {dt} and {names[1]} is {b}; cast {names[1]} to {dt} "
-                                f"({names[1]}.astype({names[0]}.dtype))")
-    return dt
 
 
 def index_dtype(fn: str, name: str, dt: str) -> str:
@@ -87,8 +78,3 @@ def grouped_mm(fn: str, x: Sequence[int], w: Sequence[int], offs: Sequence[int])
         raise errors.ShapeError(f"{fn}: x has shape {tuple(x)} and w {tuple(w)}; x.shape[1] ({x[1]}) must equal "
                                 f"w.shape[0] ({w[0]}) (the grouped contraction)")
     return GroupedShape(x[1], x[0], x[1], w[1], e, True, (e, x[0], w[1]))
-
-
-def out_dtype(fn: str, dt: str, out: Optional[str]) -> str:
-    """The result dtype: the operands' (None), or float32 for fp16/bf16 operands."""
-    return checks.out_dtype(fn, dt, out)

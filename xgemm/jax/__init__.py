@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgemm import errors
 from xgemm.jax import inputs
 from xgemm.core import checks, epilogues, policy
 from xgemm.core.problem import Device
@@ -120,15 +119,10 @@ def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out_d
 def _checked_epilogue(fn, a, b, c, alpha, beta, out_dtype, bias, activation, gated):
     checks.activation(fn, activation, gated)
     a, b, c, alpha, beta, out, shape = _checked_gemm(fn, a, b, c, alpha, beta, out_dtype)
-    if (bias is not None or gated) and shape.b_vec:
-        raise errors.ShapeError(f"{fn}: b is 1-D (shape {b.shape}); a bias or gating works on the columns of a "
-                                f"2-D b, so pass b[:, None]")
-    if gated and shape.n % 2:
-        raise errors.ShapeError(f"{fn}: b has {shape.n} columns; a gated product needs [gate | up] halves, an even "
-                                f"number")
     if bias is not None:
         bias = inputs.as_jax(fn, "bias", bias)
-        checks.bias(fn, np.dtype(bias.dtype).name, bias.shape, shape.n, np.dtype(a.dtype).name)
+    checks.epilogue_shape(fn, shape, gated, np.dtype(bias.dtype).name if bias is not None else None,
+                          bias.shape if bias is not None else None, np.dtype(a.dtype).name)
     acc = "float64" if a.dtype == jnp.float64 else "float32"
     return a, b, c, alpha, beta, out, bias, acc
 

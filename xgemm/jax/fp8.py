@@ -24,8 +24,9 @@ from typing import Any, NamedTuple, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from xgemm.jax import inputs
+from xgemm import arrays
 from xgemm.core import fp8_checks
+from xgemm.jax import inputs
 
 _PRECISION = jax.lax.Precision.HIGHEST          # float32 products in float32 on GPUs too (no TF32)
 
@@ -39,15 +40,15 @@ class Fp8Config(NamedTuple):
 
 def _checked(fn, a, b, scale_a, scale_b, bias, out_dtype):
     a, b, sa, sb = (inputs.as_jax(fn, n, x) for n, x in zip(("a", "b", "scale_a", "scale_b"), (a, b, scale_a, scale_b)))
-    fp8_checks.fp8_dtype(fn, "a", inputs.dtype_name(a.dtype))
-    fp8_checks.fp8_dtype(fn, "b", inputs.dtype_name(b.dtype))
-    fp8_checks.scale_dtype(fn, "scale_a", inputs.dtype_name(sa.dtype))
-    fp8_checks.scale_dtype(fn, "scale_b", inputs.dtype_name(sb.dtype))
+    fp8_checks.fp8_dtype(fn, "a", arrays.requested_dtype(a.dtype))
+    fp8_checks.fp8_dtype(fn, "b", arrays.requested_dtype(b.dtype))
+    fp8_checks.scale_dtype(fn, "scale_a", arrays.requested_dtype(sa.dtype))
+    fp8_checks.scale_dtype(fn, "scale_b", arrays.requested_dtype(sb.dtype))
     recipe = fp8_checks.matmul_recipe(fn, a.shape, b.shape, sa.shape, sb.shape)
     if bias is not None:
         bias = inputs.as_jax(fn, "bias", bias)
-        fp8_checks.bias(fn, inputs.dtype_name(bias.dtype), bias.shape, recipe.n)
-    return a, b, sa, sb, bias, fp8_checks.out_dtype(fn, inputs.dtype_name(out_dtype)), recipe
+        fp8_checks.bias(fn, arrays.requested_dtype(bias.dtype), bias.shape, recipe.n)
+    return a, b, sa, sb, bias, fp8_checks.out_dtype(fn, arrays.requested_dtype(out_dtype)), recipe
 
 
 def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any = jnp.bfloat16, bias: Any = None,
@@ -63,9 +64,9 @@ def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = jnp.float8_e4m3fn,
     """(x_fp8, scale), x ~= x_fp8 * scale (float32 scale); recipes and saturation as xgemm.quantize_fp8.
     No gradient is defined through it (a cast)."""
     x = inputs.as_jax(fn, "x", x)
-    dt = fp8_checks.fp8_dtype(fn, "dtype", inputs.dtype_name(dtype))
+    dt = fp8_checks.fp8_dtype(fn, "dtype", arrays.requested_dtype(dtype))
     fp8_checks.quantize_block(fn, recipe, x.shape)
-    fp8_checks.quantize_source(fn, inputs.dtype_name(x.dtype))
+    fp8_checks.quantize_source(fn, arrays.requested_dtype(x.dtype))
     return _jit_quantize(x, recipe, dt)
 
 

@@ -33,9 +33,9 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from xgemm import errors
+from xgemm import arrays, errors
+from xgemm.core import checks, grouped_checks
 from xgemm.jax import inputs
-from xgemm.core import grouped_checks
 
 # the variable-K product: a [T, M] . b [T, N] contracted over T, which is ragged -> [E, M, N]
 _CONTRACT_GROUPS = jax.lax.RaggedDotDimensionNumbers(
@@ -44,11 +44,11 @@ _CONTRACT_GROUPS = jax.lax.RaggedDotDimensionNumbers(
 
 def _checked(fn: str, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any, ragged_dot: bool):
     a, b, index = (inputs.as_jax(fn, n, x) for n, x in zip(names, (a, b, index)))
-    dt = grouped_checks.operand_dtypes(fn, names[:2], inputs.dtype_name(a.dtype), inputs.dtype_name(b.dtype))
-    grouped_checks.index_dtype(fn, names[2], inputs.dtype_name(index.dtype))
+    dt = checks.operand_dtypes(fn, names[:2], arrays.requested_dtype(a.dtype), arrays.requested_dtype(b.dtype))
+    grouped_checks.index_dtype(fn, names[2], arrays.requested_dtype(index.dtype))
     check = grouped_checks.ragged_dot if ragged_dot else grouped_checks.grouped_mm
     shape = check(fn, a.shape, b.shape, index.shape)
-    out = grouped_checks.out_dtype(fn, dt, inputs.dtype_name(out_dtype))
+    out = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
     return a, b, index.astype(jnp.int32), out, shape
 
 

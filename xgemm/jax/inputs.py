@@ -1,7 +1,7 @@
-"""Arguments of the xgemm.jax functions as JAX sees them: tracers, arrays, dtype names."""
+"""Arguments of the xgemm.jax functions as JAX sees them: tracers and arrays."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +21,3 @@ def as_jax(fn: str, name: str, x: Any) -> Any:
     if hasattr(x, "__dlpack__") or isinstance(x, np.ndarray):
         return jnp.asarray(x)
     raise errors.NotAnArrayError(f"{fn}: {name} is a {type(x).__name__}, not an array; pass a jax.Array")
-
-
-def dtype_name(dt: Any) -> Optional[str]:
-    """A dtype's name (None and names pass through)."""
-    if dt is None or isinstance(dt, str):
-        return dt
-    return np.dtype(dt).name
