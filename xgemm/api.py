@@ -6,10 +6,9 @@ torch.library ops (torch/ops.py); JAX arrays and tracers go to xgemm.jax.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Optional
 
-from xgemm import arrays, compose, errors, fp8, grouped, prepare
+from xgemm import compose, errors, fp8, grouped, prepare
 from xgemm.core import checks, policy
 from xgemm.torch import fastpath
 from xgemm.torch import native as torch_native
@@ -40,12 +39,10 @@ def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0
         hit = fastpath.gemm_hit(key, a, b, c)
         if hit is not None:
             return hit
-    elif out is None and _torch_op_needed(a, b, c):
+    elif out is None and prepare.torch_op_needed(a, b, c):
         from xgemm.torch import ops as xtorch
         alpha, beta = checks.scalar(_fn, "alpha", alpha), checks.scalar(_fn, "beta", beta)
-        if not xtorch.compiling():          # validate eagerly, before autograd records anything
-            prepare.prepare_gemm(_fn, a, b, c, alpha, beta, None, plan_only=True)
-        return xtorch.gemm_op(a, b, c if beta != 0.0 else None, alpha, beta)
+        return xtorch.gemm(_fn, a, b, c if beta != 0.0 else None, alpha, beta)
     prep = prepare.prepare_gemm(_fn, a, b, c, alpha, beta, out)
     result = prepare.run(prep)
     if key is not None and isinstance(prep, prepare.Prepared):
@@ -65,7 +62,7 @@ def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None) -
     """lhs [T, K] in contiguous groups of group_sizes[e] rows, each times rhs[e] [K, N] -> [T, N]
     (jax.lax.ragged_dot's semantics; rows beyond sum(group_sizes) are zeros). Result in lhs's framework;
     the group sizes are never read on the host."""
-    if _torch_op_needed(lhs, rhs):
+    if prepare.torch_op_needed(lhs, rhs):
         from xgemm.torch import grouped_ops
         return grouped_ops.ragged_dot(lhs, rhs, group_sizes, out_dtype=out_dtype)
     return grouped.ragged_dot(lhs, rhs, group_sizes, out_dtype=out_dtype)
@@ -74,7 +71,7 @@ def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None) -
 def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None) -> Any:
     """torch._grouped_mm's offsets (cumulative group ends): x [T, K], w [E, K, N] -> [T, N];
     x [M, T], w [T, N] -> [E, M, N]. Rows beyond offs[-1] are zeros (torch leaves them unwritten)."""
-    if _torch_op_needed(x, w):
+    if prepare.torch_op_needed(x, w):
         from xgemm.torch import grouped_ops
         return grouped_ops.grouped_mm(x, w, offs, out_dtype=out_dtype)
     return grouped.grouped_mm(x, w, offs, out_dtype=out_dtype)
@@ -84,7 +81,7 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
     """(a * scale_a) @ (b * scale_b) + bias in float32, cast to out_dtype; a, b fp8 (e4m3fn / e5m2);
     the scales' shapes select the recipe: tensor-wise (scalars), row-wise ([M, 1], [1, N]) or
     block-wise ([M, K/128], [K/128, N/128]) (xgemm/fp8.py). Result in a's framework."""
-    if _torch_op_needed(a, b, scale_a, scale_b, bias):
+    if prepare.torch_op_needed(a, b, scale_a, scale_b, bias):
         from xgemm.torch import fp8_ops
         return fp8_ops.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
     return fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
@@ -94,17 +91,6 @@ def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = "float8_e4m3fn") -
     """(x_fp8, scale) with x ~= x_fp8 * scale, out-of-range values saturated; recipes tensor, row,
     col, block_1x128, block_128x128."""
     return fp8.quantize_fp8(x, recipe, dtype)
-
-
-def _torch_op_needed(*xs: Any) -> bool:
-    """Torch tensors that require grad (or a torch.compile trace) go through the torch.library op.
-    Decided here without importing xgemm.torch.ops: registering its ops costs a first call ~6 ms."""
-    if arrays.framework_of(xs[0]) != "torch":
-        return False
-    torch = sys.modules["torch"]
-    if torch.compiler.is_compiling():
-        return True
-    return torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in xs if x is not None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +107,7 @@ def softmax(x: Any, axis: int = -1, *, out: Any = None) -> Any:
         hit = fastpath.softmax_hit(key, x)
         if hit is not None:
             return hit
-    elif out is None and _torch_op_needed(x):
+    elif out is None and prepare.torch_op_needed(x):
         from xgemm.torch import ops as xtorch
         if not xtorch.compiling():
             axis = prepare.prepare_softmax("softmax", x, axis, None, plan_only=True).problem.axis

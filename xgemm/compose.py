@@ -89,12 +89,7 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
 
 def _product(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: float, acc: str) -> Any:
     """alpha A @ B + beta C in `acc`, through xgemm (the torch op when autograd or a trace needs it)."""
-    if owner == "torch":
-        torch = sys.modules["torch"]
-        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
-                getattr(x, "requires_grad", False) for x in (a, b, c) if x is not None)):
-            from xgemm.torch import ops as xtorch
-            if not xtorch.compiling():
-                prepare.prepare_gemm(fn, a, b, c, alpha, beta, None, plan_only=True, out_dtype=acc)
-            return xtorch.gemm_op(a, b, c, alpha, beta, getattr(torch, acc))
+    if prepare.torch_op_needed(a, b, c):
+        from xgemm.torch import ops as xtorch
+        return xtorch.gemm(fn, a, b, c, alpha, beta, acc)
     return prepare.run(prepare.prepare_gemm(fn, a, b, c, alpha, beta, None, out_dtype=acc))

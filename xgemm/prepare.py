@@ -93,6 +93,17 @@ def _owner_and_tracers(fn: str, named: Sequence[Tuple[str, Any]]) -> str:
     return fw
 
 
+def torch_op_needed(*xs: Any) -> bool:
+    """Torch tensors that require grad (or a torch.compile trace) go through the torch.library ops.
+    Decided without importing xgemm.torch.ops: registering its ops costs a first call ~6 ms."""
+    if arrays.framework_of(xs[0]) != "torch":
+        return False
+    torch = sys.modules["torch"]
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in xs if x is not None)
+
+
 def run(prep: "Prepared | Any") -> Any:
     """Launch a Prepared call on the caller's current stream; the result in the caller's framework."""
     if not isinstance(prep, Prepared):      # JAX: already computed by its primitive

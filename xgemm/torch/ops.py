@@ -31,6 +31,15 @@ def _gemm_fake(a, b, c, alpha, beta, out_dtype=None):
     return d if out_dtype is None else d.to(out_dtype)
 
 
+def gemm(fn: str, a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor], alpha: float, beta: float,
+         out_dtype: Optional[str] = None) -> torch.Tensor:
+    """gemm_op for a public call: its arguments are validated eagerly first (outside a trace),
+    before autograd records anything."""
+    if not compiling():
+        prepare.prepare_gemm(fn, a, b, c, alpha, beta, None, plan_only=True, out_dtype=out_dtype)
+    return gemm_op(a, b, c, alpha, beta, None if out_dtype is None else getattr(torch, out_dtype))
+
+
 def _gemm_setup(ctx, inputs, output):
     a, b, c, alpha, beta = inputs[:5]
     ctx.save_for_backward(a, b)
