@@ -1,14 +1,15 @@
 """Compile, on a machine without a GPU, every CuTe class tests/gpu/test_gemm_tc_gpu.py launches, so
 the H200 session that runs those tests finds them in the disk cache instead of compiling there.
 
-    CUTE_DSL_ARCH=sm_90a python tests/gpu/prebuild_classes.py [--jobs 2] [--fuzz N]
+    CUTE_DSL_ARCH=sm_90a python tests/gpu/prebuild_classes.py [--jobs 2] [--fuzz N] [--model-shapes]
 
 (`python -m xgemm build-cache` prebuilds the policy's common classes; this adds the tests' forced
 configs, majorness, C and batch variants, and with --fuzz the classes the first N torch cases of
 benchmarks/fuzz.py reach (found by running them on CPU tensors dressed as an H200,
 tests/fake_cuda.py, whose recorder stands in for every launch): a fuzz run on the GPU then spends
-its time on cases, not on compiling classes on first use.) Then tar the cache's current fingerprint directories
-and carry the tarball (docs/development.md). Not a test module: pytest does not collect it.
+its time on cases, not on compiling classes on first use; with --model-shapes those of every product
+of benchmarks/model_shapes.py, whose jit part launches the same classes.) Then tar the cache's
+current fingerprint directories and carry the tarball (docs/development.md). Not a test module: pytest does not collect it.
 """
 from __future__ import annotations
 
@@ -46,6 +47,27 @@ def fuzz_items(cases: int, seed: int, workers: int) -> list:
     return [(f"xgemm.kernels.{key[0]}", key) for key in sorted(keys, key=repr)]
 
 
+def model_shape_items() -> list:
+    """(module, key) of every CuTe class xgemm.matmul launches on the products of
+    benchmarks/model_shapes.py (all of them: its full and jit subsets), on the operands its torch part
+    builds (row-major A [batch,] M x K, B [batch,] K x N, out given), recorded instead of launched."""
+    sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
+    import model_shapes
+    import torch
+    from fake_cuda import Fake
+
+    import xgemm
+    with Fake(keep=True) as fake:      # one recorder: a Gluon kernel keeps its launchers across calls
+        for rec in model_shapes.shapes():
+            m, n, k, batch = rec["M"], rec["N"], rec["K"], rec["batch"]
+            lead = () if batch == 1 else (batch,)
+            dt = getattr(torch, rec["dtype"])
+            a, b = torch.empty(lead + (m, k), dtype=dt), torch.empty(lead + (k, n), dtype=dt)
+            xgemm.matmul(a, b, out=torch.empty(lead + (m, n), dtype=dt))
+    keys = {call[1] for call in fake.calls if call[0] == "cute"}
+    return [(f"xgemm.kernels.{key[0]}", key) for key in sorted(keys, key=repr)]
+
+
 def _launch_case(fuzz, xgemm, case, seed):
     """The xgemm call of a fuzz case (fuzz.run_gemm / run_softmax without their checks)."""
     import numpy as np
@@ -78,8 +100,12 @@ def main() -> int:
     ap.add_argument("--fuzz", type=int, default=0, help="also the classes of this many torch fuzz cases")
     ap.add_argument("--seed", type=int, default=1, help="the fuzz run's --seed (its workers' seeds follow)")
     ap.add_argument("--workers", type=int, default=14, help="the fuzz run's --workers")
+    ap.add_argument("--model-shapes", action="store_true",
+                    help="also the classes of every benchmarks/model_shapes.py product")
     args = ap.parse_args()
     items = fuzz_items(args.fuzz, args.seed, args.workers) if args.fuzz else []
+    if args.model_shapes:
+        items += model_shape_items()
     for mod, case, pol in T.cases_for_prebuild():
         d = T.build_case(case, device="cpu")
         prob = d["problem"]
