@@ -388,8 +388,8 @@ def _matmul64(A: np.ndarray, B: np.ndarray) -> np.ndarray:
         except ImportError:
             torch = None
         if torch is not None and torch.cuda.is_available():
-            a, b = torch.from_numpy(np.ascontiguousarray(A)), torch.from_numpy(np.ascontiguousarray(B))
-            return torch.matmul(a.to("cuda"), b.to("cuda")).cpu().numpy()
+            a, b = torch.tensor(A, device="cuda"), torch.tensor(B, device="cuda")   # copies (A may be read-only)
+            return torch.matmul(a, b).cpu().numpy()
     return np.matmul(A, B)
 
 

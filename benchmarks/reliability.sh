@@ -1,42 +1,48 @@
 #!/usr/bin/env bash
 # Issue 22's H200 run: the GPU tests, the examples, the sanitizers, the soak, the fuzzer at scale.
-# Logs and JSON land in $OUT (the device tool's folder; default /tmp/xgemm-reliability).
+# What it prints goes to $OUT/summary.txt too, and every log and JSON into one $OUT/logs.tar.xz: the
+# device tool brings back only a few files from $OUT (default /tmp/xgemm-reliability).
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs (0 skips a stage): CACHE_TAR (.cache/xgemm-cache.tar.xz), TESTS_S (300), TESTS (tests/gpu),
 # EXAMPLES (1), SAN (1; SAN_TOOLS / SAN_PARTS / SAN_TIMEOUT as in sanitize.sh), SOAK (1; SOAK_EAGER,
-# SOAK_JIT), FUZZ_CASES (20000), FUZZ_WORKERS (12), FUZZ_SEED (1), DEADLINE (s, 570): the fuzzer's
+# SOAK_JIT), SAN_WITH_FUZZ (0), FUZZ_CASES (20000), FUZZ_WORKERS (12), FUZZ_SEED (1), DEADLINE (s, 570): the fuzzer's
 # workers stop drawing cases DEADLINE - 90 s after the start (compiles of new classes may run over).
 set -u
-OUT=${OUT:-/tmp/xgemm-reliability}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/xgemm-reliability}; LOGS=$OUT/logs; mkdir -p "$LOGS"
+exec > >(tee "$OUT/summary.txt") 2>&1
 source .gpu/use-bundle .gpu
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p /tmp/xc && tar -xJf "${CACHE_TAR:-.cache/xgemm-cache.tar.xz}" -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
 t0=$SECONDS
 stage() { echo "== $1: rc $2, $((SECONDS - t0)) s"; }
 timeout 300 python3 -c "from xgemm.runtime import cute_cache as c; print(len(c.prebuild(jobs=16)), 'CuTe classes')" \
-  > "$OUT/prebuild.log" 2>&1; stage prebuild $?
+  > "$LOGS/prebuild.log" 2>&1; stage prebuild $?
 if [ "${TESTS_S:-300}" != 0 ]; then
   FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-25} timeout "${TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -n 4 \
-    --timeout=300 ${TESTS:-tests/gpu} > "$OUT/tests.log" 2>&1; stage tests $?; tail -3 "$OUT/tests.log"
+    --timeout=300 ${TESTS:-tests/gpu} > "$LOGS/tests.log" 2>&1; stage tests $?; tail -3 "$LOGS/tests.log"
 fi
 if [ "${EXAMPLES:-1}" != 0 ]; then
-  for f in examples/*.py; do timeout 120 python3 "$f" > "$OUT/example-$(basename "$f" .py).log" 2>&1; stage "$f" $?; done
+  for f in examples/*.py; do timeout 120 python3 "$f" > "$LOGS/example-$(basename "$f" .py).log" 2>&1; stage "$f" $?; done
 fi
-if [ "${SAN:-1}" != 0 ]; then
-  bash benchmarks/sanitize.sh "$OUT/sanitize" > "$OUT/sanitize.log" 2>&1; stage sanitize $?; cat "$OUT/sanitize.log"
-fi
+sanitize() { bash benchmarks/sanitize.sh "$LOGS/sanitize" > "$LOGS/sanitize.log" 2>&1; stage sanitize $?; cat "$LOGS/sanitize.log"; }
+# SAN_WITH_FUZZ=1: the sanitizers run beside the fuzzer (one process and its GPU work beside the
+# fuzzer's CPU-bound workers; neither is a timing)
+if [ "${SAN:-1}" != 0 ] && [ "${SAN_WITH_FUZZ:-0}" = 0 ]; then sanitize; fi
 if [ "${SOAK:-1}" != 0 ]; then
   timeout 400 python3 benchmarks/soak.py --eager "${SOAK_EAGER:-1000000}" --jit "${SOAK_JIT:-100000}" \
-    --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1; stage soak $?; tail -4 "$OUT/soak.log"
+    --json "$LOGS/soak.json" > "$LOGS/soak.log" 2>&1; stage soak $?; tail -4 "$LOGS/soak.log"
 fi
+if [ "${SAN:-1}" != 0 ] && [ "${SAN_WITH_FUZZ:-0}" = 1 ]; then sanitize & fi
 if [ "${FUZZ_CASES:-20000}" != 0 ]; then
   budget=$(( ${DEADLINE:-570} - 90 - (SECONDS - t0) ))
   if [ "$budget" -gt 20 ]; then
     timeout $(( budget + 75 )) python3 benchmarks/fuzz.py --cases "${FUZZ_CASES:-20000}" --seed "${FUZZ_SEED:-1}" \
-      --workers "${FUZZ_WORKERS:-12}" --budget-s "$budget" --json "$OUT/fuzz.json" > "$OUT/fuzz.log" 2>&1
+      --workers "${FUZZ_WORKERS:-12}" --budget-s "$budget" --json "$LOGS/fuzz.json" > "$LOGS/fuzz.log" 2>&1
     rc=$?
-    [ -f "$OUT/fuzz.json" ] || python3 benchmarks/fuzz.py --merge "$OUT" --json "$OUT/fuzz.json" > "$OUT/fuzz-merged.log" 2>&1
-    stage "fuzz (budget $budget s)" $rc; grep -v "compiling\|CacheWarning\|cache.corrupt" "$OUT/fuzz.log" | head -45
-    [ -f "$OUT/fuzz-merged.log" ] && head -45 "$OUT/fuzz-merged.log"
+    [ -f "$LOGS/fuzz.json" ] || python3 benchmarks/fuzz.py --merge "$LOGS" --json "$LOGS/fuzz.json" > "$LOGS/fuzz-merged.log" 2>&1
+    stage "fuzz (budget $budget s)" $rc; grep -v "compiling\|CacheWarning\|cache.corrupt" "$LOGS/fuzz.log" | head -45
+    [ -f "$LOGS/fuzz-merged.log" ] && head -45 "$LOGS/fuzz-merged.log"
   fi
 fi
+wait
+tar -cJf "$OUT/logs.tar.xz" -C "$LOGS" . && rm -rf "$LOGS"

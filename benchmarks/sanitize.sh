@@ -5,6 +5,7 @@
 #   bash benchmarks/sanitize.sh [OUTDIR]     (default benchmarks/results/sanitize; on the GPU machine)
 #
 # Knobs: SAN_TOOLS (default all four), SAN_PARTS ("torch jax"), SAN_TIMEOUT (s per run, 600),
+# SAN_CASES (a regex: only the cases whose label matches, sanitize_cases.py --cases),
 # SAN_ONLY_OURS (tools that check only xgemm's kernels; default "racecheck initcheck"): their
 # --kernel-regex matches CuTe-DSL's kernel_cutlass_* symbols and Gluon's xgemm_* ones, so torch's
 # float64 reference products run uninstrumented (racecheck timed out in them at 8192 rows) and
@@ -26,7 +27,7 @@ for tool in $tools; do
     [ "$tool" = racecheck ] && extra=(--racecheck-report all)
     case " ${SAN_ONLY_OURS-racecheck initcheck} " in *" $tool "*) extra+=(--kernel-regex "kns=cutlass|xgemm");; esac
     timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool "$tool" "${extra[@]}" --print-limit 200 \
-      python3 benchmarks/sanitize_cases.py --part "$part" > "$out/$tool-$part.log" 2>&1
+      python3 benchmarks/sanitize_cases.py --part "$part" --cases "${SAN_CASES:-}" > "$out/$tool-$part.log" 2>&1
     echo "$tool $part: rc $? in $(( $(date +%s) - start )) s; $(grep -ho 'ERROR SUMMARY.*' "$out/$tool-$part.log" | tail -1)"
   done
 done

@@ -1,14 +1,19 @@
 """What benchmarks/sanitize.sh runs under compute-sanitizer: every kernel family and policy row once,
 on small shapes, each output checked against torch in float64.
 
-    python benchmarks/sanitize_cases.py --part torch|jax      # the launches (GPU)
+    python benchmarks/sanitize_cases.py --part torch|jax [--cases REGEX]   # the launches (GPU)
     python benchmarks/sanitize_cases.py --report DIR          # per tool and kernel, from DIR/*.log
+
+--cases runs only the cases whose label matches (re.search): a tool that kills the process on one
+case (racecheck's "failed to handle a hardware exception" on a cluster launch) is bisected with it.
 
 torch part: cute_gemm_sm90 in each row of its policy table (small, medium, mid, large, skinny M,
 skinny N), the transposed run and the untransposed one, batched with an fp32 C; forced
 gluon_matmul_sm90 (B row- and column-major), gluon_splitk_sm90 and cute_mma_sm80; cute_sgemm
 (tiled and split-K with its reduce kernel); zero-padded staging; PDL chains (eight dependent
-GEMMs back to back on one stream, fp16 and fp32); gluon_softmax with one CTA per row and with
+GEMMs back to back on one stream, fp16 and fp32); cute_gemm_sm90 forced into each config of
+tests/gpu/test_gemm_tc_gpu.py's CONFIG_CASES (1x1, 2x1 and 1x2 clusters, pingpong and cooperative,
+labels "cute config ..."); gluon_softmax with one CTA per row and with
 2-, 8- and 16-CTA clusters (DSMEM). jax part: the jit custom calls (CuTe GEMM, its transposed
 run with C, softmax single-CTA and cluster).
 
@@ -24,8 +29,15 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def _mark(label: str, kernel: str) -> None:
+SELECT = re.compile("")
+
+
+def _mark(label: str, kernel: str) -> bool:
+    """Announce a case, or False when --cases leaves it out."""
+    if not SELECT.search(label):
+        return False
     print(f"=== CASE {label} kernel={kernel}", flush=True)
+    return True
 
 
 def _check(label: str, got, ref, rtol: float) -> bool:
@@ -59,7 +71,8 @@ def torch_part() -> int:
         out = torch.full(shape, float("nan"), dtype=dt, device=dev) if force != "gluon_splitk_sm90" else None
         with xgemm.policy.force(force):
             plan = xgemm.explain(a, b, c, beta=beta, out=out)
-            _mark(label, plan.kernel_name)
+            if not _mark(label, plan.kernel_name):
+                return
             d = xgemm.gemm(a, b, c, beta=beta, out=out)
         torch.cuda.synchronize()
         ref = a.double() @ b.double() + (beta * c.double() if c is not None else 0)
@@ -84,12 +97,14 @@ def torch_part() -> int:
     gemm("cute sm80 mma", mat(256, 128, torch.float16), mat(128, 256, torch.float16), force="cute_mma_sm80")
     gemm("cute sgemm", mat(512, 512, torch.float32), mat(512, 512, torch.float32), rtol=2e-4)
     gemm("cute sgemm split-K", mat(64, 8192, torch.float32), mat(8192, 64, torch.float32), rtol=2e-4)
+    bad += forced_configs()
 
     # PDL chains: each GEMM may start while the previous one ends (griddepcontrol)
     for dtype, rtol in ((torch.float16, 5e-2), (torch.float32, 1e-4)):
         x, w = mat(256, 256, dtype), mat(256, 256, dtype) / 16
         plan = xgemm.explain(x, w)
-        _mark(f"PDL chain {dtype}", plan.kernel_name)
+        if not _mark(f"PDL chain {dtype}", plan.kernel_name):
+            continue
         y, ref = x, x.double()
         for _ in range(8):
             y, ref = xgemm.matmul(y, w), ref @ w.double()
@@ -102,10 +117,33 @@ def torch_part() -> int:
         x = torch.randn(rows, cols, device=dev).to(dtype)
         plan = xgemm.explain(x)
         label = f"softmax {rows}x{cols} {dtype} ({'; '.join(plan.policy.notes)})"
-        _mark(label, plan.kernel_name)
+        if not _mark(label, plan.kernel_name):
+            continue
         y = xgemm.softmax(x)
         torch.cuda.synchronize()
         bad += not _check(label, y, torch.softmax(x.double(), -1), 2e-2)
+    return bad
+
+
+def forced_configs() -> int:
+    """cute_gemm_sm90 in each config the GPU tests force (their prebuilt classes), checked there."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+    import test_gemm_tc_gpu as T
+
+    from xgemm.kernels.cute_gemm_sm90 import KERNEL, Config
+    bad = 0
+    for cfg in T.CONFIG_CASES:
+        c = Config(*cfg)
+        label = (f"cute config {c.tile_m}x{c.tile_n} cluster {c.cluster_m}x{c.cluster_n} "
+                 f"{'pingpong' if c.pingpong else 'cooperative'} swizzle {c.swizzle}")
+        if not _mark(label, KERNEL.name):
+            continue
+        try:
+            T.run_kernel(KERNEL, T._config_case(cfg), c.policy("forced"))
+            print(f"    ok {label}", flush=True)
+        except AssertionError as e:
+            print(f"    WRONG {label}: {e}", flush=True)
+            bad += 1
     return bad
 
 
@@ -134,11 +172,13 @@ def jax_part() -> int:
             ("jit gemm", lambda a, b: xj.matmul(a, b), (a, b), f64(a) @ f64(b)),
             ("jit gemm C fp32 transposed run", lambda a, b, c: xj.gemm(a, b, c, beta=0.5, out_dtype=jnp.float32),
              (a, b, c), f64(a) @ f64(b) + 0.5 * f64(c))):
-        _mark(label, xj.explain_gemm(*args[:2]).kernel_name)
+        if not _mark(label, xj.explain_gemm(*args[:2]).kernel_name):
+            continue
         check(label, jax.block_until_ready(jax.jit(fn)(*args)), ref, 2e-2)
     for shape in ((1024, 4096), (32, 65536)):
         x = jax.random.normal(k1, shape, jnp.float32)
-        _mark(f"jit softmax {shape}", xj.explain_softmax(x).kernel_name)
+        if not _mark(f"jit softmax {shape}", xj.explain_softmax(x).kernel_name):
+            continue
         y = jax.block_until_ready(jax.jit(xj.softmax)(x))
         e = np.exp(f64(x) - f64(x).max(-1, keepdims=True))
         check(f"jit softmax {shape}", y, e / e.sum(-1, keepdims=True), 1e-5)
@@ -146,7 +186,7 @@ def jax_part() -> int:
 
 
 _HEADER = re.compile(r"^=+ (Invalid|Uninitialized|Race reported|Error: Race|Barrier|Warning: .*hazard|Program hit|"
-                     r"Out-of-range|Misaligned|Malloc|Leaked)", re.I)
+                     r"Out-of-range|Misaligned|Malloc|Leaked|Host API|Internal Sanitizer Error)", re.I)
 _AT = re.compile(r"^=+\s+at (?:void )?([A-Za-z_][\w:]*)")
 _SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
 
@@ -157,14 +197,15 @@ def owner(symbol: str) -> str:
 
 
 def parse(text: str) -> dict:
-    """One sanitizer log: the cases run (case marker -> kernel), each error's kernel symbol (the
-    first 'at' line after its header; 'API' for errors outside kernels), wrong outputs, the
-    summary's error count (None when the run did not finish)."""
+    """One sanitizer log: the cases run (case marker -> kernel), each error's header, kernel symbol
+    (the first 'at' line after its header; 'API' for errors outside kernels) and case, wrong
+    outputs, the summary's error count (None when the run did not finish)."""
     cases, errors, wrong, summary = [], [], 0, None
-    pending = None
+    pending, case = None, "(before the first case)"
     for line in text.splitlines():
         if line.startswith("=== CASE "):
-            cases.append(line.rsplit("kernel=", 1)[-1])
+            case, _, kernel = line[len("=== CASE "):].rpartition(" kernel=")
+            cases.append(kernel)
             continue
         if line.strip().startswith("WRONG"):
             wrong += 1
@@ -173,15 +214,15 @@ def parse(text: str) -> dict:
             summary = int(m.group(1))
         if _HEADER.match(line):
             if pending is not None:
-                errors.append((pending, "API"))
-            pending = line.lstrip("= ").strip()
+                errors.append((pending[0], "API", pending[1]))
+            pending = (line.lstrip("= ").strip(), case)
             continue
         m = _AT.match(line)
         if pending is not None and m:
-            errors.append((pending, m.group(1)))
+            errors.append((pending[0], m.group(1), pending[1]))
             pending = None
     if pending is not None:
-        errors.append((pending, "API"))
+        errors.append((pending[0], "API", pending[1]))
     return dict(cases=cases, errors=errors, wrong=wrong, summary=summary)
 
 
@@ -194,13 +235,19 @@ def report(directory: Path) -> int:
     for log in sorted(directory.glob("*.log")):
         r = parse(log.read_text(errors="replace"))
         by = defaultdict(int)
-        for _, symbol in r["errors"]:
+        for _, symbol, _ in r["errors"]:
             by[f"{owner(symbol) if symbol != 'API' else 'API'}:{symbol[:60]}"] += 1
         kernels = ", ".join(sorted(set(r["cases"])))
         summary = "unfinished" if r["summary"] is None else r["summary"]
         errs = "; ".join(f"{k} x{n}" for k, n in sorted(by.items())) or "none"
         print(f"{log.stem:22} {len(r['cases']):5d} {summary!s:>8} {r['wrong']:5d}  {errs}")
         print(f"{'':22} kernels run: {kernels}")
+        # what the errors say, without addresses and sizes, so the same fault counts once
+        said = defaultdict(int)
+        for header, _, case in r["errors"]:
+            said[f"[{case[:40]}] " + re.sub(r"0x[0-9a-f]+|\d+", "#", header)[:90]] += 1
+        for header, n in sorted(said.items(), key=lambda kv: -kv[1])[:5]:
+            print(f"{'':22} {n:5d} x {header}")
         bad += (r["summary"] != 0) + r["wrong"]
     return 0 if bad == 0 else 1
 
@@ -209,7 +256,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--part", choices=("torch", "jax"))
     p.add_argument("--report", type=Path)
+    p.add_argument("--cases", default="", help="only the cases whose label matches this regex")
     args = p.parse_args(argv)
+    global SELECT
+    SELECT = re.compile(args.cases)
     if args.report:
         return report(args.report)
     bad = torch_part() if args.part == "torch" else jax_part()

@@ -1,7 +1,8 @@
 """benchmarks/sanitize_cases.py's report on synthetic compute-sanitizer logs: errors are counted by
-the kernel they happened in, unfinished runs and wrong outputs fail the run."""
+the kernel they happened in and listed by what they say and the case they came from, unfinished runs and wrong outputs fail the run."""
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -38,7 +39,8 @@ def test_clean_run_passes_and_dirty_runs_are_attributed(tmp_path, capsys):
     assert sc.report(tmp_path) == 0
     r = sc.parse(DIRTY)
     assert r["cases"] == ["cute_gemm_sm90"] and r["wrong"] == 1 and r["summary"] == 3
-    kernels = [k for _, k in r["errors"]]
+    kernels = [k for _, k, _ in r["errors"]]
+    assert {case for _, _, case in r["errors"]} == {"cute padded staging"}
     assert kernels == ["at::native::elementwise_kernel", "xgemm_softmax_online", "API"]
     assert [sc.owner(k) for k in kernels[:2]] == ["framework", "xgemm"]
     (tmp_path / "initcheck-torch.log").write_text(DIRTY)
@@ -47,3 +49,14 @@ def test_clean_run_passes_and_dirty_runs_are_attributed(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "xgemm:xgemm_softmax_online x1" in out and "framework:at::native::elementwise_kernel x1" in out
     assert "unfinished" in out
+    assert "1 x [cute padded staging] Invalid __global__ read of size # bytes" in out
+
+
+def test_cases_filter_announces_only_matching_cases(capsys):
+    sc.SELECT = re.compile("config .* cluster 1x1")
+    try:
+        assert sc._mark("cute config 128x64 cluster 1x1 pingpong swizzle 1", "cute_gemm_sm90")
+        assert not sc._mark("cute medium", "cute_gemm_sm90")
+    finally:
+        sc.SELECT = re.compile("")
+    assert capsys.readouterr().out == "=== CASE cute config 128x64 cluster 1x1 pingpong swizzle 1 kernel=cute_gemm_sm90\n"
