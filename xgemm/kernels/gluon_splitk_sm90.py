@@ -45,6 +45,8 @@ Design
 """
 from __future__ import annotations
 
+import dataclasses
+
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
@@ -111,6 +113,13 @@ H200_SMS = 132
 def _tiles(m: int, n: int, bn: int) -> int:
     """Output tiles (= clusters launched) of a BM x bn tiling."""
     return -(-m // BM) * -(-n // bn)
+
+
+def sm_fill(m: int, n: int, cfg: Config, sms: int = H200_SMS) -> float:
+    """The share of the SM slots over the waves its CTAs (tiles x split) take that hold one: the
+    split exists to bring this near 1 when M is too small to give every SM a tile."""
+    ctas = _tiles(m, n, cfg.bn) * cfg.split
+    return ctas / (-(-ctas // sms) * sms)
 
 
 def _ldb(b_strides, b_kmajor: bool) -> int:
@@ -388,8 +397,10 @@ class GluonSplitkSm90:
         return i, (o if o in (i, "float32") else "float32"), problem.b.majorness == COL
 
     def policy(self, problem) -> Policy:
-        return policy_of(choose(problem.m, problem.n, problem.k, *self._dtypes_of(problem),
-                                sms=_sm_count(problem.device.index)))
+        sms = _sm_count(problem.device.index)
+        cfg = choose(problem.m, problem.n, problem.k, *self._dtypes_of(problem), sms=sms)
+        pol = policy_of(cfg)
+        return dataclasses.replace(pol, notes=pol.notes + (f"{sm_fill(problem.m, problem.n, cfg, sms):.0%} of SMs busy",))
 
     def candidate_policies(self, problem) -> List[Policy]:
         """Every TUNE tile at every split (benchmarks/gemm_tc.py --sweep-set splitk times them)."""
