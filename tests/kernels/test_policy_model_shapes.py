@@ -43,7 +43,7 @@ KNOWN_BELOW = {
 def _fill(plan, m: int, n: int, batch: int) -> float:
     """The pick's predicted share of SM slots busy, from the kernel's own model."""
     if plan.kernel_name == "cute_gemm_sm90":
-        from xgemm.kernels import cute_gemm_sm90 as k90
+        from xgemm.kernels import cute_gemm_sm90_policy as k90
         cfg = k90.Config.from_policy(plan.policy)
         if k90.swapped(plan.policy):
             m, n = n, m

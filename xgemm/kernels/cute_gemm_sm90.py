@@ -44,12 +44,16 @@ Adapted from CUTLASS's CuTe-DSL Hopper examples (dense_gemm_persistent.py) and q
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from xgemm.core.layout import unit_stride_dim
 from xgemm.core.problem import COL, ROW, Policy
 from xgemm.kernels._common import xla_tensors, xla_views
+# Configs and the policy live in their own module: a policy edit keeps this file's hash, which
+# names the cache of compiled classes
+from xgemm.kernels.cute_gemm_sm90_policy import POLICY_TABLE, SWAP_ROWS, Config, choose_policy, swapped
+from xgemm.kernels.cute_gemm_sm90_policy import (  # noqa: F401 -- the policy's model under this kernel's name too
+    ROW_MARGIN, SWAP_MIN_K, SWAP_NOTE, WAVE_MARGIN, choose_config, row_of, slot_fill, wave_efficiency)
 from xgemm.runtime import cute_cache
 from xgemm.runtime.calls import Arg, TvmFfiCall
 from xgemm.runtime.driver import sm_count
@@ -60,184 +64,6 @@ _AB_DTYPES = ("float16", "bfloat16")
 _OUT_DTYPES = ("float16", "bfloat16", "float32")
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 SMEM_BYTES = 232448          # sm_90 opt-in shared memory per block (227 KB)
-
-
-# ----------------------------------------------------------------------------------------------
-# Configs and the policy table
-# ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Config:
-    """One compiled kernel shape: what a Policy means for this kernel."""
-    tile_m: int = 128
-    tile_n: int = 192
-    cluster_m: int = 2
-    cluster_n: int = 1
-    pingpong: bool = True
-    raster_m: bool = True        # walk clusters along M first (within a swizzle band of N)
-    swizzle: int = 8             # band width, in clusters, for L2 reuse
-    stages: int = 0              # A/B pipeline depth; 0 = as many as fit in shared memory
-    # a tile's first wgmmas overwrite the accumulators (ACCUMULATE off) instead of a zero fill
-    # (192 register moves per thread per 128x192 tile)
-    zero_init: bool = True
-
-    def policy(self, why: str = "", swap: bool = False) -> Policy:
-        """This config as a Policy; swap: run on the transposed problem (SWAP_NOTE)."""
-        notes = ("pingpong" if self.pingpong else "cooperative", f"swizzle {self.swizzle}")
-        if not self.zero_init:
-            notes += ("filled accumulators",)
-        if swap:
-            notes += (SWAP_NOTE,)
-        if why:
-            notes += (why,)
-        return Policy(tile=(self.tile_m, self.tile_n, 64), stages=self.stages,
-                      cluster=(self.cluster_m, self.cluster_n), warps=12,
-                      raster="m" if self.raster_m else "n", notes=notes)
-
-    @staticmethod
-    def from_policy(policy: Policy) -> "Config":
-        notes = policy.notes
-        swizzle = next((int(s.split()[1]) for s in notes if s.startswith("swizzle ")), 1)
-        return Config(tile_m=policy.tile[0], tile_n=policy.tile[1], cluster_m=policy.cluster[0],
-                      cluster_n=policy.cluster[1], pingpong="pingpong" in notes,
-                      raster_m=policy.raster != "n", swizzle=swizzle, stages=policy.stages,
-                      zero_init="filled accumulators" not in notes)
-
-    def check(self) -> None:
-        """Raise ValueError for a config this kernel cannot build (before any compile)."""
-        if self.pingpong:
-            if self.tile_m != 128 or self.tile_n % 32 or not 32 <= self.tile_n <= 192:
-                raise ValueError(f"pingpong needs tile 128 x N with N % 32 == 0, N <= 192: {self}")
-        else:
-            if self.tile_m not in (128, 256) or self.tile_n % 32 or not 32 <= self.tile_n <= 256:
-                raise ValueError(f"cooperative needs tile (128|256) x N, N % 32 == 0, N <= 256: {self}")
-            if self.tile_m * self.tile_n // 256 > 240 - 40:   # fp32 accumulators per thread
-                raise ValueError(f"tile {self.tile_m}x{self.tile_n} needs too many registers")
-        if (self.cluster_m, self.cluster_n) not in ((1, 1), (2, 1), (1, 2)):
-            raise ValueError(f"cluster must be 1x1, 2x1 or 1x2: {self}")
-
-
-# The policy table (H200, 132 SMs). Rows are tried in order; the first whose predicate holds
-# wins. Tuned with `benchmarks/gemm_tc.py --sweep` (bf16; every candidate timed in one process
-# with cuBLAS and quack); what each row measured is in docs/performance.md,
-# "xgemm/kernels/cute_gemm_sm90.py".
-#   skinny M  M <= 3072, N and K large: pingpong 128x128, cluster 2x1 (more, fuller waves than 128x192).
-#   skinny N  the mirror image (cluster along M still, raster along N); by symmetry, not timed.
-#   mid       max(M, N) <= 6144: pingpong 128x128, cluster 2x1.
-#   large     M, N >= 4096: pingpong 128x192, cluster 2x1, raster along N, swizzle 8; pingpong
-#             hides the epilogue under the other warpgroup's mainloop, which matters at short K.
-#   medium    at least 120 tiles of 128x128 (~ a wave): pingpong 128x128, cluster 2x1 (1x2 or 128x64
-#             without a cluster where those fill the waves a quarter better; see below).
-#   small     fewer tiles: pingpong 128x64, no cluster, so more SMs get work.
-# Raster along N with swizzle 8 = bands of 8 clusters (2048 rows of A) that sweep across N, so
-# the band of A stays in the 60 MB L2 while B streams past (quack's default order, too).
-# The mid and large rows hold candidates, the row's tuned config first: the one whose waves are
-# best filled wins (wave_efficiency; ties keep the earlier). Whole tiles at the ragged edges and
-# a part-filled last wave of clusters cost as much as full ones, and the candidates ran at the
-# same rate per tile, so the predicted fill decides (e.g. 4224x8192x8192 takes 128x128 1x2: 33 M
-# tiles would leave half a 2x1 cluster empty). The skinny rows choose among the same candidates.
-# The medium row also weighs its cluster's other orientation and the small row's tile: a 2x1
-# cluster over a single M tile (decode, attention heads of 64 rows) leaves every second SM idle.
-# Those alternatives are not timed on the medium row's shapes yet, so one replaces the tuned
-# config only when it predicts a quarter more useful work (ROW_MARGIN), not the 2% of timed rows.
-# Not modelled: rows 16- but not 128-byte aligned (5000^3) run slower for every candidate.
-_MID_LARGE = (Config(128, 128, 2, 1, True, True, 8), Config(128, 128, 1, 2, True, False, 8),
-              Config(128, 192, 2, 1, True, False, 8), Config(128, 192, 1, 2, True, False, 8))
-POLICY_TABLE = (
-    ("skinny M", lambda m, n, k, l: m <= 3072 and n >= 4096 and k >= 1024
-     and _tiles(m, n, l, 128, 128) >= 264, _MID_LARGE),
-    ("skinny N", lambda m, n, k, l: n <= 3072 and m >= 4096 and k >= 1024
-     and _tiles(m, n, l, 128, 128) >= 264, (Config(128, 128, 2, 1, True, False, 8),) + _MID_LARGE[1:]),
-    ("mid", lambda m, n, k, l: max(m, n) <= 6144 and _tiles(m, n, l, 128, 256) >= 132, _MID_LARGE),
-    ("large", lambda m, n, k, l: m >= 4096 and n >= 4096,
-     (_MID_LARGE[2], _MID_LARGE[3], _MID_LARGE[0], _MID_LARGE[1])),
-    ("medium", lambda m, n, k, l: _tiles(m, n, l, 128, 128) >= 120,
-     (Config(128, 128, 2, 1, True, True, 8), _MID_LARGE[1], Config(128, 64, 1, 1, True, True, 1))),
-    ("small", lambda m, n, k, l: True,
-     (Config(128, 64, 1, 1, True, True, 1),)),
-)
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _tiles(m: int, n: int, l: int, tm: int, tn: int) -> int:
-    return _ceil_div(m, tm) * _ceil_div(n, tn) * l
-
-
-# Another candidate replaces the row's tuned config only when its waves are this much fuller:
-# per tile, 128x128 ran 1-3% off 128x192 in the sweep, so a smaller predicted gain is noise.
-WAVE_MARGIN = 1.02
-ROW_MARGIN = {"medium": 1.25}
-
-
-def _grid(m: int, n: int, l: int, cfg: Config, sms: int) -> Tuple[int, int, int]:
-    """(tiles, SM slots per wave, waves) of this config's persistent grid."""
-    resident = sms // (cfg.cluster_m * cfg.cluster_n)
-    cluster_tiles = (_ceil_div(_ceil_div(m, cfg.tile_m), cfg.cluster_m)
-                     * _ceil_div(_ceil_div(n, cfg.tile_n), cfg.cluster_n) * l)
-    return (_tiles(m, n, l, cfg.tile_m, cfg.tile_n), resident * cfg.cluster_m * cfg.cluster_n,
-            _ceil_div(cluster_tiles, resident))
-
-
-def wave_efficiency(m: int, n: int, l: int, cfg: Config, sms: int = 132) -> float:
-    """The share of the tile work a persistent grid of this config does that is the problem's:
-    M x N x L over every wave it runs at full width (edge tiles and the last wave count whole)."""
-    _, slots, waves = _grid(m, n, l, cfg, sms)
-    return m * n * l / (waves * slots * cfg.tile_m * cfg.tile_n)
-
-
-def slot_fill(m: int, n: int, l: int, cfg: Config, sms: int = 132) -> float:
-    """The share of the SM slots over all waves that hold one of the problem's tiles (a cluster's
-    CTAs past the edge and the last wave's empty slots count idle). wave_efficiency is this times
-    the share of each tile's area inside the problem, which for M below the tile (decode) no
-    config raises: there the slots decide how much of the GPU streams B."""
-    tiles, slots, waves = _grid(m, n, l, cfg, sms)
-    return tiles / (waves * slots)
-
-
-def choose_config(m: int, n: int, k: int, l: int) -> Tuple[str, Config]:
-    """(the row's name with the pick's predicted waves, the config): the row's tuned config unless
-    another candidate's waves are fuller by the row's margin."""
-    for name, pred, cfgs in POLICY_TABLE:
-        if pred(m, n, k, l):
-            eff = [wave_efficiency(m, n, l, c) for c in cfgs]
-            best = max(range(len(cfgs)), key=eff.__getitem__)               # the first of equals
-            if eff[best] < ROW_MARGIN.get(name, WAVE_MARGIN) * eff[0]:
-                best = 0            # within the model's error of the row's tuned config
-            fill = slot_fill(m, n, l, cfgs[best])
-            return f"{name}, waves {eff[best]:.0%} full ({fill:.0%} of SM slots busy)", cfgs[best]
-    raise AssertionError("the last policy row accepts every problem")
-
-
-# A policy with this note runs the transposed problem D^T = B^T @ A^T (+ C^T) on the operands'
-# transposed views (no copy): the kernel's A is B^T, its B is A^T, M and N exchange, and the
-# config is the one chosen for the (N, M) problem. With A and B both row-major (torch's, JAX's
-# and NumPy's default) that makes the kernel's A M-major, its B K-major and D M-major, which ran
-# ~1% faster than the untransposed run on nearly every shape of the wave-aware rows. The medium
-# and small rows stay untransposed, and so does a K below SWAP_MIN_K, where D's stores are most
-# of the work and the transposed run only ties (docs/performance.md has each shape's figures).
-# Other majorness combinations are not measured and run as given.
-SWAP_NOTE = "D^T = B^T A^T"
-SWAP_ROWS = ("skinny M", "skinny N", "mid", "large")
-SWAP_MIN_K = 512
-
-
-def swapped(policy: Policy) -> bool:
-    return SWAP_NOTE in policy.notes
-
-
-def row_of(m: int, n: int, k: int, l: int) -> str:
-    return next(name for name, pred, _ in POLICY_TABLE if pred(m, n, k, l))
-
-
-def choose_policy(m: int, n: int, k: int, l: int, a_major: str, b_major: str) -> Policy:
-    """The policy for D = A @ B given the operands' majorness (ROW: last dim contiguous)."""
-    if a_major == ROW and b_major == ROW and k >= SWAP_MIN_K and row_of(m, n, k, l) in SWAP_ROWS:
-        why, cfg = choose_config(n, m, k, l)
-        return cfg.policy(why, swap=True)
-    why, cfg = choose_config(m, n, k, l)
-    return cfg.policy(why)
 
 
 def transposed(v):
