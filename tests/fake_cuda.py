@@ -63,14 +63,16 @@ class Fake:
         from xgemm import arrays
         from xgemm.core import policy
         from xgemm.core.problem import Device
-        from xgemm.kernels import cute_gemm_sm90, cute_sgemm, gluon_softmax
+        from xgemm.kernels import cute_gemm_sm90, cute_sgemm, gluon_matmul_sm90, gluon_softmax, gluon_splitk_sm90
         from xgemm.runtime import cute_cache as xcompile
         from xgemm.runtime import launch
         from xgemm.torch import fastpath
 
         self._caches = [arrays.views._torch_devices, launch._launchers,
                         cute_sgemm.KERNEL._plans, gluon_softmax.KERNEL._launchers, policy._plans,
-                        fastpath._gemm, fastpath._softmax]
+                        fastpath._gemm, fastpath._softmax,
+                        # each Gluon kernel's own launchers (a second Fake must not find the first's)
+                        gluon_matmul_sm90.KERNEL._launchers, gluon_splitk_sm90.KERNEL._launchers]
         self._saved = [dict(c) for c in self._caches]
         for c in self._caches[1:]:
             c.clear()

@@ -57,7 +57,7 @@ def model_shape_items() -> list:
     from fake_cuda import Fake
 
     import xgemm
-    with Fake(keep=True) as fake:      # one recorder: a Gluon kernel keeps its launchers across calls
+    with Fake(keep=True) as fake:
         for rec in model_shapes.shapes():
             m, n, k, batch = rec["M"], rec["N"], rec["K"], rec["batch"]
             lead = () if batch == 1 else (batch,)
