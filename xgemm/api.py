@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from xgemm import compose, errors, fp8, grouped, prepare
-from xgemm.core import checks, policy
+from xgemm import arrays, compose, errors, fp8, grouped, prepare
+from xgemm.core import checks, fp8_checks, policy
 from xgemm.torch import fastpath
 from xgemm.torch import native as torch_native
 
@@ -85,6 +85,22 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         from xgemm.torch import fp8_ops
         return fp8_ops.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
     return fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
+
+
+def fp8_matmul(a: Any, b: Any, *, recipe: str = "tensor", out_dtype: Any = None, bias: Any = None,
+               grad_dtype: Any = None) -> Any:
+    """a and b (high precision) quantized to e4m3 ("tensor"; "row": a per row, b per column;
+    "block": 1x128 / 128x128), multiplied as scaled_matmul does; out_dtype defaults to a's dtype.
+    Differentiable in torch and JAX: the dequantized operands' gradients in a's and b's dtypes
+    (grad_dtype="float8_e5m2" quantizes the incoming gradient first). Result in a's framework."""
+    grad = fp8_checks.grad_dtype("fp8_matmul", arrays.requested_dtype(grad_dtype))
+    if prepare.torch_op_needed(a, b, bias):
+        from xgemm.torch import fp8_ops
+        return fp8_ops.fp8_matmul(a, b, recipe=recipe, out_dtype=out_dtype, bias=bias, grad_dtype=grad)
+    if arrays.framework_of(a) == "jax":
+        from xgemm.jax import fp8 as jax_fp8
+        return jax_fp8.fp8_matmul(a, b, recipe=recipe, out_dtype=out_dtype, bias=bias, grad_dtype=grad)
+    return fp8.fp8_matmul(a, b, recipe=recipe, out_dtype=out_dtype, bias=bias)
 
 
 def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = "float8_e4m3fn") -> Any:

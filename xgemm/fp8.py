@@ -2,6 +2,7 @@
 
     scaled_matmul(a[M, K], b[K, N], scale_a, scale_b, *, out_dtype="bfloat16", bias=None) -> [M, N]
     quantize_fp8(x, recipe="tensor", dtype="float8_e4m3fn") -> (x_fp8, scale)
+    fp8_matmul(a[M, K], b[K, N], *, recipe="tensor", out_dtype=None, bias=None, grad_dtype=None) -> [M, N]
 
 Scale convention (torch._scaled_mm's scale_a / scale_b): a scale is the DEQUANTIZATION scale,
 float32: dequantized = fp8 value * scale. The scales' shapes select the recipe:
@@ -29,8 +30,15 @@ The embedded default dequantizes in float32 and runs one matmul; it reads any la
 FP8 wgmma kernel wants both operands K-major (a row-major, b column-major), and another layout
 will cost it a transposing copy: explain_scaled_matmul() says which. No FP8 kernel exists yet;
 one plugs in at run_default().
-Autograd and torch.compile: torch tensors go through the torch.library op xgemm::scaled_matmul
-(torch/fp8_ops.py), routed by the public entry (api.py).
+Autograd and torch.compile: torch tensors go through the torch.library ops xgemm::scaled_matmul
+and xgemm::fp8_matmul (torch/fp8_ops.py), routed by the public entry (api.py).
+
+fp8_matmul is the differentiable form, for training: it takes the high-precision a and b,
+quantizes each to e4m3 with its recipe ("tensor"; "row": a per row, b per output column;
+"block": a in 1x128, b in 128x128 blocks), runs scaled_matmul, and returns out_dtype (a's dtype by
+default). Its gradients are those of the dequantized operands, in a's and b's dtypes
+(core/fp8_checks.straight_through): the fp8 operands of scaled_matmul cannot hold them in torch,
+which casts a gradient to its input's dtype.
 """
 from __future__ import annotations
 
@@ -98,6 +106,24 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         return jax_fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias, fn=fn)
     return run_default(arrays.namespace(c.owner), c)
+
+
+def fp8_matmul(a: Any, b: Any, *, recipe: str = "tensor", out_dtype: Any = None, bias: Any = None,
+               fn: str = "fp8_matmul") -> Any:
+    """quantize_fp8 of a and b with the recipe's blocks, then scaled_matmul (module docstring). Eager
+    and without gradients here: torch tensors that need them take the torch op, JAX arrays
+    xgemm.jax.fp8_matmul."""
+    owner = prepare.owner_of(fn, "a", a)
+    if owner == "jax":
+        from xgemm.jax import fp8 as jax_fp8
+        return jax_fp8.fp8_matmul(a, b, recipe=recipe, out_dtype=out_dtype, bias=bias, fn=fn)
+    arrays.require_array(fn, "b", b)
+    b = arrays.import_into(owner, b, "b", fn)
+    plan = fp8_checks.fp8_matmul_plan(fn, recipe, a.shape, b.shape)
+    out = fp8_checks.fp8_matmul_dtypes(fn, arrays.dtype_name(a), arrays.dtype_name(b), arrays.requested_dtype(out_dtype))
+    a8, sa = quantize_fp8(a, plan.a_recipe, fn=fn)
+    b8, sb = quantize_fp8(b, plan.b_recipe, fn=fn)
+    return scaled_matmul(a8, b8, sa, sb, out_dtype=out, bias=bias, fn=fn)
 
 
 def run_default(xp: Any, c: Checked) -> Any:

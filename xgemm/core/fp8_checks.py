@@ -18,6 +18,9 @@ OUT_DTYPES = ("bfloat16", "float16", "float32")
 BLOCK = 128
 QUANTIZE_RECIPES = ("tensor", "row", "col", "block_1x128", "block_128x128")
 GRAD_DTYPES = (None, "float8_e5m2")
+# fp8_matmul's recipe -> the quantize_fp8 recipes of a [M, K] and b [K, N]: the blocks scaled_matmul
+# reads for that recipe (row-wise: a per row, b per output column)
+OPERAND_RECIPES = {"tensor": ("tensor", "tensor"), "row": ("row", "col"), "block": ("block_1x128", "block_128x128")}
 
 
 class MatmulRecipe(NamedTuple):
@@ -61,6 +64,49 @@ def grad_dtype(fn: str, g: Optional[str]) -> Optional[str]:
         raise errors.DTypeError(f"{fn}: grad_dtype={g!r}; use None (the incoming gradient as is) or "
                                 f"'float8_e5m2' (quantized row-wise to e5m2 before the dgrad/wgrad products)")
     return g
+
+
+class Fp8MatmulPlan(NamedTuple):
+    """fp8_matmul on a [M, K] and b [K, N]: how each is quantized, and the scaled_matmul recipe
+    the resulting scales select."""
+    a_recipe: str
+    b_recipe: str
+    matmul: MatmulRecipe
+
+
+def fp8_matmul_plan(fn: str, recipe: str, a: Sequence[int], b: Sequence[int]) -> Fp8MatmulPlan:
+    if recipe not in OPERAND_RECIPES:
+        raise errors.ShapeError(f"{fn}: recipe={recipe!r}; use one of {', '.join(map(repr, OPERAND_RECIPES))}")
+    matmul_recipe(fn, a, b, (), ())                    # 2-D a [M, K] and b [K, N]
+    ra, rb = OPERAND_RECIPES[recipe]
+    return Fp8MatmulPlan(ra, rb, matmul_recipe(fn, a, b, quantize_block(fn, ra, a)[1], quantize_block(fn, rb, b)[1]))
+
+
+def fp8_matmul_dtypes(fn: str, a_dt: str, b_dt: str, out: Optional[str]) -> str:
+    """fp8_matmul's operands are the high-precision tensors it quantizes; the result defaults to a's
+    dtype (float32 for float64 a)."""
+    for name, dt in (("a", a_dt), ("b", b_dt)):
+        if dt not in ("float32", "float16", "bfloat16", "float64"):
+            hint = (f"; {name} is already fp8: use xgemm.scaled_matmul with its scales" if dt in FP8_DTYPES else "")
+            raise errors.DTypeError(f"{fn}: {name} has dtype {dt}; pass the float32, float16, bfloat16 or float64 "
+                                    f"tensor to quantize{hint}")
+    if out is None:
+        out = a_dt if a_dt in OUT_DTYPES else "float32"
+    return out_dtype(fn, out)
+
+
+def straight_through(xp: Any, dy: Any, a_deq: Any, b_deq: Any, e5m2: Any, f32: Any,
+                     device: Any = None, matmul: Any = None) -> Tuple[Any, Any, Any]:
+    """float32 (da, db, dbias) of out = a_deq @ b_deq + bias, the gradients of the DEQUANTIZED
+    operands (FP8 training's straight-through convention: a_deq stands for the tensor a was
+    quantized from). e5m2: the namespace's float8_e5m2 dtype to quantize dy to first, row-wise, as
+    an FP8 dgrad / wgrad kernel would read it (grad_dtype="float8_e5m2"), or None."""
+    matmul = matmul or xp.matmul
+    dy = xp.astype(dy, f32)
+    if e5m2 is not None:
+        q, s = quantize(xp, dy, (1, dy.shape[1]), e5m2, FP8_MAX["float8_e5m2"], f32, device)
+        dy = dequantize(xp, q, s, (1, dy.shape[1]), f32, device)
+    return matmul(dy, xp.permute_dims(b_deq, (1, 0))), matmul(xp.permute_dims(a_deq, (1, 0)), dy), xp.sum(dy, axis=0)
 
 
 def expected_scales(m: int, k: int, n: int) -> str:

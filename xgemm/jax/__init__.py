@@ -35,7 +35,7 @@ from xgemm.core.problem import Device
 from xgemm.jax import ffi as jax_ffi
 from xgemm.jax import lowering  # noqa: F401  (registers the cuda lowerings of the primitives)
 from xgemm.jax.lowering import gemm_shapes, padded_shapes, softmax_problem, target_device
-from xgemm.jax.fp8 import quantize_fp8, scaled_matmul
+from xgemm.jax.fp8 import fp8_matmul, quantize_fp8, scaled_matmul
 from xgemm.jax.grouped import grouped_mm, ragged_dot, ragged_dot_expert_parallel
 from xgemm.jax.transforms import GemmConfig
 from xgemm.jax.transforms import gemm as _gemm_op
@@ -250,6 +250,6 @@ def register_ffi() -> None:
 
 
 __all__ = ["gemm", "matmul", "gated", "softmax", "ragged_dot", "grouped_mm", "ragged_dot_expert_parallel",
-           "scaled_matmul", "quantize_fp8",
+           "scaled_matmul", "fp8_matmul", "quantize_fp8",
            "explain_gemm", "explain_softmax", "explain_epilogue", "export_disabled_safety_checks",
            "register_ffi", "CUSTOM_CALL_TARGETS"]

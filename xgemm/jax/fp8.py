@@ -1,4 +1,4 @@
-"""FP8 GEMM in JAX: scaled_matmul with its custom_vjp, and quantize_fp8; both work eagerly and in
+"""FP8 GEMM in JAX: scaled_matmul and fp8_matmul with their custom_vjps, and quantize_fp8; all work eagerly and in
 jax.jit, jax.vmap and jax.export (xgemm/fp8.py's docstring has the recipes and the scale convention:
 dequantized = fp8 value * scale).
 
@@ -60,6 +60,22 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
     return _jit_scaled_matmul(a, b, sa, sb, bias, cfg)
 
 
+def fp8_matmul(a: Any, b: Any, *, recipe: str = "tensor", out_dtype: Any = None, bias: Any = None,
+               grad_dtype: Optional[str] = None, fn: str = "fp8_matmul") -> jax.Array:
+    """a and b (high precision) quantized to e4m3 with the recipe's blocks ("tensor", "row",
+    "block"), multiplied as scaled_matmul does; out_dtype defaults to a's dtype. Differentiable:
+    the gradients of the dequantized operands, in a's and b's dtypes (xgemm/fp8.py's docstring)."""
+    a, b = inputs.as_jax(fn, "a", a), inputs.as_jax(fn, "b", b)
+    plan = fp8_checks.fp8_matmul_plan(fn, recipe, a.shape, b.shape)
+    a_dt, b_dt = arrays.requested_dtype(a.dtype), arrays.requested_dtype(b.dtype)
+    out = fp8_checks.fp8_matmul_dtypes(fn, a_dt, b_dt, arrays.requested_dtype(out_dtype))
+    if bias is not None:
+        bias = inputs.as_jax(fn, "bias", bias)
+        fp8_checks.bias(fn, arrays.requested_dtype(bias.dtype), bias.shape, plan.matmul.n)
+    cfg = Fp8MatmulConfig(plan, out, a_dt, b_dt, fp8_checks.grad_dtype(fn, grad_dtype))
+    return _jit_fp8_matmul(a, b, bias, cfg)
+
+
 def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = jnp.float8_e4m3fn, *, fn: str = "quantize_fp8"):
     """(x_fp8, scale), x ~= x_fp8 * scale (float32 scale); recipes and saturation as xgemm.quantize_fp8.
     No gradient is defined through it (a cast)."""
@@ -105,21 +121,58 @@ def _fwd(a, b, sa, sb, bias, cfg):
     return _scaled_matmul(a, b, sa, sb, bias, cfg), (a, b, sa, sb, bias)
 
 
+def _grads(dy, a_deq, b_deq, grad_dtype):
+    """float32 (da, db, dbias): fp8_checks.straight_through in float32 products."""
+    e5m2 = None if grad_dtype is None else jnp.dtype(grad_dtype)
+    return fp8_checks.straight_through(jnp, dy, a_deq, b_deq, e5m2, jnp.float32, matmul=_product)
+
+
 def _bwd(cfg, res, dy):
     a, b, sa, sb, bias = res
-    a_deq, b_deq = _dequantized(a, b, sa, sb, cfg)
-    dy = dy.astype(jnp.float32)
-    if cfg.grad_dtype is not None:            # row-wise e5m2, as an FP8 dgrad / wgrad kernel would read it
-        q, s = _quantize(dy, "row", cfg.grad_dtype)
-        dy = fp8_checks.dequantize(jnp, q, s, (1, dy.shape[1]), jnp.float32)
-    da = _product(dy, b_deq.T).astype(cfg.out)
-    db = _product(a_deq.T, dy).astype(cfg.out)
-    dbias = None if bias is None else jnp.sum(dy, axis=0).astype(bias.dtype)
-    return da, db, jnp.zeros_like(sa), jnp.zeros_like(sb), dbias
+    da, db, dsum = _grads(dy, *_dequantized(a, b, sa, sb, cfg), cfg.grad_dtype)
+    dbias = None if bias is None else dsum.astype(bias.dtype)
+    return da.astype(cfg.out), db.astype(cfg.out), jnp.zeros_like(sa), jnp.zeros_like(sb), dbias
 
 
 _scaled_matmul.defvjp(_fwd, _bwd)
 
+
+class Fp8MatmulConfig(NamedTuple):
+    plan: fp8_checks.Fp8MatmulPlan
+    out: str
+    a_dtype: str
+    b_dtype: str
+    grad_dtype: Optional[str]
+
+
+def _quantized_operands(a, b, cfg: Fp8MatmulConfig):
+    (a8, sa), (b8, sb) = _quantize(a, cfg.plan.a_recipe, "float8_e4m3fn"), _quantize(b, cfg.plan.b_recipe, "float8_e4m3fn")
+    return a8, b8, sa, sb
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _fp8_matmul(a, b, bias, cfg: Fp8MatmulConfig):
+    a8, b8, sa, sb = _quantized_operands(a, b, cfg)
+    inner = Fp8Config(cfg.out, cfg.plan.matmul.a_block, cfg.plan.matmul.b_block, None)
+    return _scaled_matmul(a8, b8, sa, sb, bias, inner)
+
+
+def _fp8_fwd(a, b, bias, cfg):
+    a8, b8, sa, sb = _quantized_operands(a, b, cfg)     # the fp8 operands are the residuals, not a and b
+    inner = Fp8Config(cfg.out, cfg.plan.matmul.a_block, cfg.plan.matmul.b_block, None)
+    return _scaled_matmul(a8, b8, sa, sb, bias, inner), (a8, b8, sa, sb, bias)
+
+
+def _fp8_bwd(cfg, res, dy):
+    a8, b8, sa, sb, bias = res
+    blocks = Fp8Config(cfg.out, cfg.plan.matmul.a_block, cfg.plan.matmul.b_block, None)
+    da, db, dsum = _grads(dy, *_dequantized(a8, b8, sa, sb, blocks), cfg.grad_dtype)
+    return da.astype(cfg.a_dtype), db.astype(cfg.b_dtype), None if bias is None else dsum.astype(bias.dtype)
+
+
+_fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
+
 # eager arrays run one compiled call; inside a trace the jit is inlined
 _jit_scaled_matmul = jax.jit(_scaled_matmul, static_argnums=5)
 _jit_quantize = jax.jit(_quantize, static_argnums=(1, 2))
+_jit_fp8_matmul = jax.jit(_fp8_matmul, static_argnums=3)

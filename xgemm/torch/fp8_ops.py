@@ -1,14 +1,19 @@
-"""torch.library op xgemm::scaled_matmul: FP8 GEMM under torch.compile (one opaque op, fake impl).
+"""torch.library ops xgemm::scaled_matmul and xgemm::fp8_matmul: FP8 GEMM under torch.compile
+(opaque ops, fake impls), the second with autograd.
 
     scaled_matmul_op(a[M, K] fp8, b[K, N] fp8, scale_a, scale_b, bias[N] | None, out_dtype) -> [M, N]
+    fp8_matmul_op(a[M, K], b[K, N], bias[N] | None, recipe, out_dtype, grad_dtype) -> [M, N]
 
 The real implementation is xgemm/fp8.py's eager path (the embedded default now, an FP8 kernel later);
 recipes and the scale convention are in that module's docstring.
 
-No autograd: torch casts a gradient to its input's dtype, so an fp8 a or b could only hold an fp8
-(saturated, 3-bit-mantissa) gradient. The differentiable path belongs on high-precision inputs
-(quantize inside the op, straight-through for the cast, grads dx = dy @ w_deq^T, dw = x_deq^T @ dy
-in x's and w's dtypes), which is not built yet; scaled_matmul() below refuses inputs that require grad.
+scaled_matmul has no autograd: torch casts a gradient to its input's dtype, so an fp8 a or b could
+only hold an fp8 (saturated, 3-bit-mantissa) gradient; scaled_matmul() below refuses inputs that
+require grad. The differentiable path is fp8_matmul, on the high-precision a and b: it quantizes
+inside the op, and its backward gives the dequantized operands' gradients (straight through the
+cast; core/fp8_checks.straight_through) in a's and b's dtypes. The backward re-quantizes a and b
+(saved as given) rather than keeping their fp8 copies: one elementwise pass each, and no tensors
+beyond the inputs held for it.
 Imported only when a torch tensor needs the op (import xgemm stays light).
 """
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any, Optional
 import torch
 
 from xgemm import arrays, errors, fp8
+from xgemm.core import fp8_checks
 
 
 @torch.library.custom_op("xgemm::scaled_matmul", mutates_args=())
@@ -44,3 +50,60 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
                                 "the torch op has no backward yet: call it under torch.no_grad(), or use "
                                 "xgemm.jax.scaled_matmul for dequantized-operand gradients")
     return scaled_matmul_op(c.a, c.b, c.scale_a, c.scale_b, c.bias, getattr(torch, c.out_dtype))
+
+
+@torch.library.custom_op("xgemm::fp8_matmul", mutates_args=())
+def fp8_matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], recipe: str,
+                  out_dtype: torch.dtype, grad_dtype: Optional[str]) -> torch.Tensor:
+    return fp8.fp8_matmul(a, b, recipe=recipe, out_dtype=out_dtype, bias=bias)
+
+
+@fp8_matmul_op.register_fake
+def _fp8_matmul_fake(a, b, bias, recipe, out_dtype, grad_dtype):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+def _fp8_matmul_setup(ctx, inputs, output):
+    a, b, bias, recipe, _, grad_dtype = inputs
+    ctx.save_for_backward(a, b)
+    ctx.recipe, ctx.grad_dtype = recipe, grad_dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _dequantized(x: torch.Tensor, recipe: str) -> torch.Tensor:
+    """x quantized to e4m3 with the recipe's blocks and back, in float32: the operand the forward used."""
+    xp = arrays.namespace("torch")
+    block, _ = fp8_checks.quantize_block("fp8_matmul", recipe, x.shape)
+    q, s = fp8_checks.quantize(xp, x, block, torch.float8_e4m3fn, fp8_checks.FP8_MAX["float8_e4m3fn"],
+                               torch.float32, x.device)
+    return fp8_checks.dequantize(xp, q, s, block, torch.float32, x.device)
+
+
+def _fp8_matmul_backward(ctx, dy):
+    a, b = ctx.saved_tensors
+    ra, rb = fp8_checks.OPERAND_RECIPES[ctx.recipe]
+    e5m2 = None if ctx.grad_dtype is None else torch.float8_e5m2
+    da, db, dsum = fp8_checks.straight_through(arrays.namespace("torch"), dy, _dequantized(a, ra),
+                                               _dequantized(b, rb), e5m2, torch.float32, a.device)
+    dbias = None if ctx.bias_dtype is None else dsum.to(ctx.bias_dtype)
+    return da.to(a.dtype), db.to(b.dtype), dbias, None, None, None
+
+
+fp8_matmul_op.register_autograd(_fp8_matmul_backward, setup_context=_fp8_matmul_setup)
+
+
+def fp8_matmul(a: Any, b: Any, *, recipe: str = "tensor", out_dtype: Any = None, bias: Any = None,
+               grad_dtype: Optional[str] = None) -> torch.Tensor:
+    """xgemm.fp8.fp8_matmul through the differentiable op (checked eagerly first; inside a
+    torch.compile trace the op checks at run time)."""
+    fn = "fp8_matmul"
+    if not torch.compiler.is_compiling():
+        arrays.require_array(fn, "b", b)
+        b = arrays.import_into("torch", b, "b", fn)
+        plan = fp8_checks.fp8_matmul_plan(fn, recipe, a.shape, b.shape)
+        if bias is not None:
+            arrays.require_array(fn, "bias", bias)
+            bias = arrays.import_into("torch", bias, "bias", fn)
+            fp8_checks.bias(fn, arrays.dtype_name(bias), bias.shape, plan.matmul.n)
+    out = fp8_checks.fp8_matmul_dtypes(fn, arrays.dtype_name(a), arrays.dtype_name(b), arrays.requested_dtype(out_dtype))
+    return fp8_matmul_op(a, b, bias, recipe, getattr(torch, out), fp8_checks.grad_dtype(fn, grad_dtype))
