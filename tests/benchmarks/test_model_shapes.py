@@ -158,3 +158,4 @@ def test_render_writes_a_png_from_json(tmp_path):
     png = tmp_path / "model_shapes-h200.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "| bf16_1x4096x4096 |" in (tmp_path / "model_shapes-h200.md").read_text()
+
