@@ -22,3 +22,9 @@ def _dry_run(script: str) -> str:
 def test_epilogue_dry_run_shows_each_epilogue_plan():
     out = _dry_run("epilogue.py")
     assert "epilogue: bias + gelu_tanh" in out and "epilogue: swiglu" in out
+
+
+def test_fp8_dry_run_shows_each_recipe():
+    out = _dry_run("fp8.py")
+    for recipe in ("tensor-wise", "row-wise", "block-wise"):
+        assert f"{recipe} scales" in out

@@ -1,0 +1,205 @@
+"""FP8 GEMM on the H200 (issue 21): xgemm.scaled_matmul against torch._scaled_mm (cuBLAS) for each
+recipe, xgemm.quantize_fp8 against a copy, and xgemm.jax.scaled_matmul inside jax.jit against XLA's
+FP8 dot, one process.
+
+    python benchmarks/fp8.py --dry-run       # any machine: the cases and what an FP8 kernel would need
+    python benchmarks/fp8.py [--trials 12]   # H200
+    python benchmarks/fp8.py --only torch    # or jax
+
+Writes benchmarks/results/fp8-h200.{json,md} (or into --out DIR).
+
+Cases, e4m3 x e4m3 -> bf16, at 8192^3 and 16384 x 14336 x 4096 (M x N x K):
+  tensor    scalar scales: xgemm.scaled_matmul vs torch._scaled_mm
+  row       scale_a [M, 1], scale_b [1, N]: the same pair
+  block     scale_a [M, K/128], scale_b [K/128, N/128]: xgemm, and torch._scaled_mm where this torch
+            takes block scales (recorded as failed where it refuses them)
+  bf16      cuBLAS's bf16 matmul of the same shape, for scale
+  quantize  xgemm.quantize_fp8(x, "row") on a bf16 [M, K] against x.clone() (bytes moved: read 2 +
+            write 1 per element + the scales, vs read 2 + write 2)
+  jax       jit(xgemm.jax.scaled_matmul) with tensor scales vs jit(jnp.dot) on the fp8 operands with
+            preferred_element_type=bfloat16 (XLA's FP8 dot, no scales)
+b is handed over column-major (b8 = w8.t() for a row-major w8 [N, K]), the layout torch._scaled_mm
+requires and an FP8 wgmma kernel reads without a copy. Outputs are checked against the float32
+product of the dequantized operands (relative Frobenius error < 1e-2).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import _harness as h
+
+SHAPES = [(8192, 8192, 8192), (16384, 14336, 4096)]
+BLOCK = 128
+
+
+def _operands(torch, m, n, k):
+    """e4m3 a [M, K] row-major, b [K, N] column-major, and each recipe's scales (dequantization
+    scales, float32), quantized from random normal bf16 by xgemm.quantize_fp8."""
+    import xgemm
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
+    w = torch.randn(n, k, generator=gen, device="cuda").bfloat16()           # [N, K]: b = w.t()
+    ops = {}
+    for recipe, (ra, rw) in {"tensor": ("tensor", "tensor"), "row": ("row", "row"),
+                             "block": ("block_1x128", "block_128x128")}.items():
+        a8, sa = xgemm.quantize_fp8(x, ra)
+        w8, sw = xgemm.quantize_fp8(w, rw)        # per row of w = per column of b; blocks transposed below
+        sb = sw.t().contiguous() if sw.ndim == 2 else sw
+        ops[recipe] = (a8, w8.t(), sa, sb)
+    return x, ops
+
+
+def _reference(torch, a8, b8, sa, sb):
+    from xgemm import arrays
+    from xgemm.core import fp8_checks
+    xp = arrays.namespace("torch")
+    m, k = a8.shape
+    n = b8.shape[1]
+    rec = fp8_checks.matmul_recipe("fp8.py", a8.shape, b8.shape, sa.shape, sb.shape)
+    a = fp8_checks.dequantize(xp, a8, sa, rec.a_block, torch.float32, a8.device)
+    b = fp8_checks.dequantize(xp, b8, sb, rec.b_block, torch.float32, b8.device)
+    assert a.shape == (m, k) and b.shape == (k, n)
+    return a @ b
+
+
+def run_torch(args, log) -> list:
+    import torch
+    records = []
+    for m, n, k in SHAPES:
+        records += _time_shape(torch, m, n, k, args, log)
+        torch.cuda.empty_cache()
+    return records
+
+
+def _time_shape(torch, m, n, k, args, log) -> list:
+    """Every recipe's xgemm and torch._scaled_mm, cuBLAS bf16, then quantize_fp8, at one shape."""
+    import xgemm
+    x, ops = _operands(torch, m, n, k)
+    out, refs, impls = {}, {}, {}
+
+    def keep(name, fn, ref):
+        def call(i):
+            out[name] = fn()
+        impls[name], refs[name] = call, ref
+    for recipe, (a8, b8, sa, sb) in ops.items():
+        ref = _reference(torch, a8, b8, sa, sb)
+        keep(f"xgemm {recipe}", lambda a8=a8, b8=b8, sa=sa, sb=sb: xgemm.scaled_matmul(a8, b8, sa, sb), ref)
+        keep(f"torch._scaled_mm {recipe}", lambda a8=a8, b8=b8, sa=sa, sb=sb: torch._scaled_mm(
+            a8, b8, sa, sb, out_dtype=torch.bfloat16), ref)
+    b16 = torch.randn(k, n, device="cuda").bfloat16()
+    keep("cuBLAS bf16", lambda: torch.matmul(x, b16), x.float() @ b16.float())
+    records = _time(torch, f"{m}x{n}x{k}", (m, n, k), 2 * m * n * k, impls, out, refs, args, log)
+    return records + _time_quantize(torch, x, args, log)
+
+
+def _time_quantize(torch, x, args, log) -> list:
+    """quantize_fp8(x, "row") against a copy of x, in GB/s of the bytes each moves."""
+    import xgemm
+    m, k = x.shape
+    out = {}
+    xf = x.float()                   # the row recipe written out here, apart from xgemm's code
+    amax = xf.abs().amax(1, keepdim=True)
+    q_ref = (xf / torch.where(amax > 0, amax / 448.0, 1.0)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
+    impls = {"xgemm quantize_fp8 row": lambda i: out.__setitem__("xgemm quantize_fp8 row", xgemm.quantize_fp8(x, "row")[0]),
+             "copy (x.clone())": lambda i: out.__setitem__("copy (x.clone())", x.clone())}
+    refs = {"xgemm quantize_fp8 row": q_ref, "copy (x.clone())": xf}
+    moved = {"xgemm quantize_fp8 row": m * k * 3 + m * 4, "copy (x.clone())": m * k * 4}
+    return _time(torch, f"quantize {m}x{k}", (m, k), None, impls, out, refs, args, log, bytes_moved=moved)
+
+
+def _time(torch, case, shape, flops, impls, out, refs, args, log, bytes_moved=None) -> list:
+    ready, records = [], []
+    for name, call in impls.items():
+        try:
+            replay, how = h.capture(call, args.reps)
+            ready.append((name, replay, how))
+        except Exception as exc:    # noqa: BLE001 -- a refused recipe or a failing peer is recorded
+            torch.cuda.synchronize()
+            log(f"{case} {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+            records.append(dict(case=case, shape=list(shape), dtype="float8_e4m3fn", impl=name,
+                                metric="TFLOP/s" if flops else "GB/s", value=0.0, verified=False))
+    secs = h.time_interleaved([r[1] for r in ready], args.reps, args.trials)
+    for (name, _, how), sec in zip(ready, secs):
+        ref = refs[name]
+        rel = float(torch.linalg.norm(out[name].float() - ref) / torch.linalg.norm(ref))
+        ok = rel < 1e-2
+        value = flops / sec / 1e12 if flops else bytes_moved[name] / sec / 1e9
+        unit = "TFLOP/s" if flops else "GB/s"
+        records.append(dict(case=case, shape=list(shape), dtype="float8_e4m3fn", impl=name, metric=unit,
+                            value=round(value, 1), verified=ok, us=round(sec * 1e6, 1), rel_err=rel, timed_by=how))
+        log(f"{case:18s} {name:30s} {value:8.1f} {unit}  {sec * 1e6:9.1f} us  rel {rel:.1e} {'ok' if ok else 'WRONG'}")
+    return records
+
+
+def run_jax(args, log) -> list:
+    import jax
+    import jax.numpy as jnp
+
+    import xgemm.jax as xj
+    records = []
+    m = n = k = 8192
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    a8, sa = xj.quantize_fp8(jax.random.normal(k1, (m, k), jnp.bfloat16))
+    b8, sb = xj.quantize_fp8(jax.random.normal(k2, (k, n), jnp.bfloat16))
+    ours = jax.jit(lambda a, b, sa, sb: xj.scaled_matmul(a, b, sa, sb))
+    xla = jax.jit(lambda a, b, sa, sb: jnp.dot(a, b, preferred_element_type=jnp.bfloat16))
+    ref = (a8.astype(jnp.float32) * sa) @ (b8.astype(jnp.float32) * sb)
+    got = {"xgemm.jax.scaled_matmul": ours(a8, b8, sa, sb), "XLA fp8 dot": xla(a8, b8, sa, sb) * (sa * sb)}
+    secs = h.wall_interleaved([ours, xla], a8, b8, sa, sb, calls=10, reps=args.jax_reps)
+    for (name, y), sec in zip(got.items(), secs):
+        rel = float(jnp.linalg.norm(y.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+        ok = rel < 1e-2
+        tf = 2 * m * n * k / sec / 1e12
+        records.append(dict(case="jit 8192x8192x8192", shape=[m, n, k], dtype="float8_e4m3fn", impl=name,
+                            metric="TFLOP/s", value=round(tf, 1), verified=ok, us=round(sec * 1e6, 1), rel_err=rel))
+        log(f"jit 8192^3         {name:30s} {tf:8.1f} TFLOP/s  {sec * 1e6:9.1f} us  rel {rel:.1e} {'ok' if ok else 'WRONG'}")
+    return records
+
+
+def dry_run(log) -> None:
+    import torch
+
+    import xgemm
+    for m, n, k in SHAPES:
+        a8 = torch.empty(m, k, dtype=torch.float8_e4m3fn)
+        b8 = torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
+        for recipe, (sa, sb) in {"tensor": ((), ()), "row": ((m, 1), (1, n)),
+                                 "block": ((m, -(-k // BLOCK)), (-(-k // BLOCK), -(-n // BLOCK)))}.items():
+            s_a, s_b = torch.ones(sa), torch.ones(sb)
+            log(f"{m}x{n}x{k} {recipe}: {xgemm.fp8.explain_scaled_matmul(a8, b8, s_a, s_b)}")
+
+
+def markdown(records) -> str:
+    rows = ["| case | implementation | value | verified |", "|---|---|---|---|"]
+    rows += [f"| {r['case']} | {r['impl']} | {r['value']:.1f} {r['metric']} | {'yes' if r['verified'] else 'NO'} |"
+             for r in records if "meta" not in r]
+    return "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--only", choices=("torch", "jax"))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--trials", type=int, default=12)
+    ap.add_argument("--jax-reps", type=int, default=9)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        dry_run(print)
+        return 0
+    records = []
+    if args.only in (None, "torch"):
+        records += run_torch(args, print)
+    if args.only in (None, "jax"):
+        records += run_jax(args, print)
+    meta = dict(timing=h.timing_note(args.reps, args.trials), versions=h.versions(("torch", "jax", "xgemm")))
+    h.write_json(h.result_path("fp8", out=args.out), records + [{"meta": meta}])
+    h.write_text(h.result_path("fp8", "md", out=args.out), markdown(records))
+    print(markdown(records))
+    return 0 if all(r["verified"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
