@@ -18,7 +18,8 @@ any CPU). xgemm comes from the environment (installed, or PYTHONPATH=$PWD for a 
   implementations  impl_cublas, impl_quack (when importable), impl_xgemm, impl_xgemm_config,
                    sm90_call, problem; bench_gemm runs them interleaved; xla_matmul,
                    xla_matmul_f32acc, xla_softmax (XLA peers for jax.jit)
-  output checks    Inputs.verify (fp32 reference), rel_err (float64 reference)
+  output checks    Inputs.verify (fp32 reference), rel_err (float64 reference); time_checked (capture,
+                   time and check a dict of implementations that leave their results by name)
   profiler         gpu_events (torch.profiler / CUPTI events of one step)
   results          result_path, write_json, write_text, versions
 """
@@ -439,6 +440,49 @@ def bench_gemm(shapes=SHAPES, dtypes=DTYPES, impls=("cublas", "quack", "xgemm"),
     return records, notes
 
 
+def time_checked(case, shape, dtype, work, unit, impls, outputs, refs, reps, trials, log=print):
+    """Capture each impls[name](i) (which leaves its result in outputs[name]) in a CUDA graph of
+    `reps` calls, time them in time_interleaved's trials, and check every output against refs[name]
+    (relative Frobenius error < 1e-2). work: FLOPs (unit "TFLOP/s") or {name: bytes} ("GB/s").
+    An implementation that fails to run is recorded as failed, the rest go on. Returns (records,
+    {name: per-trial seconds}) for paired_ratio."""
+    torch = _torch()
+    ready, records = [], []
+    for name, call in impls.items():
+        try:
+            replay, how = capture(call, reps)
+            ready.append((name, replay, how))
+        except Exception as exc:    # noqa: BLE001 -- a peer that cannot run is recorded, not fatal
+            torch.cuda.synchronize()
+            log(f"{case} {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+            records.append(dict(case=case, shape=list(shape), dtype=dtype, impl=name, metric=unit, value=0.0,
+                                verified=False))
+    secs, per_trial = time_interleaved([r[1] for r in ready], reps, trials, per_trial=True)
+    for (name, _, how), sec in zip(ready, secs):
+        ref = refs[name]
+        rel = float(torch.linalg.norm(outputs[name].float() - ref) / torch.linalg.norm(ref))
+        ok = rel < 1e-2
+        value = (work if unit == "TFLOP/s" else work[name]) / sec / (1e12 if unit == "TFLOP/s" else 1e9)
+        records.append(dict(case=case, shape=list(shape), dtype=dtype, impl=name, metric=unit, value=round(value, 1),
+                            verified=ok, us=round(sec * 1e6, 1), rel_err=rel, timed_by=how))
+        log(f"{case:18s} {name:32s} {value:8.1f} {unit}  {sec * 1e6:9.1f} us  rel {rel:.1e} "
+            f"{'ok' if ok else 'WRONG'}")
+    return records, {r[0]: t for r, t in zip(ready, per_trial)}
+
+
+def paired_records(case, shape, dtype, ours, by_name, log=print) -> list:
+    """Ratio records of `ours` against every other implementation of time_checked's per-trial
+    times (paired_ratio: > 1 means ours is faster), with their 95% CIs."""
+    recs = []
+    for peer, times in by_name.items():
+        if peer != ours and ours in by_name:
+            lo, mid, hi = paired_ratio(by_name[ours], times)
+            recs.append(dict(case=case, shape=list(shape), dtype=dtype, impl=f"{ours} vs {peer}", metric="ratio",
+                             value=round(mid, 3), ci=[round(lo, 3), round(hi, 3)], verified=True))
+            log(f"{case:18s} {ours} vs {peer}: {mid:.3f}x per trial (95% CI {lo:.3f}-{hi:.3f})")
+    return recs
+
+
 # XLA peers (inside jax.jit)
 def xla_matmul(a, b):
     """XLA's dot (jnp.matmul)."""
@@ -491,6 +535,18 @@ def write_json(path, data) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
     return path
+
+
+def records_markdown(records) -> str:
+    """A markdown table of result records: case, implementation, value with its unit (or the
+    ratio), verified."""
+    rows = ["| case | implementation | value | verified |", "|---|---|---|---|"]
+    for r in records:
+        if "meta" in r:
+            continue
+        val = f"{r['value']:.3f}x" if r["metric"] == "ratio" else f"{r['value']:.1f} {r['metric']}"
+        rows.append(f"| {r['case']} | {r['impl']} | {val} | {'yes' if r['verified'] else 'NO'} |")
+    return "\n".join(rows) + "\n"
 
 
 def write_text(path, text: str) -> Path:

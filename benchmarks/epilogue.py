@@ -108,37 +108,10 @@ def run_torch(args, log) -> list:
     cases, outputs = torch_cases(torch)
     records = []
     for case, shape, flops, impls, refs in cases:
-        ready = []
-        for name, call in impls.items():
-            try:
-                replay, how = h.capture(call, args.reps)
-                ready.append((name, replay, how))
-            except Exception as exc:    # noqa: BLE001 -- a peer that cannot run is recorded, not fatal
-                torch.cuda.synchronize()
-                log(f"{case} {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
-                records.append(dict(case=case, shape=list(shape), dtype="bfloat16", impl=name,
-                                    metric="TFLOP/s", value=0.0, verified=False))
-        secs, per_trial = h.time_interleaved([r[1] for r in ready], args.reps, args.trials, per_trial=True)
-        by_name = {}
-        for (name, _, how), sec, trials in zip(ready, secs, per_trial):
-            ref = refs[name]
-            rel = float(torch.linalg.norm(outputs[name].float() - ref) / torch.linalg.norm(ref))
-            ok = rel < 1e-2
-            by_name[name] = trials
-            records.append(dict(case=case, shape=list(shape), dtype="bfloat16", impl=name, metric="TFLOP/s",
-                                value=round(flops / sec / 1e12, 1), verified=ok, us=round(sec * 1e6, 1),
-                                rel_err=rel, timed_by=how))
-            log(f"{case:16s} {name:30s} {flops / sec / 1e12:7.1f} TFLOP/s {sec * 1e6:9.1f} us  "
-                f"rel {rel:.1e} {'ok' if ok else 'WRONG'}")
-        ours = next((n for n in by_name if n.startswith("xgemm") and "no epilogue" not in n), None)
-        for peer in by_name:
-            if ours and peer != ours:
-                lo, mid, hi = h.paired_ratio(by_name[ours], by_name[peer])
-                records.append(dict(case=case, shape=list(shape), dtype="bfloat16", impl=f"{ours} vs {peer}",
-                                    metric="ratio", value=round(mid, 3), ci=[round(lo, 3), round(hi, 3)],
-                                    verified=True))
-                log(f"{case:16s} {ours} vs {peer}: {mid:.3f}x per trial (95% CI {lo:.3f}-{hi:.3f})")
-        del ready
+        recs, by_name = h.time_checked(case, shape, "bfloat16", flops, "TFLOP/s", impls, outputs, refs, args.reps,
+                                       args.trials, log)
+        ours = next(n for n in impls if n.startswith("xgemm") and "no epilogue" not in n)
+        records += recs + h.paired_records(case, shape, "bfloat16", ours, by_name, log)
         torch.cuda.empty_cache()
     return records
 
@@ -199,16 +172,6 @@ def dry_run(log) -> None:
     log(f"swiglu {M}x{2 * N}x{K}:\n{xgemm.explain(a, w, op='gated', activation='swiglu')}")
 
 
-def markdown(records) -> str:
-    rows = ["| case | implementation | TFLOP/s or ratio | verified |", "|---|---|---|---|"]
-    for r in records:
-        if "meta" in r:
-            continue
-        val = f"{r['value']:.3f}x" if r["metric"] == "ratio" else f"{r['value']:.1f}"
-        rows.append(f"| {r['case']} | {r['impl']} | {val} | {'yes' if r['verified'] else 'NO'} |")
-    return "\n".join(rows) + "\n"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true")
@@ -228,8 +191,8 @@ def main(argv=None) -> int:
         records += run_jax(args, print)
     meta = dict(timing=h.timing_note(args.reps, args.trials), versions=h.versions(("torch", "jax", "xgemm", "quack")))
     h.write_json(h.result_path("epilogue", out=args.out), records + [{"meta": meta}])
-    h.write_text(h.result_path("epilogue", "md", out=args.out), markdown(records))
-    print(markdown(records))
+    h.write_text(h.result_path("epilogue", "md", out=args.out), h.records_markdown(records))
+    print(h.records_markdown(records))
     return 0 if all(r["verified"] for r in records) else 1
 
 

@@ -89,7 +89,8 @@ def _time_shape(torch, m, n, k, args, log) -> list:
             a8, b8, sa, sb, out_dtype=torch.bfloat16), ref)
     b16 = torch.randn(k, n, device="cuda").bfloat16()
     keep("cuBLAS bf16", lambda: torch.matmul(x, b16), x.float() @ b16.float())
-    records = _time(torch, f"{m}x{n}x{k}", (m, n, k), 2 * m * n * k, impls, out, refs, args, log)
+    records, _ = h.time_checked(f"{m}x{n}x{k}", (m, n, k), "float8_e4m3fn", 2 * m * n * k, "TFLOP/s", impls, out,
+                                refs, args.reps, args.trials, log)
     return records + _time_quantize(torch, x, args, log)
 
 
@@ -105,31 +106,8 @@ def _time_quantize(torch, x, args, log) -> list:
              "copy (x.clone())": lambda i: out.__setitem__("copy (x.clone())", x.clone())}
     refs = {"xgemm quantize_fp8 row": q_ref, "copy (x.clone())": xf}
     moved = {"xgemm quantize_fp8 row": m * k * 3 + m * 4, "copy (x.clone())": m * k * 4}
-    return _time(torch, f"quantize {m}x{k}", (m, k), None, impls, out, refs, args, log, bytes_moved=moved)
-
-
-def _time(torch, case, shape, flops, impls, out, refs, args, log, bytes_moved=None) -> list:
-    ready, records = [], []
-    for name, call in impls.items():
-        try:
-            replay, how = h.capture(call, args.reps)
-            ready.append((name, replay, how))
-        except Exception as exc:    # noqa: BLE001 -- a refused recipe or a failing peer is recorded
-            torch.cuda.synchronize()
-            log(f"{case} {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
-            records.append(dict(case=case, shape=list(shape), dtype="float8_e4m3fn", impl=name,
-                                metric="TFLOP/s" if flops else "GB/s", value=0.0, verified=False))
-    secs = h.time_interleaved([r[1] for r in ready], args.reps, args.trials)
-    for (name, _, how), sec in zip(ready, secs):
-        ref = refs[name]
-        rel = float(torch.linalg.norm(out[name].float() - ref) / torch.linalg.norm(ref))
-        ok = rel < 1e-2
-        value = flops / sec / 1e12 if flops else bytes_moved[name] / sec / 1e9
-        unit = "TFLOP/s" if flops else "GB/s"
-        records.append(dict(case=case, shape=list(shape), dtype="float8_e4m3fn", impl=name, metric=unit,
-                            value=round(value, 1), verified=ok, us=round(sec * 1e6, 1), rel_err=rel, timed_by=how))
-        log(f"{case:18s} {name:30s} {value:8.1f} {unit}  {sec * 1e6:9.1f} us  rel {rel:.1e} {'ok' if ok else 'WRONG'}")
-    return records
+    return h.time_checked(f"quantize {m}x{k}", (m, k), "bfloat16", moved, "GB/s", impls, out, refs, args.reps,
+                          args.trials, log)[0]
 
 
 def run_jax(args, log) -> list:
@@ -170,13 +148,6 @@ def dry_run(log) -> None:
             log(f"{m}x{n}x{k} {recipe}: {xgemm.fp8.explain_scaled_matmul(a8, b8, s_a, s_b)}")
 
 
-def markdown(records) -> str:
-    rows = ["| case | implementation | value | verified |", "|---|---|---|---|"]
-    rows += [f"| {r['case']} | {r['impl']} | {r['value']:.1f} {r['metric']} | {'yes' if r['verified'] else 'NO'} |"
-             for r in records if "meta" not in r]
-    return "\n".join(rows) + "\n"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true")
@@ -196,8 +167,8 @@ def main(argv=None) -> int:
         records += run_jax(args, print)
     meta = dict(timing=h.timing_note(args.reps, args.trials), versions=h.versions(("torch", "jax", "xgemm")))
     h.write_json(h.result_path("fp8", out=args.out), records + [{"meta": meta}])
-    h.write_text(h.result_path("fp8", "md", out=args.out), markdown(records))
-    print(markdown(records))
+    h.write_text(h.result_path("fp8", "md", out=args.out), h.records_markdown(records))
+    print(h.records_markdown(records))
     return 0 if all(r["verified"] for r in records) else 1
 
 

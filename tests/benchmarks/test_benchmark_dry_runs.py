@@ -28,3 +28,18 @@ def test_fp8_dry_run_shows_each_recipe():
     out = _dry_run("fp8.py")
     for recipe in ("tensor-wise", "row-wise", "block-wise"):
         assert f"{recipe} scales" in out
+
+
+def test_grouped_dry_run_builds_the_acceptance_groups():
+    out = _dry_run("grouped.py")
+    assert "uneven: E=8 T=16384" in out and "offs[-1] = 16384" in out
+    assert "zipf: E=64 T=65536" in out and "4 empty" in out
+
+
+def test_grouped_sizes_follow_the_issue():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import grouped
+    sizes = grouped.uneven_sizes(8, 16384)
+    assert sizes.sum() == 16384 and (abs(sizes - 2048) <= 1000).all()
+    z = grouped.zipf_sizes(64, 65536)
+    assert z.sum() == 65536 and (z[-4:] == 0).all() and z[0] > 10 * z[30]

@@ -1,0 +1,219 @@
+"""Grouped GEMM for mixture-of-experts on the H200 (issue 23): xgemm.grouped_mm / ragged_dot against
+torch._grouped_mm, quack's variable-length GEMM, a loop of cuBLAS calls and, inside jax.jit,
+jax.lax.ragged_dot; one process.
+
+    python benchmarks/grouped.py --dry-run      # any machine: the cases' group sizes and xgemm's plan
+    python benchmarks/grouped.py [--trials 12]  # H200
+    python benchmarks/grouped.py --only torch   # or jax
+
+Writes benchmarks/results/grouped-h200.{json,md} (or into --out DIR).
+
+Cases (bf16, the issue's acceptance):
+  uneven     E=8, T=16384, K=4096, N=7168, group sizes 2048 +- up to 1000 (seeded), summing to T:
+             forward x [T, K] @ w[e] [K, N] per group; xgemm.grouped_mm vs torch._grouped_mm, quack's
+             gemm(x, w, cu_seqlens_m=...), and a cuBLAS loop (host-known sizes, the peer's advantage).
+  uneven_drhs  the weight gradient of the same layer, the variable-K product x_g^T @ dy_g -> [E, K, N]:
+             xgemm.grouped_mm(x.T, dy, offs) vs torch._grouped_mm(x.T, dy, offs) and a cuBLAS loop.
+  zipf       E=64, T=65536, K=N=4096, Zipf(1.2)-skewed sizes with the last 4 experts empty: the forward
+             vs xgemm's dense matmul of the same FLOPs (T x K @ K x N).
+  jax        jit(xgemm.jax.ragged_dot) vs jit(jax.lax.ragged_dot) at the uneven case.
+w is handed over as torch._grouped_mm wants it (w[e] column-major: an [E, N, K] tensor transposed);
+xgemm takes any layout. Outputs are checked against float32 per-group products (relative Frobenius
+error < 1e-2).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import _harness as h
+import numpy as np
+
+UNEVEN = dict(E=8, T=16384, K=4096, N=7168)
+ZIPF = dict(E=64, T=65536, K=4096, N=4096)
+
+
+def uneven_sizes(e: int, t: int, spread: int = 1000, seed: int = 0) -> np.ndarray:
+    """t / e rows per group +- up to `spread` each, seeded, summing to t (the last group takes the
+    remainder; draws whose remainder leaves the spread are redrawn)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        sizes = t // e + rng.integers(-spread, spread + 1, e)
+        sizes[-1] += t - sizes.sum()
+        if abs(sizes[-1] - t // e) <= spread:
+            return sizes
+
+
+def zipf_sizes(e: int, t: int, empty: int = 4, a: float = 1.2, seed: int = 0) -> np.ndarray:
+    """Zipf(a)-skewed sizes over the first e - empty experts (multinomial, seeded); the rest empty."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, e - empty + 1) ** a
+    sizes = np.concatenate([rng.multinomial(t, p / p.sum()), np.zeros(empty, int)])
+    assert sizes.sum() == t and (sizes[-empty:] == 0).all()
+    return sizes
+
+
+def _operands(torch, e, t, k, n, sizes, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(t, k, generator=gen, device="cuda").bfloat16()
+    w = (torch.randn(e, n, k, generator=gen, device="cuda") / k ** 0.5).bfloat16().transpose(-2, -1)
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    return x, w, offs
+
+
+def _ref_forward(torch, x, w, sizes):
+    out, start = torch.zeros(x.shape[0], w.shape[2], device="cuda"), 0
+    for g, s in enumerate(sizes.tolist()):
+        out[start:start + s] = x[start:start + s].float() @ w[g].float()
+        start += s
+    return out
+
+
+def _loop(torch, x, w, sizes, out):
+    """The cuBLAS loop: one matmul per non-empty group, sizes read on the host."""
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+
+    def call():
+        for g in range(len(sizes)):
+            if bounds[g + 1] > bounds[g]:
+                torch.matmul(x[bounds[g]:bounds[g + 1]], w[g], out=out[bounds[g]:bounds[g + 1]])
+        return out
+    return call
+
+
+def forward_case(torch, name, cfg, sizes, args, log, dense=False) -> list:
+    import xgemm
+    e, t, k, n = cfg["E"], cfg["T"], cfg["K"], cfg["N"]
+    x, w, offs = _operands(torch, e, t, k, n, sizes)
+    out, impls = {}, {}
+
+    def keep(label, fn):
+        def call(i):
+            out[label] = fn()
+        impls[label] = call
+    keep("xgemm grouped_mm", lambda: xgemm.grouped_mm(x, w, offs))
+    keep("torch._grouped_mm", lambda: torch._grouped_mm(x, w, offs, out_dtype=torch.bfloat16))
+    loop_out = torch.empty(t, n, dtype=torch.bfloat16, device="cuda")
+    keep("cuBLAS loop", _loop(torch, x, w, sizes, loop_out))
+    try:
+        from quack.gemm_interface import gemm as quack_gemm
+        cu = torch.cat([offs.new_zeros(1), offs])
+        keep("quack varlen gemm", lambda: quack_gemm(x, w, cu_seqlens_m=cu, tuned=False))
+    except ImportError:
+        pass
+    ref = _ref_forward(torch, x, w, sizes)
+    refs = dict.fromkeys(impls, ref)
+    if dense:                                   # the same FLOPs as one dense product
+        w0 = w[0].contiguous()
+        keep("xgemm dense matmul", lambda: xgemm.matmul(x, w0))
+        refs["xgemm dense matmul"] = x.float() @ w0.float()
+    records, by_name = h.time_checked(name, (e, t, k, n), "bfloat16", 2 * t * k * n, "TFLOP/s", impls, out, refs,
+                                      args.reps, args.trials, log)
+    return records + h.paired_records(name, (e, t, k, n), "bfloat16", "xgemm grouped_mm", by_name, log)
+
+
+def drhs_case(torch, name, cfg, sizes, args, log) -> list:
+    """dW[e] = x_e^T @ dy_e: the variable-K grouped product, [E, K, N]."""
+    import xgemm
+    e, t, k, n = cfg["E"], cfg["T"], cfg["K"], cfg["N"]
+    x, _, offs = _operands(torch, e, t, k, n, sizes)
+    dy = torch.randn(t, n, device="cuda").bfloat16()
+    xt = x.t()
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    ref = torch.stack([xt[:, bounds[g]:bounds[g + 1]].float() @ dy[bounds[g]:bounds[g + 1]].float() for g in range(e)])
+    loop_out = torch.empty(e, k, n, dtype=torch.bfloat16, device="cuda")
+
+    def loop():
+        for g in range(e):
+            torch.matmul(xt[:, bounds[g]:bounds[g + 1]], dy[bounds[g]:bounds[g + 1]], out=loop_out[g])
+        return loop_out
+    out = {}
+    impls = {"xgemm grouped_mm (variable K)": lambda i: out.__setitem__("xgemm grouped_mm (variable K)",
+                                                                        xgemm.grouped_mm(xt, dy, offs)),
+             "torch._grouped_mm (variable K)": lambda i: out.__setitem__(
+                 "torch._grouped_mm (variable K)", torch._grouped_mm(xt, dy, offs, out_dtype=torch.bfloat16)),
+             "cuBLAS loop": lambda i: out.__setitem__("cuBLAS loop", loop())}
+    records, by_name = h.time_checked(name, (e, t, k, n), "bfloat16", 2 * t * k * n, "TFLOP/s", impls, out,
+                                      dict.fromkeys(impls, ref), args.reps, args.trials, log)
+    return records + h.paired_records(name, (e, t, k, n), "bfloat16", "xgemm grouped_mm (variable K)", by_name,
+                                      log)
+
+
+def run_torch(args, log) -> list:
+    import torch
+    records = forward_case(torch, "uneven", UNEVEN, uneven_sizes(UNEVEN["E"], UNEVEN["T"]), args, log)
+    torch.cuda.empty_cache()
+    records += drhs_case(torch, "uneven_drhs", UNEVEN, uneven_sizes(UNEVEN["E"], UNEVEN["T"]), args, log)
+    torch.cuda.empty_cache()
+    records += forward_case(torch, "zipf", ZIPF, zipf_sizes(ZIPF["E"], ZIPF["T"]), args, log, dense=True)
+    return records
+
+
+def run_jax(args, log) -> list:
+    import jax
+    import jax.numpy as jnp
+
+    import xgemm.jax as xj
+    e, t, k, n = (UNEVEN[key] for key in "ETKN")
+    sizes = jnp.asarray(uneven_sizes(e, t), jnp.int32)
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    x = jax.random.normal(k1, (t, k), jnp.bfloat16)
+    w = (jax.random.normal(k2, (e, k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
+    ours = jax.jit(lambda x, w, s: xj.ragged_dot(x, w, s))
+    peer = jax.jit(lambda x, w, s: jax.lax.ragged_dot(x, w, s))
+    ref = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
+    got = {"xgemm.jax.ragged_dot": ours(x, w, sizes), "jax.lax.ragged_dot": peer(x, w, sizes)}
+    secs = h.wall_interleaved([ours, peer], x, w, sizes, calls=5, reps=args.jax_reps)
+    records = []
+    for (name, y), sec in zip(got.items(), secs):
+        rel = float(jnp.linalg.norm(y.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+        tf = 2 * t * k * n / sec / 1e12
+        records.append(dict(case="jax uneven", shape=[e, t, k, n], dtype="bfloat16", impl=name, metric="TFLOP/s",
+                            value=round(tf, 1), verified=rel < 1e-2, us=round(sec * 1e6, 1), rel_err=rel))
+        log(f"jax uneven         {name:32s} {tf:8.1f} TFLOP/s  {sec * 1e6:9.1f} us  rel {rel:.1e}")
+    records.append(dict(case="jax uneven", shape=[e, t, k, n], dtype="bfloat16", impl="xgemm.jax vs jax.lax",
+                        metric="ratio", value=round(secs[1] / secs[0], 3), verified=True))
+    return records
+
+
+def dry_run(log) -> None:
+    import torch
+
+    import xgemm
+    for name, cfg, sizes in (("uneven", UNEVEN, uneven_sizes(UNEVEN["E"], UNEVEN["T"])),
+                             ("zipf", ZIPF, zipf_sizes(ZIPF["E"], ZIPF["T"]))):
+        e, t, k, n = cfg["E"], cfg["T"], cfg["K"], cfg["N"]
+        x = torch.empty(t, k, dtype=torch.bfloat16)
+        w = torch.empty(e, n, k, dtype=torch.bfloat16).transpose(-2, -1)
+        offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+        y = xgemm.grouped_mm(x[:0], w, torch.zeros(e, dtype=torch.int32))       # the call path, no work
+        log(f"{name}: E={e} T={t} K={k} N={n}; sizes min {sizes.min()} max {sizes.max()}, "
+            f"{int((sizes == 0).sum())} empty; offs[-1] = {int(offs[-1])}; result {tuple(y.shape)}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--only", choices=("torch", "jax"))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--trials", type=int, default=12)
+    ap.add_argument("--jax-reps", type=int, default=9)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        dry_run(print)
+        return 0
+    records = []
+    if args.only in (None, "torch"):
+        records += run_torch(args, print)
+    if args.only in (None, "jax"):
+        records += run_jax(args, print)
+    meta = dict(timing=h.timing_note(args.reps, args.trials), versions=h.versions(("torch", "jax", "xgemm", "quack")))
+    h.write_json(h.result_path("grouped", out=args.out), records + [{"meta": meta}])
+    h.write_text(h.result_path("grouped", "md", out=args.out), h.records_markdown(records))
+    print(h.records_markdown(records))
+    return 0 if all(r["verified"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
