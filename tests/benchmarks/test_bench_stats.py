@@ -71,7 +71,7 @@ def test_upper_median_is_the_middle_of_the_sorted_values():
 
 
 def test_records_markdown_lists_values_ratios_and_failures():
-    md = h.records_markdown([dict(case="c", impl="x vs y", value=1.2345, metric="ratio", verified=True),
+    md = _harness.records_markdown([dict(case="c", impl="x vs y", value=1.2345, metric="ratio", verified=True),
                              dict(case="c", impl="y", value=0.0, metric="TFLOP/s", verified=False), {"meta": {}}])
     assert "| c | x vs y | 1.234x | yes |" in md and "| c | y | 0.0 TFLOP/s | NO |" in md
     assert md.count("\n") == 4          # header, rule, two records; the meta record is not a row
