@@ -549,6 +549,34 @@ def records_markdown(records) -> str:
     return "\n".join(rows) + "\n"
 
 
+def run_study(study: str, description: str, parts: dict, dry_run, argv=None) -> int:
+    """The command line the issue benchmarks share: --dry-run (dry_run(print), any machine), or
+    each of parts {"torch": fn, "jax": fn} (fn(args, log) -> records; --only one of them), then
+    <study>-h200.{json,md} in --out and the table printed. Exit 1 when an output was wrong."""
+    import argparse
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--dry-run", action="store_true", help="the cases and xgemm's plans, no GPU")
+    ap.add_argument("--only", choices=tuple(parts))
+    ap.add_argument("--reps", type=int, default=5, help="calls per CUDA graph")
+    ap.add_argument("--trials", type=int, default=12, help="replays per implementation")
+    ap.add_argument("--jax-reps", type=int, default=9, help="wall-clock samples per jit implementation")
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        dry_run(print)
+        return 0
+    records = []
+    for name, part in parts.items():
+        if args.only in (None, name):
+            records += part(args, print)
+    meta = dict(timing=timing_note(args.reps, args.trials), versions=versions(("torch", "jax", "xgemm", "quack")))
+    write_json(result_path(study, out=args.out), records + [{"meta": meta}])
+    table = records_markdown(records)
+    write_text(result_path(study, "md", out=args.out), table)
+    print(table)
+    return 0 if all(r["verified"] for r in records) else 1
+
+
 def write_text(path, text: str) -> Path:
     """A markdown table (or any text) at path."""
     path = Path(path)

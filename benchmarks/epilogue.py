@@ -25,7 +25,6 @@ forward + backward); the epilogue's own work is not counted.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import _harness as h
@@ -173,27 +172,7 @@ def dry_run(log) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--only", choices=("torch", "jax"))
-    ap.add_argument("--reps", type=int, default=5, help="calls per CUDA graph")
-    ap.add_argument("--trials", type=int, default=12, help="replays per implementation")
-    ap.add_argument("--jax-reps", type=int, default=9)
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
-    args = ap.parse_args(argv)
-    if args.dry_run:
-        dry_run(print)
-        return 0
-    records = []
-    if args.only in (None, "torch"):
-        records += run_torch(args, print)
-    if args.only in (None, "jax"):
-        records += run_jax(args, print)
-    meta = dict(timing=h.timing_note(args.reps, args.trials), versions=h.versions(("torch", "jax", "xgemm", "quack")))
-    h.write_json(h.result_path("epilogue", out=args.out), records + [{"meta": meta}])
-    h.write_text(h.result_path("epilogue", "md", out=args.out), h.records_markdown(records))
-    print(h.records_markdown(records))
-    return 0 if all(r["verified"] for r in records) else 1
+    return h.run_study("epilogue", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax}, dry_run, argv)
 
 
 if __name__ == "__main__":
