@@ -307,10 +307,12 @@ def _jsonable_meta(v):
 def compile_kernel(key: str, arch: str = DEFAULT_ARCH):
     """triton.compile one entry: (CompiledKernel with asm ptx/cubin/..., signature, constexprs, options)."""
     import triton
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
     module = importlib.import_module(registry.module_name(_kernel_of(key)))
     fn, sig, constexprs, attrs, options = module.gluon_compile_args(key, arch)
-    compiled = triton.compile(GluonASTSource(fn, sig, constexprs, attrs), target=_target(arch), options=options)
+    source = GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource    # Gluon, or plain Triton
+    compiled = triton.compile(source(fn, sig, constexprs, attrs), target=_target(arch), options=options)
     return compiled, sig, constexprs, options
 
 
