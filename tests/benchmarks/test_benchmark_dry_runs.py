@@ -43,3 +43,8 @@ def test_grouped_sizes_follow_the_issue():
     assert sizes.sum() == 16384 and (abs(sizes - 2048) <= 1000).all()
     z = grouped.zipf_sizes(64, 65536)
     assert z.sum() == 65536 and (z[-4:] == 0).all() and z[0] > 10 * z[30]
+
+
+def test_decode_dry_run_routes_decode_to_the_gemv():
+    out = _dry_run("decode.py")
+    assert "1x8192x28672 B row: triton_gemv_sm90" in out and "64x4096x4096 B row: gluon_splitk_sm90" in out
