@@ -46,37 +46,38 @@ def _forced(name, fn):
 
 def run_torch(args, log) -> list:
     import torch
-
-    import xgemm
     os.environ["XGEMM_DECODE"] = "1"
     records = []
     for m, n, k, b_major in SHAPES:
-        a, b = _operands(torch, m, n, k, b_major)
-        out = {}
-        outs = {name: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for name in ("gemv", "splitk", "cublas")}
-
-        def keep(name, fn):
-            def call(i):
-                out[name] = fn()
-            return call
-        impls = {"cuBLAS": keep("cuBLAS", lambda: torch.matmul(a, b, out=outs["cublas"])),
-                 "xgemm split-K": keep("xgemm split-K", _forced("gluon_splitk_sm90",
-                                                                 lambda: xgemm.matmul(a, b, out=outs["splitk"])))}
-        if m <= 16:
-            impls["xgemm gemv"] = keep("xgemm gemv", _forced("triton_gemv_sm90", lambda: xgemm.matmul(a, b, out=outs["gemv"])))
-        ref = a.float() @ b.float()
-        case = f"{m}x{n}x{k} B {b_major}"
-        bytes_b = k * n * 2
-        recs, by_name = h.time_checked(case, (m, n, k), "bfloat16", dict.fromkeys(impls, bytes_b), "GB/s", impls, out,
-                                       dict.fromkeys(impls, ref), args.reps, args.trials, log)
-        records += recs
-        for ours in ("xgemm gemv", "xgemm split-K"):
-            if ours in by_name:
-                records += h.paired_records(case, (m, n, k), "bfloat16", ours, {p: by_name[p] for p in (ours, "cuBLAS")},
-                                            log)
-        if (m, n, k, b_major) == SHAPES[0]:
-            records += _copy(b.contiguous(), args, log)
+        records += _time_shape(torch, m, n, k, b_major, args, log)
         torch.cuda.empty_cache()
+    return records
+
+
+def _time_shape(torch, m, n, k, b_major, args, log) -> list:
+    import xgemm
+    a, b = _operands(torch, m, n, k, b_major)
+    out = {}
+    outs = {name: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for name in ("gemv", "splitk", "cublas")}
+
+    def keep(name, fn):
+        def call(i):
+            out[name] = fn()
+        return call
+    impls = {"cuBLAS": keep("cuBLAS", lambda: torch.matmul(a, b, out=outs["cublas"])),
+             "xgemm split-K": keep("xgemm split-K", _forced("gluon_splitk_sm90",
+                                                             lambda: xgemm.matmul(a, b, out=outs["splitk"])))}
+    if m <= 16:
+        impls["xgemm gemv"] = keep("xgemm gemv", _forced("triton_gemv_sm90", lambda: xgemm.matmul(a, b, out=outs["gemv"])))
+    case = f"{m}x{n}x{k} B {b_major}"
+    bytes_b = k * n * 2
+    records, by_name = h.time_checked(case, (m, n, k), "bfloat16", dict.fromkeys(impls, bytes_b), "GB/s", impls, out,
+                                      dict.fromkeys(impls, a.float() @ b.float()), args.reps, args.trials, log)
+    for ours in ("xgemm gemv", "xgemm split-K"):
+        if ours in by_name:
+            records += h.paired_records(case, (m, n, k), "bfloat16", ours, {p: by_name[p] for p in (ours, "cuBLAS")}, log)
+    if (m, n, k, b_major) == SHAPES[0]:
+        records += _copy(b.contiguous(), args, log)
     return records
 
 
