@@ -110,6 +110,27 @@ def test_gated_matches_float64(fw, activation):
         check(host(d), ref(a, b, bias=bias, activation=activation, gated=True), dtype)
 
 
+@pytest.mark.parametrize("fw", frameworks())
+def test_stacked_layout_is_the_concat_layout_of_the_same_weights(fw):
+    """layout="stacked": b [K, 2, H] (gate, up) and bias (2, H) give what the [gate | up] b gives."""
+    a, b, _, bias = data("float32", n=12)
+    stacked = np.stack([b[:, :6], b[:, 6:]], axis=1)                    # [K, 2, H]
+    d = xgemm.gated(to(fw, a), to(fw, stacked), bias=to(fw, bias.reshape(2, 6)), layout="stacked")
+    check(host(d), ref(a, b, bias=bias, activation="swiglu", gated=True), "float32")
+
+
+def test_stacked_layout_grads_in_torch():
+    torch = pytest.importorskip("torch")
+    a, b, _, bias = data("float64", n=12)
+    stacked = torch.from_numpy(np.stack([b[:, :6], b[:, 6:]], axis=1)).requires_grad_()
+    concat = torch.from_numpy(b).requires_grad_()
+    ta = torch.from_numpy(a)
+    xgemm.gated(ta, stacked, layout="stacked").sum().backward()
+    xgemm.gated(ta, concat).sum().backward()
+    g = stacked.grad.numpy()
+    np.testing.assert_allclose(np.concatenate([g[:, 0], g[:, 1]], axis=1), concat.grad.numpy(), rtol=1e-12)
+
+
 def test_interleaved_weights_map_onto_gate_up():
     """The docstring's reshape of [g0, u0, g1, u1, ...] columns gives the [gate | up] layout."""
     a, b, _, _ = data("float64", n=12)
@@ -143,6 +164,9 @@ def test_explain_shows_the_epilogue():
     (lambda a, b, v: xgemm.gemm(a, b, bias=v.astype(np.float64)), ["bias is float64", "float32"]),
     (lambda a, b, v: xgemm.gated(a, b[:, :9]), ["9 columns", "even"]),
     (lambda a, b, v: xgemm.gemm(a, b[:, 0], bias=v[:1]), ["b is 1-D", "b[:, None]"]),
+    (lambda a, b, v: xgemm.gated(a, b, layout="stacked"), ["layout='stacked' takes b [..., K, 2, H]"]),
+    (lambda a, b, v: xgemm.gated(a, b.reshape(12, 2, 5), bias=v, layout="stacked"), ["bias has shape (10,)", "(2, 5)"]),
+    (lambda a, b, v: xgemm.gated(a, b, layout="pairs"), ["layout='pairs'", "'concat'", "'stacked'"]),
 ])
 def test_typed_errors(call, words):
     a, b, _, bias = data("float32")

@@ -50,11 +50,23 @@ def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0
     return result
 
 
-def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out: Any = None) -> Any:
+def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out: Any = None,
+          layout: str = "concat") -> Any:
     """act(gate) * up, where A @ B + bias = [gate | up]: b's first N/2 columns are the gate
     projection, its last N/2 the up projection; the result has N/2 columns. activation: swiglu
-    (silu gate), geglu (exact gelu) or reglu (relu). Interleaved weights ([g0, u0, g1, u1, ...]):
-    pass b.reshape(K, N // 2, 2).swapaxes(-1, -2).reshape(K, N) (core/epilogues.py)."""
+    (silu gate), geglu (exact gelu) or reglu (relu). layout="stacked": b [..., K, 2, H] with
+    b[..., 0, :] the gate and b[..., 1, :] the up projection, bias (2, H): the layout to shard
+    along H in JAX, as each shard then holds matching gate and up columns. Interleaved weights
+    ([g0, u0, g1, u1, ...]): pass b.reshape(K, N // 2, 2).swapaxes(-1, -2).reshape(K, N)."""
+    if layout != "concat":
+        checks.gated_layout("gated", layout, tuple(getattr(b, "shape", ())),
+                            None if bias is None else tuple(getattr(bias, "shape", ())))
+        if arrays.framework_of(a) == "jax":
+            from xgemm import jax as xjax
+            compose.no_jax_out("gated", out)
+            return xjax.gated(a, b, bias=bias, activation=activation, layout=layout, fn="gated")
+        b = b.reshape(*b.shape[:-2], 2 * b.shape[-1])           # a view where the strides allow it
+        bias = None if bias is None else bias.reshape(2 * bias.shape[-1])
     return compose.run("gated", a, b, None, 1.0, 0.0, bias, activation, True, out)
 
 

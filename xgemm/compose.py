@@ -31,6 +31,11 @@ def _check(fn: str, a: Any, b: Any, c: Any, beta: float, bias: Any, activation: 
     return dt, final
 
 
+def no_jax_out(fn: str, out: Any) -> None:
+    if out is not None:
+        raise errors.OutError(f"{fn}: out= is not supported for JAX (its arrays are immutable); use the result")
+
+
 def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activation: Optional[str],
         gated: bool, out: Any, *, plan_only: bool = False) -> Any:
     """The composed call (or, with plan_only, the product's Plan with its epilogue line)."""
@@ -38,8 +43,7 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
     beta = checks.scalar(fn, "beta", beta, traced=arrays.is_jax_tracer(beta))
     owner = prepare.owner_of(fn, "a", a)
     if owner == "jax":
-        if out is not None:
-            raise errors.OutError(f"{fn}: out= is not supported for JAX (its arrays are immutable); use the result")
+        no_jax_out(fn, out)
         from xgemm import jax as xjax
         b, c, bias = (arrays.import_into("jax", x, name, fn) if x is not None else None
                       for x, name in ((b, "b"), (c, "c"), (bias, "bias")))

@@ -166,6 +166,26 @@ def epilogue_shape(fn: str, shape: GemmShape, gated: bool, bias_dtype: Optional[
     return final
 
 
+GATED_LAYOUTS = ("concat", "stacked")
+
+
+def gated_layout(fn: str, layout: Any, b_shape: Tuple[int, ...], bias_shape: Optional[Tuple[int, ...]]) -> None:
+    """gated's weight layouts: "concat", b [..., K, 2H] = [gate | up]; "stacked", b [..., K, 2, H]
+    (b[..., 0, :] the gate projection, b[..., 1, :] the up one; MaxText's fused wi), with a bias of
+    shape (2, H). The same numbers: a contiguous stacked b reshaped to [..., K, 2H] is the concat one.
+    Stacked exists for sharding: its H axis shards both halves alike."""
+    if layout not in GATED_LAYOUTS:
+        raise errors.ShapeError(f"{fn}: layout={layout!r}; use 'concat' (b [K, 2H] = [gate | up]) or 'stacked' "
+                                f"(b [K, 2, H])")
+    if layout == "stacked":
+        if len(b_shape) < 3 or b_shape[-2] != 2:
+            raise errors.ShapeError(f"{fn}: b has shape {tuple(b_shape)}; layout='stacked' takes b [..., K, 2, H] "
+                                    f"(gate and up along the second-to-last axis)")
+        if bias_shape is not None and tuple(bias_shape) != (2, b_shape[-1]):
+            raise errors.ShapeError(f"{fn}: bias has shape {tuple(bias_shape)}; layout='stacked' takes a bias of "
+                                    f"shape (2, {b_shape[-1]}) (gate's, then up's)")
+
+
 def softmax_axis(fn: str, ndim: int, axis: Any) -> int:
     """`axis` normalized to [0, ndim)."""
     if ndim < 1:

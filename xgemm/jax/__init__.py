@@ -110,10 +110,22 @@ def matmul(a: Any, b: Any) -> jax.Array:
 
 
 def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out_dtype: Any = None,
-          fn: str = "gated") -> jax.Array:
+          layout: str = "concat", fn: str = "gated") -> jax.Array:
     """act(gate) * up of [gate | up] = a @ b + bias (b's first N/2 columns the gate projection);
-    activation swiglu, geglu or reglu (xgemm.gated says more)."""
-    return _with_epilogue(fn, a, b, None, 1.0, 0.0, out_dtype, bias, activation, True)
+    activation swiglu, geglu or reglu (xgemm.gated says more). layout="stacked": b [..., K, 2, H],
+    bias (2, H), run as two products (a @ b[..., 0, :] and a @ b[..., 1, :]), so that b sharded
+    along H keeps each device's gate and up columns together: no collective (a [gate | up] b
+    sharded along its columns puts the gate on some devices and the up on others)."""
+    if layout == "concat":
+        return _with_epilogue(fn, a, b, None, 1.0, 0.0, out_dtype, bias, activation, True)
+    b, bias = inputs.as_jax(fn, "b", b), None if bias is None else inputs.as_jax(fn, "bias", bias)
+    checks.gated_layout(fn, layout, b.shape, None if bias is None else bias.shape)
+    checks.activation(fn, activation, True)
+    a, _, _, _, _, out, _ = _checked_gemm(fn, a, b[..., 0, :], None, 1.0, 0.0, out_dtype)
+    acc = "float64" if a.dtype == jnp.float64 else "float32"
+    gate, up = (_with_epilogue(fn, a, b[..., i, :], None, 1.0, 0.0, acc, None if bias is None else bias[i], None, False)
+                for i in (0, 1))
+    return (epilogues.apply(jnp, gate, epilogues.GATED[activation]) * up).astype(out)
 
 
 def _checked_epilogue(fn, a, b, c, alpha, beta, out_dtype, bias, activation, gated):
