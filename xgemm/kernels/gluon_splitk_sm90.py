@@ -48,15 +48,15 @@ from __future__ import annotations
 import dataclasses
 
 from collections import namedtuple
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from xgemm.core.dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
 from xgemm.core.problem import COL, ROW, Policy
 from xgemm.kernels._common import sm90_half_gemm_reason
+from xgemm.kernels._pointer_gemm import H200_SMS, PointerGemm, b_leading_stride, sm_count
 from xgemm.runtime import driver, gluon_cache, launch
 from xgemm.runtime.calls import Param, triton_launch
 from xgemm.runtime.gluon_cache import parse_key
-from xgemm.runtime.roles import OUT, A, B
 
 NAME = "gluon_splitk_sm90"
 IN_DTYPES = ("float16", "bfloat16")
@@ -107,7 +107,6 @@ TUNE = ((128, 64, 4), (128, 128, 3), (128, 128, 4), (64, 64, 6), (64, 128, 4), (
         (64, 256, 3))
 SPLITS = (1, 2, 4, 8)
 TILES = {64: ((128, 4), (64, 6)), 128: ((128, 4), (64, 4))}   # bn -> ((bk, stages) for split <= 2, for 4/8)
-H200_SMS = 132
 
 
 def _tiles(m: int, n: int, bn: int) -> int:
@@ -120,11 +119,6 @@ def sm_fill(m: int, n: int, cfg: Config, sms: int = H200_SMS) -> float:
     split exists to bring this near 1 when M is too small to give every SM a tile."""
     ctas = _tiles(m, n, cfg.bn) * cfg.split
     return ctas / (-(-ctas // sms) * sms)
-
-
-def _ldb(b_strides, b_kmajor: bool) -> int:
-    """B's leading stride: between its columns when K-major, between its rows when N-major."""
-    return b_strides[-1] if b_kmajor else b_strides[-2]
 
 
 def _tile(bn: int, split: int) -> Tuple[int, int]:
@@ -352,20 +346,10 @@ def cluster_capacity(cfg: Config, device: int = 0) -> int:
     return driver.max_active_clusters(launcher._func, config, device)
 
 
-def _sm_count(device: int) -> int:
-    try:
-        return driver.sm_count(device)
-    except Exception:       # lowering for cuda on a machine without one: the H200's count
-        return H200_SMS
-
-
-class GluonSplitkSm90:
+class GluonSplitkSm90(PointerGemm):
     name = NAME
     ops = ("gemm",)
     backend = "gluon"
-
-    def __init__(self):
-        self._launchers: Dict[tuple, object] = {}
 
     def supports(self, problem) -> Optional[str]:
         why = sm90_half_gemm_reason(problem)
@@ -387,7 +371,7 @@ class GluonSplitkSm90:
             return "A must be ROW (K-major) and B ROW or COL"
         if n % 8 or k % 8 or a.alignment < 16 or b.alignment < 16:
             return "16-byte cp.async vectors need N and K multiples of 8 and 16-byte aligned A and B"
-        cfg = choose(m, n, k, a.dtype, ep.out_dtype, b.majorness == COL, _sm_count(problem.device.index))
+        cfg = choose(m, n, k, a.dtype, ep.out_dtype, b.majorness == COL, sm_count(problem.device.index))
         return gluon_cache.available(cfg.key)
 
     @staticmethod
@@ -397,7 +381,7 @@ class GluonSplitkSm90:
         return i, (o if o in (i, "float32") else "float32"), problem.b.majorness == COL
 
     def policy(self, problem) -> Policy:
-        sms = _sm_count(problem.device.index)
+        sms = sm_count(problem.device.index)
         cfg = choose(problem.m, problem.n, problem.k, *self._dtypes_of(problem), sms=sms)
         pol = policy_of(cfg)
         return dataclasses.replace(pol, notes=pol.notes + (f"{sm_fill(problem.m, problem.n, cfg, sms):.0%} of SMs busy",))
@@ -406,35 +390,18 @@ class GluonSplitkSm90:
         """Every TUNE tile at every split (benchmarks/gemm_tc.py --sweep-set splitk times them)."""
         return [policy_of(c) for c in tune_configs(*self._dtypes_of(problem))]
 
-    # -- run / bind ------------------------------------------------------------------------------
-    def run(self, problem, policy, operands, out, stream) -> None:
-        launcher, grid, args = self._resolve(problem, policy, operands[0], operands[1], out)
-        launcher(grid, stream, operands[0].ptr, operands[1].ptr, out.ptr, *args)
-
-    def bind(self, problem, policy, operands, out):
-        """go(a, b, c, d, stream) on torch tensors laid out as the views: the launch run() makes."""
-        launcher, grid, args = self._resolve(problem, policy, operands[0], operands[1], out)
-
-        def go(a, b, c, d, stream: int) -> None:
-            launcher(grid, stream, a.data_ptr(), b.data_ptr(), d.data_ptr(), *args)
-        go.native = launcher.native_recipe(grid, (A, B, OUT), args)
-        return go
-
+    # -- run / bind: PointerGemm around _resolve --------------------------------------------------
     def _resolve(self, problem, policy, a, b, out):
         """(launcher, clusters, the scalar args after the three pointers)."""
         cfg = config_of(policy, a.dtype, out.dtype, problem.b.majorness == COL)
         m, n, k = problem.m, problem.n, problem.k
-        strides = (a.strides[-2], _ldb(b.strides, cfg.b_kmajor), out.strides[-2])
+        strides = (a.strides[-2], b_leading_stride(b.strides, cfg.b_kmajor), out.strides[-2])
         if a.strides[-1] != 1 or (b.strides[-2] if cfg.b_kmajor else b.strides[-1]) != 1 or out.strides[-1] != 1 \
                 or any(s % 8 for s in strides) or (a.ptr | b.ptr | out.ptr) & 15:
             raise ValueError(f"{NAME}: A {a.strides}, B {b.strides}, out {out.strides} (16-byte bases "
                              f"{a.ptr & 15 == 0}/{b.ptr & 15 == 0}/{out.ptr & 15 == 0}): needs unit inner strides, "
                              f"leading strides multiples of 8 and 16-byte aligned bases")
-        key = (cfg, a.device.index)
-        launcher = self._launchers.get(key)
-        if launcher is None:
-            entry = gluon_cache.lookup(cfg.key)
-            launcher = self._launchers[key] = launch.get_launcher(entry.cubin, entry.meta, a.device.index)
+        launcher = self._launcher(cfg, a.device.index)
         return launcher, _tiles(m, n, cfg.bn), (m, n, k, *strides, float(problem.epilogue.alpha))
 
     # -- jax.jit -----------------------------------------------------------------------------------
@@ -446,7 +413,7 @@ class GluonSplitkSm90:
         P = Param
         m, n, k = problem.m, problem.n, problem.k
         args = (P.input(0), P.input(1), P.output(0), P.i32(m), P.i32(n), P.i32(k), P.i64(problem.a.strides[-2]),
-                P.i64(_ldb(problem.b.strides, cfg.b_kmajor)), P.i64(n), P.f32(float(problem.epilogue.alpha)))
+                P.i64(b_leading_stride(problem.b.strides, cfg.b_kmajor)), P.i64(n), P.f32(float(problem.epilogue.alpha)))
         return triton_launch(entry.cubin, entry.meta, _tiles(m, n, cfg.bn), args)
 
     def prebuild(self, arch: str):

@@ -32,22 +32,21 @@ from __future__ import annotations
 
 import os
 from collections import namedtuple
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from xgemm.core.dtypes import LONG_DTYPE, SHORT_DTYPE
 from xgemm.core.problem import COL, ROW, Policy
 from xgemm.kernels._common import sm90_half_gemm_reason
-from xgemm.runtime import driver, gluon_cache, launch
+from xgemm.kernels._pointer_gemm import H200_SMS, PointerGemm, b_leading_stride, sm_count
+from xgemm.runtime import gluon_cache
 from xgemm.runtime.calls import Param, triton_launch
 from xgemm.runtime.gluon_cache import parse_key
-from xgemm.runtime.roles import OUT, A, B
 
 NAME = "triton_gemv_sm90"
 IN_DTYPES = ("float16", "bfloat16")
 BM = 16                 # mma.sync's m16: rows past M are zeros
 MAX_M = 16
 WARPS = 4
-H200_SMS = 132
 ENABLE = "XGEMM_DECODE"
 
 
@@ -143,25 +142,10 @@ def gluon_entries(arch: str = "sm_90a") -> List[str]:
 # The kernel protocol (kernels/_common.py)
 # ----------------------------------------------------------------------------------------------
 
-def _sm_count(device: int) -> int:
-    try:
-        return driver.sm_count(device)
-    except Exception:       # lowering for cuda on a machine without one: the H200's count
-        return H200_SMS
-
-
-def _ldb(b_strides, b_kmajor: bool) -> int:
-    """B's leading stride: between its columns when K-major, between its rows when N-major."""
-    return b_strides[-1] if b_kmajor else b_strides[-2]
-
-
-class TritonGemvSm90:
+class TritonGemvSm90(PointerGemm):
     name = NAME
     ops = ("gemm",)
     backend = "gluon"           # built and launched through the Gluon kernels' cubin cache
-
-    def __init__(self):
-        self._launchers: Dict[tuple, object] = {}
 
     def supports(self, problem) -> Optional[str]:
         if os.environ.get(ENABLE) != "1":
@@ -183,29 +167,16 @@ class TritonGemvSm90:
             return "A must be ROW (K-major) and B ROW or COL"
         if n % 8 or k % 8 or a.alignment < 16 or b.alignment < 16:
             return "16-byte vector loads need N and K multiples of 8 and 16-byte aligned A and B"
-        cfg = choose(m, n, k, a.dtype, ep.out_dtype, b.majorness == COL, _sm_count(problem.device.index))
+        cfg = choose(m, n, k, a.dtype, ep.out_dtype, b.majorness == COL, sm_count(problem.device.index))
         return gluon_cache.available(cfg.key)
 
     def policy(self, problem) -> Policy:
-        sms = _sm_count(problem.device.index)
+        sms = sm_count(problem.device.index)
         cfg = choose(problem.m, problem.n, problem.k, problem.a.dtype, problem.epilogue.out_dtype,
                      problem.b.majorness == COL, sms)
         return Policy(tile=(BM, cfg.bn, cfg.bk), stages=cfg.stages, warps=WARPS,
                       notes=(f"{strips(problem.n, cfg)} strips of {cfg.bn} columns over all of K "
                              f"({strips(problem.n, cfg) / sms:.1f} per SM)",))
-
-    def run(self, problem, policy, operands, out, stream) -> None:
-        launcher, grid, args = self._resolve(problem, policy, operands[0], operands[1], out)
-        launcher(grid, stream, operands[0].ptr, operands[1].ptr, out.ptr, *args)
-
-    def bind(self, problem, policy, operands, out):
-        """go(a, b, c, d, stream) on torch tensors laid out as the views: the launch run() makes."""
-        launcher, grid, args = self._resolve(problem, policy, operands[0], operands[1], out)
-
-        def go(a, b, c, d, stream: int) -> None:
-            launcher(grid, stream, a.data_ptr(), b.data_ptr(), d.data_ptr(), *args)
-        go.native = launcher.native_recipe(grid, (A, B, OUT), args)
-        return go
 
     def _config(self, problem, policy, out_dtype: str) -> Config:
         _, bn, bk = policy.tile
@@ -214,12 +185,8 @@ class TritonGemvSm90:
     def _resolve(self, problem, policy, a, b, out):
         """(launcher, programs, the scalar args after the three pointers)."""
         cfg = self._config(problem, policy, out.dtype)
-        key = (cfg, a.device.index)
-        launcher = self._launchers.get(key)
-        if launcher is None:
-            entry = gluon_cache.lookup(cfg.key)
-            launcher = self._launchers[key] = launch.get_launcher(entry.cubin, entry.meta, a.device.index)
-        lds = (a.strides[-2], _ldb(b.strides, cfg.b_kmajor), out.strides[-2])
+        launcher = self._launcher(cfg, a.device.index)
+        lds = (a.strides[-2], b_leading_stride(b.strides, cfg.b_kmajor), out.strides[-2])
         return launcher, strips(problem.n, cfg), (problem.m, problem.n, problem.k, *lds,
                                                   float(problem.epilogue.alpha))
 
@@ -230,7 +197,7 @@ class TritonGemvSm90:
         P = Param
         m, n, k = problem.m, problem.n, problem.k
         args = (P.input(0), P.input(1), P.output(0), P.i32(m), P.i32(n), P.i32(k), P.i64(problem.a.strides[-2]),
-                P.i64(_ldb(problem.b.strides, cfg.b_kmajor)), P.i64(n), P.f32(float(problem.epilogue.alpha)))
+                P.i64(b_leading_stride(problem.b.strides, cfg.b_kmajor)), P.i64(n), P.f32(float(problem.epilogue.alpha)))
         return triton_launch(entry.cubin, entry.meta, strips(n, cfg), args)
 
     def prebuild(self, arch: str):
