@@ -232,6 +232,14 @@ def test_jax_grad_vmap_jit():
         batched = jax.vmap(lambda x: xj.gemm(x, b, bias=bias, activation="sigmoid"))(jnp.stack([a, 2 * a]))
         np.testing.assert_allclose(np.asarray(batched[1]), ref(2 * np.asarray(a), np.asarray(b), bias=np.asarray(bias),
                                                                activation="sigmoid"), rtol=1e-12)
+        stacked = jnp.stack([b[:, :6], b[:, 6:]], axis=1)                 # [K, 2, H]
+        st = jax.jit(jax.vmap(lambda x: xj.gated(x, stacked, bias=bias.reshape(2, 6), layout="stacked")))
+        np.testing.assert_allclose(np.asarray(st(jnp.stack([a, 2 * a]))[1]),
+                                   ref(2 * np.asarray(a), np.asarray(b), bias=np.asarray(bias), activation="swiglu",
+                                       gated=True), rtol=1e-12)
+        g_st = jax.grad(lambda w: (xj.gated(a, w, layout="stacked", activation="geglu") ** 2).sum())(stacked)
+        g_cc = jax.grad(lambda w: (xj.gated(a, w, activation="geglu") ** 2).sum())(b)
+        np.testing.assert_allclose(np.concatenate([g_st[:, 0], g_st[:, 1]], axis=1), np.asarray(g_cc), rtol=1e-12)
 
 
 def test_out_under_torch_compile():
