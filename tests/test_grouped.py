@@ -285,3 +285,24 @@ def test_any_sizes_match_the_loop(data, fw):
     offs = np.cumsum(sizes).astype(np.int64)
     out = grouped.grouped_mm(make(a, fw, "float64"), make(b, fw, "float64"), index(offs, fw, "int64"))
     np.testing.assert_allclose(to_f64(out), contract_ref(a, b, sizes), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fw", ["numpy", "torch", "jax"])
+def test_explain_names_the_default_and_its_cost(fw):
+    """explain(op="ragged_dot" | "grouped_mm") says what runs and that the default does E masked
+    products (E x the grouped FLOPs), so a user sees the cost before a grouped kernel lands."""
+    import xgemm
+    mod = {"numpy": np, "torch": pytest.importorskip("torch"), "jax": pytest.importorskip("jax.numpy")}[fw]
+    x, w = mod.asarray(np.zeros((100, 32), np.float32)), mod.asarray(np.zeros((4, 32, 16), np.float32))
+    gs = mod.asarray(np.array([10, 0, 50, 40], np.int32))
+    text = xgemm.explain(x, w, gs, op="ragged_dot")
+    assert f"on {fw}" in text and "[100, 32] @ [4, 32, 16] -> [100, 16]" in text
+    if fw == "jax":
+        assert "jax.lax.ragged_dot" in text
+    else:
+        assert "4 masked products" in text and "4 x the grouped product's" in text
+    xt, dy, offs = mod.asarray(np.zeros((32, 100), np.float32)), mod.asarray(np.zeros((100, 16), np.float32)), \
+        mod.asarray(np.array([10, 60, 100], np.int32))
+    assert "-> [3, 32, 16]" in xgemm.explain(xt, dy, offs, op="grouped_mm")
+    with pytest.raises(errors.ShapeError):
+        xgemm.explain(x, w, mod.asarray(np.array([1, 2], np.int32)), op="ragged_dot")

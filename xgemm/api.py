@@ -156,8 +156,11 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
 
     explain(x) -> softmax, explain(a, b) -> matmul, explain(a, b, c, alpha=, beta=) -> gemm,
     bias= / activation= as gemm() takes them; op="softmax"|"matmul"|"gemm"|"gated" overrides.
-    Printing the result gives a few readable lines.
+    Printing the result gives a few readable lines. op="ragged_dot" | "grouped_mm" with
+    (lhs, rhs, group_sizes) | (x, w, offs) returns those lines as a string (no kernel plans them yet).
     """
+    if op in ("ragged_dot", "grouped_mm") and len(arrays) == 3:
+        return grouped.explain(op, *arrays)
     op = op or {1: "softmax", 2: "matmul", 3: "gemm"}.get(len(arrays))
     if op == "softmax" and len(arrays) == 1:
         return prepare.prepare_softmax("explain", arrays[0], axis, out, plan_only=True)

@@ -96,6 +96,23 @@ def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, fn: str = "g
     return run_default(arrays.namespace(c.owner), c, c.index)
 
 
+def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None) -> str:
+    """What a ragged_dot / grouped_mm call runs, in words: its shape, and the embedded default's
+    cost (every group's product over all T rows or indices, masked: E times the grouped FLOPs)."""
+    c = (check_ragged_dot if op == "ragged_dot" else check_grouped_mm)(a, b, index, out_dtype, fn="explain")
+    s = c.shape
+    what = (f"{s.groups} groups of the {s.rows} contraction indices: a [{s.m}, {s.rows}] @ b [{s.rows}, {s.n}] "
+            f"-> [{s.groups}, {s.m}, {s.n}]" if s.ragged_k else
+            f"{s.groups} groups of the {s.rows} rows: [{s.rows}, {s.k}] @ [{s.groups}, {s.k}, {s.n}] -> [{s.rows}, {s.n}]")
+    flops = 2 * s.m * s.k * s.n if not s.ragged_k else 2 * s.m * s.rows * s.n
+    runs = ("XLA's jax.lax.ragged_dot" + ("_general" if s.ragged_k else "") + f" ({flops / 1e9:.3g} GFLOP)"
+            if c.owner == "jax" else
+            f"the embedded default in {c.owner} ops, {s.groups} masked products of every "
+            f"{'index' if s.ragged_k else 'row'} ({s.groups} x the grouped product's {flops / 1e9:.3g} GFLOP)")
+    return (f"{op} {c.dtype}->{c.out_dtype} on {c.owner}: {what}\n"
+            f"  runs on: {runs}; no grouped kernel yet, no host read of the group sizes")
+
+
 def run_default(xp: Any, c: Checked, ends: Any) -> Any:
     """The embedded default on the owner framework's own ops; `ends` are the groups' end offsets,
     on the device. Where a grouped kernel plugs in: plan a GroupedProblem and run the chosen kernel."""
