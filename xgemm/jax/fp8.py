@@ -144,29 +144,26 @@ class Fp8MatmulConfig(NamedTuple):
     b_dtype: str
     grad_dtype: Optional[str]
 
-
-def _quantized_operands(a, b, cfg: Fp8MatmulConfig):
-    (a8, sa), (b8, sb) = _quantize(a, cfg.plan.a_recipe, "float8_e4m3fn"), _quantize(b, cfg.plan.b_recipe, "float8_e4m3fn")
-    return a8, b8, sa, sb
+    @property
+    def inner(self) -> Fp8Config:
+        """The scaled_matmul of the quantized operands (no gradients of its own: _fp8_bwd's)."""
+        return Fp8Config(self.out, self.plan.matmul.a_block, self.plan.matmul.b_block, None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _fp8_matmul(a, b, bias, cfg: Fp8MatmulConfig):
-    a8, b8, sa, sb = _quantized_operands(a, b, cfg)
-    inner = Fp8Config(cfg.out, cfg.plan.matmul.a_block, cfg.plan.matmul.b_block, None)
-    return _scaled_matmul(a8, b8, sa, sb, bias, inner)
+    return _fp8_fwd(a, b, bias, cfg)[0]
 
 
 def _fp8_fwd(a, b, bias, cfg):
-    a8, b8, sa, sb = _quantized_operands(a, b, cfg)     # the fp8 operands are the residuals, not a and b
-    inner = Fp8Config(cfg.out, cfg.plan.matmul.a_block, cfg.plan.matmul.b_block, None)
-    return _scaled_matmul(a8, b8, sa, sb, bias, inner), (a8, b8, sa, sb, bias)
+    (a8, sa), (b8, sb) = _quantize(a, cfg.plan.a_recipe, "float8_e4m3fn"), _quantize(b, cfg.plan.b_recipe, "float8_e4m3fn")
+    # the fp8 operands are the residuals, not a and b
+    return _scaled_matmul(a8, b8, sa, sb, bias, cfg.inner), (a8, b8, sa, sb, bias)
 
 
 def _fp8_bwd(cfg, res, dy):
     a8, b8, sa, sb, bias = res
-    blocks = Fp8Config(cfg.out, cfg.plan.matmul.a_block, cfg.plan.matmul.b_block, None)
-    da, db, dsum = _grads(dy, *_dequantized(a8, b8, sa, sb, blocks), cfg.grad_dtype)
+    da, db, dsum = _grads(dy, *_dequantized(a8, b8, sa, sb, cfg.inner), cfg.grad_dtype)
     return da.astype(cfg.a_dtype), db.astype(cfg.b_dtype), None if bias is None else dsum.astype(bias.dtype)
 
 
