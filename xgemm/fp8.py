@@ -117,13 +117,24 @@ def fp8_matmul(a: Any, b: Any, *, recipe: str = "tensor", out_dtype: Any = None,
     if owner == "jax":
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.fp8_matmul(a, b, recipe=recipe, out_dtype=out_dtype, bias=bias, fn=fn)
-    arrays.require_array(fn, "b", b)
-    b = arrays.import_into(owner, b, "b", fn)
-    plan = fp8_checks.fp8_matmul_plan(fn, recipe, a.shape, b.shape)
-    out = fp8_checks.fp8_matmul_dtypes(fn, arrays.dtype_name(a), arrays.dtype_name(b), arrays.requested_dtype(out_dtype))
+    b, bias, plan, out = check_fp8_matmul(owner, a, b, recipe, out_dtype, bias, fn=fn)
     a8, sa = quantize_fp8(a, plan.a_recipe, fn=fn)
     b8, sb = quantize_fp8(b, plan.b_recipe, fn=fn)
     return scaled_matmul(a8, b8, sa, sb, out_dtype=out, bias=bias, fn=fn)
+
+
+def check_fp8_matmul(owner: str, a: Any, b: Any, recipe: str, out_dtype: Any, bias: Any, *, fn: str = "fp8_matmul"):
+    """(b and bias in a's framework, the Fp8MatmulPlan, the result dtype's name) for fp8_matmul's
+    eager path and its torch op."""
+    arrays.require_array(fn, "b", b)
+    b = arrays.import_into(owner, b, "b", fn)
+    plan = fp8_checks.fp8_matmul_plan(fn, recipe, a.shape, b.shape)
+    if bias is not None:
+        arrays.require_array(fn, "bias", bias)
+        bias = arrays.import_into(owner, bias, "bias", fn)
+        fp8_checks.bias(fn, arrays.dtype_name(bias), bias.shape, plan.matmul.n)
+    out = fp8_checks.fp8_matmul_dtypes(fn, arrays.dtype_name(a), arrays.dtype_name(b), arrays.requested_dtype(out_dtype))
+    return b, bias, plan, out
 
 
 def run_default(xp: Any, c: Checked) -> Any:

@@ -97,13 +97,9 @@ def fp8_matmul(a: Any, b: Any, *, recipe: str = "tensor", out_dtype: Any = None,
     """xgemm.fp8.fp8_matmul through the differentiable op (checked eagerly first; inside a
     torch.compile trace the op checks at run time)."""
     fn = "fp8_matmul"
-    if not torch.compiler.is_compiling():
-        arrays.require_array(fn, "b", b)
-        b = arrays.import_into("torch", b, "b", fn)
-        plan = fp8_checks.fp8_matmul_plan(fn, recipe, a.shape, b.shape)
-        if bias is not None:
-            arrays.require_array(fn, "bias", bias)
-            bias = arrays.import_into("torch", bias, "bias", fn)
-            fp8_checks.bias(fn, arrays.dtype_name(bias), bias.shape, plan.matmul.n)
-    out = fp8_checks.fp8_matmul_dtypes(fn, arrays.dtype_name(a), arrays.dtype_name(b), arrays.requested_dtype(out_dtype))
+    if torch.compiler.is_compiling():
+        out = fp8_checks.fp8_matmul_dtypes(fn, arrays.dtype_name(a), arrays.dtype_name(b),
+                                           arrays.requested_dtype(out_dtype))
+    else:
+        b, bias, _, out = fp8.check_fp8_matmul("torch", a, b, recipe, out_dtype, bias, fn=fn)
     return fp8_matmul_op(a, b, bias, recipe, getattr(torch, out), fp8_checks.grad_dtype(fn, grad_dtype))
