@@ -59,12 +59,12 @@ def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out: 
     along H in JAX, as each shard then holds matching gate and up columns. Interleaved weights
     ([g0, u0, g1, u1, ...]): pass b.reshape(K, N // 2, 2).swapaxes(-1, -2).reshape(K, N)."""
     if layout != "concat":
-        checks.gated_layout("gated", layout, tuple(getattr(b, "shape", ())),
-                            None if bias is None else tuple(getattr(bias, "shape", ())))
-        if arrays.framework_of(a) == "jax":
+        if arrays.framework_of(a) == "jax":          # it checks the layout itself
             from xgemm import jax as xjax
             compose.no_jax_out("gated", out)
             return xjax.gated(a, b, bias=bias, activation=activation, layout=layout, fn="gated")
+        checks.gated_layout("gated", layout, tuple(getattr(b, "shape", ())),
+                            None if bias is None else tuple(getattr(bias, "shape", ())))
         b = b.reshape(*b.shape[:-2], 2 * b.shape[-1])           # a view where the strides allow it
         bias = None if bias is None else bias.reshape(2 * bias.shape[-1])
     return compose.run("gated", a, b, None, 1.0, 0.0, bias, activation, True, out)
