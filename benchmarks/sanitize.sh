@@ -4,14 +4,20 @@
 #
 #   bash benchmarks/sanitize.sh [OUTDIR]     (default benchmarks/results/sanitize; on the GPU machine)
 #
-# Knobs: SAN_TOOLS (default all four), SAN_PARTS ("torch jax"), SAN_TIMEOUT (s per run, 600),
+# Knobs: SAN_TOOLS (default all four), SAN_PARTS ("torch jax"), SAN_TIMEOUT (s per run, 600), SAN_CONTROL (1),
+# SAN_EXTRA (options added to every run),
 # SAN_CASES (a regex: only the cases whose label matches, sanitize_cases.py --cases),
 # SAN_ONLY_OURS (tools that check only xgemm's kernels; default "racecheck initcheck"): their
 # --kernel-regex matches CuTe-DSL's kernel_cutlass_* symbols and Gluon's xgemm_* ones, so torch's
 # float64 reference products run uninstrumented (racecheck timed out in them at 8192 rows) and
 # initcheck does not flag framework copies of results written by TMA stores, which it cannot see.
+# The same filter leaves the writes of the framework's kernels untracked, so initcheck's host-API
+# check flagged every readback of a torch reduction in the harness (sanitize_cases.py's _check: 2
+# per case, 44 in the torch part, 197 in JAX's start-up, H200 2026-12-02): initcheck runs with
+# --check-api-memory-access no, and the outputs' values (NaN-poisoned, checked) cover the copies.
+# memcheck's API errors from cuda-bindings' driver symbol probes are listed apart (is_probe).
 # Each (tool, part) runs in its own process; its log is OUTDIR/<tool>-<part>.log. Exit status 0
-# only when every run printed "ERROR SUMMARY: 0 errors" and every output was right.
+# only when every run finished with no error but driver symbol probes and every output was right.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-benchmarks/results/sanitize}
@@ -25,10 +31,21 @@ for tool in $tools; do
     start=$(date +%s)
     extra=()
     [ "$tool" = racecheck ] && extra=(--racecheck-report all)
-    case " ${SAN_ONLY_OURS-racecheck initcheck} " in *" $tool "*) extra+=(--kernel-regex "kns=cutlass|xgemm");; esac
-    timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool "$tool" "${extra[@]}" --print-limit 200 \
+    case " ${SAN_ONLY_OURS-racecheck initcheck} " in
+      *" $tool "*) extra+=(--kernel-regex "kns=cutlass|xgemm")
+                   [ "$tool" = initcheck ] && extra+=(--check-api-memory-access no);;
+    esac
+    # SAN_EXTRA: more compute-sanitizer options for every run (e.g. "--check-warpgroup-mma no")
+    timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool "$tool" "${extra[@]}" ${SAN_EXTRA:-} --print-limit 200 \
       python3 benchmarks/sanitize_cases.py --part "$part" --cases "${SAN_CASES:-}" > "$out/$tool-$part.log" 2>&1
     echo "$tool $part: rc $? in $(( $(date +%s) - start )) s; $(grep -ho 'ERROR SUMMARY.*' "$out/$tool-$part.log" | tail -1)"
   done
 done
+# SAN_CONTROL=1: racecheck on the peers' GEMMs (cuBLAS, quack), unfiltered: what the tool says about
+# Hopper kernels that are not ours, in the same run (reported, not counted)
+if [ "${SAN_CONTROL:-1}" = 1 ] && [[ " $tools " == *" racecheck "* ]]; then
+  timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
+    python3 benchmarks/sanitize_cases.py --part control > "$out/racecheck-control.log" 2>&1
+  echo "racecheck control: rc $?; $(grep -ho 'RACECHECK SUMMARY.*\|ERROR SUMMARY.*' "$out/racecheck-control.log" | tail -1)"
+fi
 python3 benchmarks/sanitize_cases.py --report "$out"
