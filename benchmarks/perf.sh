@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One H200 call for the model-layer benchmarks (issues 20, 21, 23, 24): prebuild, the GPU tests, then
+# decode.py, model_shapes.py, the short-row softmax sweep, epilogue.py, fp8.py and grouped.py, each
+# capped so that the whole run ends before DEADLINE and the logs still come back.
+# What it prints goes to $OUT/summary.txt too; logs and JSON are packed into $OUT/logs.tar.xz (the
+# device tool brings back only a few files from $OUT).
+#   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
+# Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
+# "tests decode model softmax epilogue fp8 grouped"), TESTS (tests/gpu), MODEL_SUBSET (core),
+# MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16).
+set -u
+OUT=${OUT:-/tmp/xgemm-perf}; LOGS=$OUT/logs; mkdir -p "$LOGS"
+exec > >(tee "$OUT/summary.txt") 2>&1
+source .gpu/use-bundle .gpu
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+mkdir -p /tmp/xc && tar -xJf "${CACHE_TAR:-.cache/xgemm-cache.tar.xz}" -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
+nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader
+t0=$SECONDS
+deadline=${DEADLINE:-560}
+# stage NAME MAX_S CMD...: runs CMD under the smaller of MAX_S and the time left, log in $LOGS/NAME.log
+stage() {
+  local name=$1 max=$2; shift 2
+  local left=$(( deadline - (SECONDS - t0) ))
+  [ "$left" -lt 20 ] && { echo "== $name: skipped, $left s left"; return; }
+  [ "$max" -gt "$left" ] && max=$left
+  timeout "$max" "$@" > "$LOGS/$name.log" 2>&1
+  echo "== $name: rc $?, done at $((SECONDS - t0)) s (cap $max s)"
+}
+want() { case " ${STAGES:-tests decode model softmax epilogue fp8 grouped} " in *" $1 "*) return 0;; esac; return 1; }
+stage prebuild 240 python3 -c "from xgemm.runtime import cute_cache as c; print(len(c.prebuild(jobs=16)), 'CuTe classes')"
+tail -1 "$LOGS/prebuild.log"
+if want tests; then
+  stage tests 220 python3 -m pytest -q -p no:cacheprovider -n 4 --timeout=200 ${TESTS:-tests/gpu}
+  grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -20; tail -2 "$LOGS/tests.log"
+fi
+R=$LOGS/results; mkdir -p "$R"
+if want decode; then stage decode 120 python3 benchmarks/decode.py --out "$R"; tail -25 "$LOGS/decode.log"; fi
+if want model; then
+  stage model 200 python3 benchmarks/model_shapes.py --subset "${MODEL_SUBSET:-core}" --jit-subset "${MODEL_JIT:-jit}" \
+    --budget-s 150 --out "$R"
+  grep -iE "summary|geomean|median|worst|below|skipped" "$LOGS/model.log" | head -30
+fi
+if want softmax; then
+  stage softmax 90 python3 benchmarks/softmax.py --sizes "${SOFTMAX_SIZES:-1000,1536,3000,4095,4096}" \
+    --dtypes "${SOFTMAX_DTYPES:-float16,bfloat16}" --bytes 0.5 --tune --out "$R" --name softmax-short-h200
+  tail -30 "$LOGS/softmax.log"
+fi
+for b in epilogue fp8 grouped; do
+  if want $b; then stage $b 100 python3 benchmarks/$b.py --out "$R"; tail -25 "$LOGS/$b.log"; fi
+done
+tar -cJf "$OUT/logs.tar.xz" -C "$LOGS" . && rm -rf "$LOGS"
+echo "total $((SECONDS - t0)) s"
