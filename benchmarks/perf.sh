@@ -42,7 +42,7 @@ if want model; then
 fi
 if want softmax; then
   stage softmax 90 python3 benchmarks/softmax.py --sizes "${SOFTMAX_SIZES:-1000,1536,3000,4095,4096}" \
-    --dtypes "${SOFTMAX_DTYPES:-float16,bfloat16}" --bytes 0.5 --tune --out "$R" --name softmax-short-h200
+    --dtypes "${SOFTMAX_DTYPES:-float16,bfloat16}" --bytes 0.5 --tune --shift --out "$R" --name softmax-short-h200
   tail -30 "$LOGS/softmax.log"
 fi
 for b in epilogue fp8 grouped; do

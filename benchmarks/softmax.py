@@ -43,7 +43,8 @@ TUNE = {
     256: [(64, 8, 1, 0), (32, 8, 1, 0), (16, 4, 1, 0), (8, 4, 1, 0), (4, 4, 1, 0), (4, 2, 1, 0), (2, 2, 1, 0),
           (8, 8, 1, 0)],
     1024: [(8, 8, 1, 0), (4, 4, 1, 0), (2, 2, 1, 0), (4, 2, 1, 0), (2, 4, 1, 0), (1, 4, 1, 0), (16, 8, 1, 0)],
-    4096: [(8, 16, 1, 0), (4, 8, 1, 0), (8, 16, 1, 1), (4, 8, 1, 1)],
+    4096: [(8, 16, 1, 0), (4, 8, 1, 0), (8, 16, 1, 1), (4, 8, 1, 1), (2, 8, 1, 0), (2, 4, 1, 0), (1, 4, 1, 0),
+           (1, 8, 1, 0)],
     16384: [(1, 16, 1, 0), (1, 16, 1, 1), (1, 8, 2, 1), (1, 4, 4, 1)],
     65536: [(1, 4, 4, 1), (1, 4, 4, 2), (1, 8, 2, 2), (1, 4, 4, 3), (1, 8, 4, 3), (1, 4, 8, 3), (1, 8, 2, 3),
             (1, 4, 2, 3), (1, 16, 2, 3)],
@@ -52,7 +53,7 @@ TUNE = {
 }
 
 
-def tune_configs(n: int, dtype: str):
+def tune_configs(n: int, dtype: str, aligned: bool = True, shifted: bool = False):
     from xgemm.kernels import gluon_softmax as gs
     from xgemm.core.problem import Policy
     out = []
@@ -60,22 +61,33 @@ def tune_configs(n: int, dtype: str):
     for m, w, c, o in TUNE.get(block_n, []):
         pol = Policy(tile=(m, block_n), warps=w, ctas_per_row=c, cluster=(c, 1), notes=gs.ONLINE_NOTES[o])
         try:
-            cfg = gs.config_from_policy(pol, dtype, dtype, aligned=True)
+            cfg = gs.config_from_policy(pol, dtype, dtype, aligned, shifted)
         except AssertionError:
             continue
         out.append((pol, cfg))
     return out
 
 
+def aligned_rows(n: int, dtype: str) -> bool:
+    """Whether the sweep's contiguous M x n rows take the aligned variant (n a multiple of 16 bytes)."""
+    return n * {"float32": 4, "float16": 2, "bfloat16": 2}[dtype] % 16 == 0
+
+
 def needed_entries(sizes, dtypes, tune: bool):
+    """The cache entries a run needs: each size's pick in the variant its rows take (an odd row
+    length: the element-wise one and the shift variant --shift times beside it), and with --tune
+    every candidate the same way."""
     from xgemm.kernels import gluon_softmax as gs
     keys = []
     for dt in dtypes:
         for n in sizes:
-            keys.append(gs.pick_config(n, dt, dt, aligned=True).key)
+            aligned = aligned_rows(n, dt)
+            modes = [(True, False)] if aligned else [(False, False), (False, True)]
+            for al, sh in modes:
+                keys.append(gs.pick_config(n, dt, dt, al, sh).key)
+                if tune:
+                    keys += [cfg.key for _, cfg in tune_configs(n, dt, al, sh)]
             keys.append(gs.pick_config(4096, dt, dt, aligned=True).key)   # fresh-process probe
-            if tune:
-                keys += [cfg.key for _, cfg in tune_configs(n, dt)]
     keys.append(gs.pick_config(16, "float32", "float32", aligned=True).key)   # host-cost probe
     return list(dict.fromkeys(keys))
 
@@ -89,6 +101,8 @@ def main(argv=None):
     ap.add_argument("--bytes", type=float, default=1.0, help="GiB of input per shape")
     ap.add_argument("--peers", default="torch,jax,quack")
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--shift", action="store_true",
+                    help="odd row lengths: also time the shift variant (XGEMM_SOFTMAX_SHIFT) beside the default")
     ap.add_argument("--list-entries", action="store_true")
     ap.add_argument("--out", default=str(h.RESULTS))
     ap.add_argument("--name", default="softmax-h200")
@@ -254,9 +268,10 @@ class Bench:
             ok, worst = check_all(ys)
             return ms, ok, worst, pol
 
+        aligned = aligned_rows(n, dtype)
         if self.args.tune:
             best = None
-            for pol, cfg in tune_configs(n, dtype):
+            for pol, cfg in tune_configs(n, dtype, aligned, not aligned and gs.shift_enabled()):
                 ms, ok, worst, _ = time_xgemm(pol)
                 self.tune_records.append({"case": case, "config": cfg.key, "block_m": cfg.block_m,
                                           "warps": cfg.warps, "ctas": cfg.ctas, "elems_per_thread":
@@ -269,6 +284,15 @@ class Bench:
 
         ms, ok, worst, pol = time_xgemm()
         record("xgemm", ms, ok, f"  max|err| {worst:.2e}  policy: {pol.summary()}")
+        if self.args.shift and not aligned and not gs.shift_enabled():
+            # the shift variant of the same pick beside the default (XGEMM_SOFTMAX_SHIFT=1 for the
+            # capture; the launcher cache keys on it)
+            os.environ[gs.SHIFT_ENV] = "1"
+            try:
+                ms, ok, worst, _ = time_xgemm()
+            finally:
+                del os.environ[gs.SHIFT_ENV]
+            record("xgemm-shift", ms, ok, f"  max|err| {worst:.2e}")
 
         if "torch" in self.peers:
             ys = [None] * n_in

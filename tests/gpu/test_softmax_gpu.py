@@ -143,6 +143,34 @@ def test_row_strides_and_offsets(cols, mode):
     check(xgemm_softmax(x3, mode=mode), x3, "3-d")
 
 
+SHIFT_PAIRS = [("float16", "float16"), ("bfloat16", "bfloat16"), ("float32", "float32"), ("bfloat16", "float32"),
+               ("float32", "float16")]
+
+
+@pytest.mark.parametrize("dt_in,dt_out", SHIFT_PAIRS)
+@pytest.mark.parametrize("cols", [1, 3, 7, 9, 100, 1000, 1001, 1536, 3000, 4095, 4097, 8191, 16383])
+def test_shift_variant_odd_rows(monkeypatch, dt_in, dt_out, cols):
+    """XGEMM_SOFTMAX_SHIFT=1: contiguous rows of odd length (every shift of a row in its 16-byte
+    chunk across 37 rows), specials in the head, middle and tail, an output inside a sentinel
+    buffer: right values, nothing written outside the rows."""
+    monkeypatch.setenv(gs.SHIFT_ENV, "1")
+    rows = 37
+    x = randn(rows, cols, "float32", seed=6)
+    x[5] = -float("inf")
+    x[6, cols // 2] = float("nan")
+    x[7] = 0.0
+    x[7, -1] = 30.0                                    # the dominant entry in the last chunk
+    x[8, 0] = 30.0                                     # ... in the first
+    x = x.to(TORCH_DT[dt_in])
+    outbuf = torch.full((rows * cols + 16,), 7.0, dtype=TORCH_DT[dt_out], device="cuda")
+    out = outbuf[8:8 + rows * cols].view(rows, cols)  # a 16- or 32-byte aligned base
+    p = problem_of(x, dt_out)
+    pol = gs.KERNEL.policy(p)
+    assert gs.KERNEL._config(pol, dt_in, dt_out, False, True).shift == 1, "shift variant not in the cache"
+    check(xgemm_softmax(x, out=out, out_dtype=dt_out), x, f"shifted {dt_in}->{dt_out} {rows}x{cols}")
+    assert (outbuf[:8] == 7).all() and (outbuf[8 + rows * cols:] == 7).all(), "wrote outside out"
+
+
 # online=2 / 3, the mbarrier-exchange kernels the picker uses for BLOCK_N 32768 ... 262144 (the
 # tests above run the pick in "table" mode and its sibling in "sibling" mode); here fp32 aligned,
 # both spelled out. online=3 has no exit cluster barrier: the repeated launches below would

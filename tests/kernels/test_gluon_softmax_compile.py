@@ -31,13 +31,14 @@ MULTI = TABLE65._replace(online=0)                                           # t
 ONLINE = TABLE65._replace(online=1)                                          # one packed exchange
 MBAR = gs.mbarrier_variant(TABLE65)                                          # st.async + mbarrier exchange
 QUACK = MBAR._replace(online=3)                                              # quack's order, no exit barrier
+SHIFT = gs.pick_config(4095, "float16", "float16", aligned=False, shifted=True)   # odd rows, aligned bases
 
 
 @pytest.fixture(scope="module")
 def compiled(gluon_cache_dir):
     """Representative variants, compiled once: {cfg: (CompiledKernel, Entry)}."""
     out = {}
-    for cfg in (MULTI, SHORT, ODD, ONLINE, MBAR, QUACK):
+    for cfg in (MULTI, SHORT, ODD, ONLINE, MBAR, QUACK, SHIFT):
         ck = gluon_cache.compile_kernel(cfg.key)[0]
         entry = gluon_cache.lookup(cfg.key)          # compiles on first use into gluon_cache_dir
         out[cfg] = (ck, entry)
@@ -127,6 +128,33 @@ def test_single_cta_variants_have_no_cluster_code(compiled):
     # unaligned variant: no vector loads (bases/strides carry no divisibility promise)
     odd_ops = _ops(compiled[ODD][0].asm["ptx"])
     assert not any(".v" in o for o in odd_ops if o.startswith(("ld.global", "st.global"))), odd_ops
+
+
+def test_shift_variant_moves_whole_chunks_as_vectors(compiled):
+    """Odd rows on aligned bases: every whole 16-byte chunk a thread owns is one ld/st.global.v4
+    (elems_per_thread / vec of them), the partial first and last chunk of a row go element by
+    element (one head and one tail element per thread), and the key keeps the old variants'."""
+    assert SHIFT.shift == 1 and SHIFT.align == 1 and SHIFT.key.endswith("-o0-s1")
+    assert gs.Config.from_key(SHIFT.key) == SHIFT and SHIFT._replace(shift=0).key == ODD._replace(
+        in_dtype="float16", out_dtype="float16", block_n=4096, block_m=SHIFT.block_m, warps=SHIFT.warps).key
+    ptx = compiled[SHIFT][0].asm["ptx"]
+    count = lambda op: len(re.findall(r"\b" + re.escape(op) + r"\b", ptx))
+    per_thread = SHIFT.elems_per_thread // SHIFT.vec
+    assert count("ld.global.v4.b32") == per_thread and count("st.global.v4.b32") == per_thread, ptx.count("v4")
+    assert count("ld.global.b16") == 2 and count("st.global.b16") == 2
+    # the unaligned variant of the same config: every element a scalar access
+    odd = gluon_cache.compile_kernel(SHIFT._replace(shift=0).key)[0].asm["ptx"]
+    assert "v4" not in "".join(re.findall(r"\b[ls][dt]\.global[\w.]*", odd))
+
+
+def test_shift_variant_only_where_one_cta_owns_a_row():
+    for cols in (1, 7, 1000, 4095, 16383):
+        assert gs.pick_config(cols, "bfloat16", "float32", aligned=False, shifted=True).shift == 1
+        assert gs.pick_config(cols, "bfloat16", "float32", aligned=True, shifted=True).shift == 0
+    for cols in (16385, 100000):                     # cluster rows keep the element-wise variant
+        assert gs.pick_config(cols, "float16", "float16", aligned=False, shifted=True).shift == 0
+    with pytest.raises(AssertionError):
+        gs.Config("float16", "float16", 1024, 1, 4, 1, 8, 8, 0, 1).check()     # aligned and shifted
 
 
 def test_metadata(compiled, gluon_cache_dir):
@@ -260,9 +288,12 @@ def Config_round_trip(cfg):
 
 def test_default_entries_are_distinct_and_valid():
     keys = gs.gluon_entries(siblings=False)
-    assert len(keys) == len(set(keys)) == 9 * 2 * (gs.MAX_COLS.bit_length() - gs.MIN_BLOCK_N.bit_length() + 1)
+    shifted = [k for k in keys if k.endswith("-s1")]     # one per dtype pair and BLOCK_N <= 16384
+    assert len(shifted) == 9 * (16384 .bit_length() - gs.MIN_BLOCK_N.bit_length() + 1)
+    assert len(keys) == len(set(keys)) == len(shifted) + 9 * 2 * (
+        gs.MAX_COLS.bit_length() - gs.MIN_BLOCK_N.bit_length() + 1)
     both = gs.gluon_entries()
-    assert set(keys) < set(both) and len(both) == len(set(both)) == 2 * len(keys)
+    assert set(keys) < set(both) and len(both) == len(set(both)) == 2 * len(keys) - len(shifted)
     for k in both:
         cfg = gs.Config.from_key(k)
         cfg.check()
@@ -365,8 +396,8 @@ def test_run_launch_arguments(monkeypatch):
             calls.append((args, self.aligned))
 
     k = gs.GluonSoftmax()
-    monkeypatch.setattr(k, "_prepare", lambda lkey, pol, i, o, aligned, dev: k._launchers.setdefault(
-        lkey, (Rec(aligned), gs.config_from_policy(pol, i, o, aligned).block_m)))
+    monkeypatch.setattr(k, "_prepare", lambda lkey, pol, i, o, aligned, shifted, dev: k._launchers.setdefault(
+        lkey, (Rec("shifted" if shifted else aligned), gs.config_from_policy(pol, i, o, aligned).block_m)))
     dev = Device("cuda", 0, (9, 0))
 
     def go(shape, xstrides, ystrides, xptr=4096, yptr=8192, dtype="float32"):
@@ -401,3 +432,14 @@ def test_run_launch_arguments(monkeypatch):
     assert args[4:] == (6, 1, 7, 1)
     with pytest.raises(Exception, match="compact"):
         go((3, 5, 64), (640, 64, 1), (320, 64, 1))                   # (3, 5) rows do not collapse
+    # XGEMM_SOFTMAX_SHIFT=1: odd rows on 16-byte bases with strides equal modulo vec take the shift
+    # variant; a misaligned base or strides that differ modulo vec keep the element-wise one
+    monkeypatch.setenv(gs.SHIFT_ENV, "1")
+    assert go((37, 1001), (1001, 1), (1001, 1))[1] == "shifted"
+    assert go((1, 999), (999, 1), (999, 1))[1] == "shifted"
+    assert go((37, 1001), (1001, 1), (1001, 1), xptr=4100)[1] is False
+    assert go((37, 1001), (1002, 1), (1001, 1))[1] is False
+    assert go((37, 1001), (1005, 1), (1001, 1))[1] == "shifted"        # 1005 - 1001 = vec (fp32)
+    assert go((37, 1000), (1000, 1), (1000, 1))[1] is True
+    monkeypatch.delenv(gs.SHIFT_ENV)
+    assert go((37, 1001), (1001, 1), (1001, 1))[1] is False

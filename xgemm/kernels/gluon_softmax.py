@@ -10,7 +10,11 @@ Contract
             row stride. Anything else declines (the API compacts or uses the reference).
   alignment none required. When both base pointers are 16-byte aligned and cols and both row
             strides are multiples of 16 bytes / itemsize, the "aligned" variant issues 16-byte
-            loads/stores; otherwise the same kernel without the divisibility hints (scalar ones).
+            loads/stores; otherwise the same kernel without the divisibility hints (scalar ones),
+            or, for aligned bases whose row strides are equal modulo 16 bytes / itemsize (an odd
+            row length, contiguous), the shift variant (Config.shift: whole 16-byte chunks as
+            vectors, the partial first and last chunk of each row element by element; BLOCK_N
+            <= 16384; off unless XGEMM_SOFTMAX_SHIFT=1 until measured on the H200).
   arch      sm_90 / sm_90a (Hopper), cubins built by triton >= 3.8 (xgemm/runtime/gluon_cache.py) and
             launched by xgemm/runtime/launch.py (ctypes on libcuda); triton is not needed at run time.
   limits    1 <= cols <= MAX_COLS (2**19): a row lives in registers, split across a cluster of
@@ -78,6 +82,7 @@ VEC is 16 bytes / input itemsize (4 for fp32, 8 for 16-bit): one 128-bit access 
 """
 from __future__ import annotations
 
+import os
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
@@ -123,8 +128,8 @@ def _next_pow2(n: int) -> int:
 
 
 # A namedtuple, not a dataclass: module import stays ~0.2 ms (it is on the first-call path).
-class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas vec align online",
-                        defaults=(0,))):
+class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas vec align online shift",
+                        defaults=(0, 0))):
     """One compiled variant: everything that is a constexpr of the kernel.
 
     in_dtype, out_dtype  "float32" | "float16" | "bfloat16"
@@ -140,6 +145,10 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
              that publishes the mbarrier's init) after the local reduction, and without the exit
              cluster barrier triton adds (gluon_patch_ptx): with st.async every byte a CTA
              receives has landed before it passes its own wait, so no CTA can exit under a peer
+    shift    1: rows that start anywhere (cols and strides of any value) on 16-byte aligned bases,
+             x and y row strides equal modulo vec: each row is read and written from the 16-byte
+             chunk it starts in, whole chunks as 16-byte accesses and the partial first and last
+             chunk element by element (one CTA per row block, online 0; align 1)
     """
     __slots__ = ()
 
@@ -188,19 +197,21 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
         """Entry key in the gluon cache, e.g. gluon_softmax/fp32-fp32/n4096-m8-w16-c1-v4-a4-o0."""
         return (f"{NAME}/{_SHORT[self.in_dtype]}-{_SHORT[self.out_dtype]}/"
                 f"n{self.block_n}-m{self.block_m}-w{self.warps}-c{self.ctas}-v{self.vec}-a{self.align}"
-                f"-o{self.online}")
+                f"-o{self.online}" + ("-s1" if self.shift else ""))
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
         (i, o), f = parse_key(key, NAME)
-        return cls(_LONG[i], _LONG[o], f["n"], f["m"], f["w"], f["c"], f["v"], f["a"], f.get("o", 0))
+        return cls(_LONG[i], _LONG[o], f["n"], f["m"], f["w"], f["c"], f["v"], f["a"], f.get("o", 0),
+                   f.get("s", 0))
 
     def check(self) -> None:
         pow2 = lambda v: v > 0 and v & (v - 1) == 0
         assert self.in_dtype in DTYPES and self.out_dtype in DTYPES, self
         assert all(pow2(v) for v in (self.block_n, self.block_m, self.warps, self.ctas, self.vec)), self
         assert self.ctas <= MAX_CLUSTER and self.warps <= 16 and self.cols_per_cta >= self.vec, self
-        assert self.align in (1, self.vec) and self.online in (0, 1, 2, 3), self
+        assert self.align in (1, self.vec) and self.online in (0, 1, 2, 3) and self.shift in (0, 1), self
+        assert not self.shift or (self.align == 1 and self.ctas == 1 and self.online == 0), self
         if self.online >= 2:
             # one row per cluster, lanes and warps all along the row, >= 2 CTAs (st.async needs a
             # cluster) and at most 32 (lane d sends to CTA d)
@@ -209,8 +220,9 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_n block_m warps ctas
         assert self.cols_per_cta >= self.vec * self.tpw_n * self.wpc_n, f"{self}: layout would replicate columns"
 
 
-def pick_config(cols: int, in_dtype: str, out_dtype: str, aligned: bool) -> Config:
-    """The tuned config for a row length (see the module docstring's table)."""
+def pick_config(cols: int, in_dtype: str, out_dtype: str, aligned: bool, shifted: bool = False) -> Config:
+    """The tuned config for a row length (see the module docstring's table); shifted: the shift
+    variant of an unaligned pick (only where shifts() allows it)."""
     block_n = max(MIN_BLOCK_N, _next_pow2(cols))
     vec = 16 // _ITEMSIZE[in_dtype]
     if block_n in _TABLE:
@@ -219,8 +231,23 @@ def pick_config(cols: int, in_dtype: str, out_dtype: str, aligned: bool) -> Conf
         (block_m, warps), ctas, online = _short_row(block_n), 1, _SHORT_ROW_ONLINE
     else:
         raise ValueError(f"{NAME}: cols={cols} exceeds MAX_COLS={MAX_COLS}")
-    return _fit(Config(in_dtype, out_dtype, block_n, block_m, warps, ctas, vec, vec if aligned else 1,
-                       online))
+    return _shifted(_fit(Config(in_dtype, out_dtype, block_n, block_m, warps, ctas, vec, vec if aligned else 1,
+                                online)), shifted)
+
+
+def _shifted(cfg: Config, shifted: bool) -> Config:
+    """The shift variant of an unaligned config where it has one (one CTA per row block, the
+    two-reduction kernel); the config itself otherwise."""
+    return cfg._replace(shift=1) if shifted and cfg.align == 1 and cfg.ctas == 1 and cfg.online == 0 else cfg
+
+
+# The shift variant is off until it is validated on the H200 (issue 20): rows that are not 16-byte
+# multiples take the element-wise variant unless XGEMM_SOFTMAX_SHIFT=1.
+SHIFT_ENV = "XGEMM_SOFTMAX_SHIFT"
+
+
+def shift_enabled() -> bool:
+    return os.environ.get(SHIFT_ENV) == "1"
 
 
 def _fit(cfg: Config) -> Config:
@@ -228,8 +255,7 @@ def _fit(cfg: Config) -> Config:
     max_wpc_n = max(1, cfg.cols_per_cta // (cfg.vec * cfg.tpw_n))
     need = cfg.tpw_m * max(1, cfg.warps // max_wpc_n)
     if cfg.block_m < need:
-        cfg = Config(cfg.in_dtype, cfg.out_dtype, cfg.block_n, need, cfg.warps, cfg.ctas, cfg.vec, cfg.align,
-                     cfg.online)
+        cfg = cfg._replace(block_m=need)
     cfg.check()
     return cfg
 
@@ -254,11 +280,12 @@ def policy_of(cfg: Config) -> Policy:
                   notes=notes)
 
 
-def config_from_policy(policy: Policy, in_dtype: str, out_dtype: str, aligned: bool) -> Config:
+def config_from_policy(policy: Policy, in_dtype: str, out_dtype: str, aligned: bool,
+                       shifted: bool = False) -> Config:
     block_m, block_n = policy.tile
     vec = 16 // _ITEMSIZE[in_dtype]
-    return _fit(Config(in_dtype, out_dtype, block_n, block_m, policy.warps, policy.ctas_per_row, vec,
-                       vec if aligned else 1, online_of_notes(policy.notes)))
+    return _shifted(_fit(Config(in_dtype, out_dtype, block_n, block_m, policy.warps, policy.ctas_per_row, vec,
+                                vec if aligned else 1, online_of_notes(policy.notes))), shifted)
 
 
 def online_of_notes(notes) -> int:
@@ -279,10 +306,61 @@ def _define_kernels():
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
     @gluon.jit
+    def _softmax_shifted(x_ptr, y_ptr, n_rows, n_cols, x_row_stride, y_row_stride, pid, rows, rows64, cols,
+                         layout: gl.constexpr, BLOCK_M: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr):
+        # Rows that start anywhere on 16-byte aligned bases (Config.shift). Offsets count from the
+        # 16-byte chunk a row starts in, `shift` elements before it (the same in y: the strides are
+        # equal modulo VEC). Whole chunks [h0, t0) take 16-byte accesses: their masks are constant
+        # per chunk and their bases multiples of VEC. The partial first chunk [shift, VEC) and last
+        # one [t0, end) go element by element in a [BLOCK_M, VEC] tile. No access leaves the row.
+        row_ok = rows < n_rows
+        xrow = rows64 * x_row_stride
+        shift = xrow % VEC
+        end = shift + n_cols
+        t0 = (end // VEC) * VEC
+        h0 = gl.where(shift > 0, VEC, 0)
+        chunk = (cols // VEC) * VEC
+        whole = row_ok[:, None] & (chunk[None, :] >= h0[:, None]) & (chunk[None, :] < t0[:, None])
+        xoff = gl.multiple_of(xrow - shift, VEC)
+        yoff = gl.multiple_of(rows64 * y_row_stride - shift, VEC)
+        x = gl.load(x_ptr + xoff[:, None] + cols[None, :], mask=whole, other=-float("inf")).to(gl.float32)
+
+        edge: gl.constexpr = gl.BlockedLayout([1, 1], [32 // VEC, VEC], [WARPS, 1], [1, 0])
+        erows = pid * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, edge))
+        ec = gl.arange(0, VEC, gl.SliceLayout(0, edge))
+        erows64 = erows.to(gl.int64)
+        exrow = erows64 * x_row_stride
+        eshift = exrow % VEC
+        eend = eshift + n_cols
+        tc = ((eend // VEC) * VEC)[:, None] + ec[None, :]
+        eok = (erows < n_rows)[:, None]
+        head = eok & (eshift > 0)[:, None] & (ec[None, :] >= eshift[:, None]) & (ec[None, :] < eend[:, None])
+        tail = eok & (tc >= gl.where(eshift > 0, VEC, 0)[:, None]) & (tc < eend[:, None])
+        exoff = (exrow - eshift)[:, None]
+        eyoff = (erows64 * y_row_stride - eshift)[:, None]
+        hx = gl.load(x_ptr + exoff + ec[None, :], mask=head, other=-float("inf")).to(gl.float32)
+        tx = gl.load(x_ptr + exoff + tc, mask=tail, other=-float("inf")).to(gl.float32)
+
+        # maxnum ignores NaN here, but NaN - max = NaN poisons the row's sum: torch's NaN row.
+        emax = gl.maximum(gl.max(hx, axis=1), gl.max(tx, axis=1))
+        row_max = gl.maximum(gl.max(x, axis=1), gl.convert_layout(emax, gl.SliceLayout(1, layout)))
+        e = gl.exp2((x - row_max[:, None]) * 1.4426950408889634)
+        emax = gl.convert_layout(row_max, gl.SliceLayout(1, edge))
+        he = gl.exp2((hx - emax[:, None]) * 1.4426950408889634)
+        te = gl.exp2((tx - emax[:, None]) * 1.4426950408889634)
+        row_sum = gl.sum(e, axis=1) + gl.convert_layout(gl.sum(he, axis=1) + gl.sum(te, axis=1),
+                                                        gl.SliceLayout(1, layout))
+        inv = 1.0 / row_sum
+        gl.store(y_ptr + yoff[:, None] + cols[None, :], (e * inv[:, None]).to(y_ptr.dtype.element_ty), mask=whole)
+        einv = gl.convert_layout(inv, gl.SliceLayout(1, edge))[:, None]
+        gl.store(y_ptr + eyoff + ec[None, :], (he * einv).to(y_ptr.dtype.element_ty), mask=head)
+        gl.store(y_ptr + eyoff + tc, (te * einv).to(y_ptr.dtype.element_ty), mask=tail)
+
+    @gluon.jit
     def xgemm_softmax(x_ptr, y_ptr, n_rows, n_cols, x_row_stride, y_row_stride,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, VEC: gl.constexpr,
                       TPW_M: gl.constexpr, TPW_N: gl.constexpr, WPC_M: gl.constexpr, WPC_N: gl.constexpr,
-                      CTAS: gl.constexpr, CGA: gl.constexpr):
+                      CTAS: gl.constexpr, CGA: gl.constexpr, SHIFT: gl.constexpr):
         # Columns split over the cluster's CTAs by CGA; rows over threads/warps.
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [TPW_M, TPW_N], [WPC_M, WPC_N], [1, 0],
                                                 cga_layout=CGA)
@@ -290,17 +368,21 @@ def _define_kernels():
         pid = gl.program_id(0)
         rows = pid * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, layout))
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, layout))
-        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
         rows64 = rows.to(gl.int64)          # rows * stride can pass 2**31 elements
-        x = gl.load(x_ptr + (rows64 * x_row_stride)[:, None] + cols[None, :], mask=mask,
-                    other=-float("inf")).to(gl.float32)
-        # maxnum ignores NaN here, but NaN - max = NaN poisons the row's sum: torch's NaN row.
-        row_max = gl.max(x, axis=1)
-        e = gl.exp2((x - row_max[:, None]) * 1.4426950408889634)
-        row_sum = gl.sum(e, axis=1)
-        y = e * (1.0 / row_sum)[:, None]
-        gl.store(y_ptr + (rows64 * y_row_stride)[:, None] + cols[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=mask)
+        if SHIFT:
+            _softmax_shifted(x_ptr, y_ptr, n_rows, n_cols, x_row_stride, y_row_stride, pid, rows, rows64, cols,
+                             layout, BLOCK_M, VEC, WPC_M * WPC_N)
+        else:
+            mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+            x = gl.load(x_ptr + (rows64 * x_row_stride)[:, None] + cols[None, :], mask=mask,
+                        other=-float("inf")).to(gl.float32)
+            # maxnum ignores NaN here, but NaN - max = NaN poisons the row's sum: torch's NaN row.
+            row_max = gl.max(x, axis=1)
+            e = gl.exp2((x - row_max[:, None]) * 1.4426950408889634)
+            row_sum = gl.sum(e, axis=1)
+            y = e * (1.0 / row_sum)[:, None]
+            gl.store(y_ptr + (rows64 * y_row_stride)[:, None] + cols[None, :], y.to(y_ptr.dtype.element_ty),
+                     mask=mask)
 
     @gluon.jit
     def _pack(m, s):
@@ -452,6 +534,8 @@ def gluon_compile_args(key: str, arch: str):
            "n_cols": "i32", "x_row_stride": "i64", "y_row_stride": "i64"}
     constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "VEC": cfg.vec, "TPW_M": cfg.tpw_m,
                   "TPW_N": cfg.tpw_n, "WPC_M": cfg.wpc_m, "WPC_N": cfg.wpc_n, "CTAS": cfg.ctas, "CGA": cfg.cga}
+    if cfg.online == 0:
+        constexprs["SHIFT"] = bool(cfg.shift)
     if cfg.online >= 2:
         # [dest, block_m, source, warps]: the sent tensor has the CTA bits on the source dim,
         # the receive buffer (and its loads) on the destination dim
@@ -461,6 +545,9 @@ def gluon_compile_args(key: str, arch: str):
         constexprs["LATE_EXPECT"] = cfg.online == 3
     sig.update({k: "constexpr" for k in constexprs})
     attrs = {}
+    if cfg.shift:
+        # only the bases are 16-byte aligned: the kernel rounds each row down to its chunk
+        attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
     if cfg.align > 1:
         # 16-byte aligned bases; cols and strides multiples of VEC: lets the compiler prove
         # that each thread's VEC elements are contiguous, aligned and equally masked (v4 loads).
@@ -487,7 +574,8 @@ def gluon_patch_ptx(key: str, ptx: str) -> str:
 def gluon_entries(arch: str = "sm_90a", siblings: bool = True) -> List[str]:
     """The entry keys the AOT build makes: every dtype pair x every BLOCK_N x aligned/unaligned,
     and (siblings=True) each config in two kernels (the pick and its sibling()), so a policy may
-    pick either without a compiler (the GPU tests run both): 576 cubins, ~27 MB (~2.7 MB as
+    pick either without a compiler (the GPU tests run both), plus the shift variant of each
+    single-CTA unaligned pick: 675 cubins (576 before the shift variant: ~27 MB, ~2.7 MB as
     .tar.xz)."""
     keys = []
     for i in DTYPES:
@@ -499,6 +587,9 @@ def gluon_entries(arch: str = "sm_90a", siblings: bool = True) -> List[str]:
                     keys.append(cfg.key)
                     if siblings:
                         keys.append(sibling(cfg).key)
+                shifted = pick_config(block_n, i, o, False, shifted=True)
+                if shifted.shift:
+                    keys.append(shifted.key)
                 block_n *= 2
     return keys
 
@@ -576,14 +667,24 @@ class GluonSoftmax:
         """Its prebuilt cubin on XLA's buffers: rows x cols with row stride cols (the lowering asks
         XLA for the reduced dim minor-most)."""
         vec = 16 // _ITEMSIZE[problem.x.dtype]
-        aligned = problem.x.alignment >= 16 and problem.cols % vec == 0   # XLA buffers: >= 16-byte bases
-        cfg = config_from_policy(policy, problem.x.dtype, problem.out_dtype, aligned)
+        based = problem.x.alignment >= 16                   # XLA buffers: >= 16-byte bases
+        aligned = based and problem.cols % vec == 0
+        cfg = self._config(policy, problem.x.dtype, problem.out_dtype, aligned, based and shift_enabled())
         entry = gluon_cache.lookup(cfg.key)
         if entry is None:
             raise ValueError(f"{NAME}: no cache entry {cfg.key}")
         rows, cols = problem.rows, problem.cols
         args = (Param.input(0), Param.output(0), Param.i32(rows), Param.i32(cols), Param.i64(cols), Param.i64(cols))
-        return triton_launch(entry.cubin, entry.meta, -(-rows // cfg.block_m), args, alignment=16 if aligned else 1)
+        return triton_launch(entry.cubin, entry.meta, -(-rows // cfg.block_m), args,
+                             alignment=16 if aligned or cfg.shift else 1)
+
+    @staticmethod
+    def _config(policy, in_dtype, out_dtype, aligned, shifted) -> Config:
+        """The policy's config; its shift variant when shifted and that one is in the cache."""
+        cfg = config_from_policy(policy, in_dtype, out_dtype, aligned, shifted)
+        if cfg.shift and gluon_cache.available(cfg.key) is not None:
+            cfg = cfg._replace(shift=0)
+        return cfg
 
     def prebuild(self, arch: str):
         return gluon_entries(arch)
@@ -628,18 +729,22 @@ class GluonSoftmax:
             xs, ys = xv[0], yv[0]
         if rows == 1:
             xs = ys = 0
-        # 16-byte vectors need aligned bases and cols/strides multiples of vec (a power of two)
-        aligned = not ((x.ptr | out.ptr) & 15) and not ((cols | xs | ys) & (16 // x.itemsize - 1))
+        # 16-byte vectors need aligned bases and cols/strides multiples of vec (a power of two); the
+        # shift variant, aligned bases and strides equal modulo vec (each row's shift is then x's)
+        vec = 16 // x.itemsize
+        based = not ((x.ptr | out.ptr) & 15)
+        aligned = based and not ((cols | xs | ys) & (vec - 1))
+        shifted = based and not aligned and not ((xs - ys) & (vec - 1)) and shift_enabled()
         lkey = (policy.tile, policy.warps, policy.ctas_per_row, policy.notes, x.dtype, out.dtype, aligned,
-                x.device.index)
+                shifted, x.device.index)
         prepared = self._launchers.get(lkey)
         if prepared is None:
-            prepared = self._prepare(lkey, policy, x.dtype, out.dtype, aligned, x.device.index)
+            prepared = self._prepare(lkey, policy, x.dtype, out.dtype, aligned, shifted, x.device.index)
         launcher, block_m = prepared
         return launcher, (rows + block_m - 1) // block_m, xs, ys
 
-    def _prepare(self, lkey, policy, in_dtype, out_dtype, aligned, device_index):
-        cfg = config_from_policy(policy, in_dtype, out_dtype, aligned)
+    def _prepare(self, lkey, policy, in_dtype, out_dtype, aligned, shifted, device_index):
+        cfg = self._config(policy, in_dtype, out_dtype, aligned, shifted)
         entry = gluon_cache.lookup(cfg.key)
         if entry is None:
             raise ValueError(f"{cfg.key} names no {NAME} variant")
