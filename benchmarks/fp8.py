@@ -84,6 +84,10 @@ def _time_shape(torch, m, n, k, args, log) -> list:
     for recipe, (a8, b8, sa, sb) in ops.items():
         ref = _reference(torch, a8, b8, sa, sb)
         keep(f"xgemm {recipe}", lambda a8=a8, b8=b8, sa=sa, sb=sb: xgemm.scaled_matmul(a8, b8, sa, sb), ref)
+        if recipe == "block":
+            # torch takes block scales column-major (ScaledBlas.cpp: is_blockwise_1x128_scaling wants
+            # scale_a strides (1, M), and b.t()'s 128x128 scales row-major, i.e. scale_b (1, K/128))
+            sa, sb = sa.t().contiguous().t(), sb.t().contiguous().t()
         keep(f"torch._scaled_mm {recipe}", lambda a8=a8, b8=b8, sa=sa, sb=sb: torch._scaled_mm(
             a8, b8, sa, sb, out_dtype=torch.bfloat16), ref)
     b16 = torch.randn(k, n, device="cuda").bfloat16()
