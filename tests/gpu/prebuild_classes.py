@@ -1,4 +1,5 @@
-"""Compile, on a machine without a GPU, every CuTe class tests/gpu/test_gemm_tc_gpu.py launches, so
+"""Compile, on a machine without a GPU, every CuTe class tests/gpu/test_gemm_tc_gpu.py and
+test_cute_epilogue_gpu.py launch, so
 the H200 session that runs those tests finds them in the disk cache instead of compiling there.
 
     CUTE_DSL_ARCH=sm_90a python tests/gpu/prebuild_classes.py [--jobs 2] [--fuzz N] [--model-shapes]
@@ -91,6 +92,7 @@ def _launch_case(fuzz, xgemm, case, seed):
 
 
 def main() -> int:
+    import test_cute_epilogue_gpu
     import test_gemm_tc_gpu as T
 
     from xgemm.kernels.cute_gemm_sm90 import H200_SMS
@@ -104,6 +106,7 @@ def main() -> int:
                     help="also the classes of every benchmarks/model_shapes.py product")
     args = ap.parse_args()
     items = fuzz_items(args.fuzz, args.seed, args.workers) if args.fuzz else []
+    items += test_cute_epilogue_gpu.epilogue_items()
     if args.model_shapes:
         items += model_shape_items()
     for mod, case, pol in T.cases_for_prebuild():

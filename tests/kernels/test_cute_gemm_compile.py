@@ -211,6 +211,16 @@ def ptx(tmp_path_factory):
         # a bf16 C read through TMA, batched with A broadcast over the batch
         "coop_1x2_c": K90.build(K90.Config(256, 128, 1, 2, False, False, 4), "float16", "float32", COL,
                                 COL, COL, ("bfloat16", ROW), False, (False, True, True, True), 66, "sm_90a", opts),
+        # fused epilogues (K90.Epi): bias along N + gelu_tanh on the default config; bias along M
+        # (the transposed run's) + exact gelu with a C and an fp32 D on the cooperative one
+        "pp_bias_gelu_tanh": K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW,
+                                       ROW, ROW, None, True, nob, 66, "sm_90a", opts,
+                                       epi=K90.Epi("n", "bfloat16", "gelu_tanh")),
+        "coop_bias_m_gelu_c": K90.build(K90.Config(256, 128, 1, 2, False, False, 4), "float16", "float32", COL,
+                                        COL, COL, ("bfloat16", ROW), False, nob, 66, "sm_90a", opts,
+                                        epi=K90.Epi("m", "float32", "gelu")),
+        "pp_relu": K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "bfloat16", "float16", ROW, ROW, ROW,
+                             None, True, nob, 132, "sm_90a", opts, epi=K90.Epi(activation="relu")),
         "mma_sm80": K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", opts),
         "mma_sm80_c": K80.build("float16", "float32", COL, COL, COL, ("float16", ROW), True, "sm_90a", opts),
     }
@@ -240,6 +250,43 @@ def test_ptx_sm90_unit_alpha_does_not_scale(ptx):
     assert _count(general, r"\bmul(\.rn)?(\.ftz)?\.f32\b") >= 96
     assert _count(unit, r"\bmul(\.rn)?(\.ftz)?\.f32\b") == 0
     assert _count(unit, r"wgmma\.mma_async") == _count(general, r"wgmma\.mma_async")
+
+
+@needs_dsl
+def test_ptx_sm90_fused_epilogues(ptx):
+    """Epi classes: every accumulator passes through the activation (one tanh.approx each for a
+    bf16 D: 128x192 / 128 threads = 192), the bias is one load per distinct column (or row) a
+    thread holds, the main loop is the plain class's, nothing spills."""
+    plain, fused = ptx["pp_2x1_unit"][1], ptx["pp_bias_gelu_tanh"][1]
+    assert _count(fused, r"tanh\.approx\.f32") == 192 and _count(plain, r"tanh\.approx") == 0
+    assert _count(fused, r"ld\.global[\w.]*\.b16") == 96 and _count(plain, r"ld\.global") == 0
+    assert _count(fused, r"wgmma\.mma_async") == _count(plain, r"wgmma\.mma_async")
+    coop = ptx["coop_bias_m_gelu_c"][1]
+    # exact GELU for an fp32 D: erf from ex2 (no tanh.approx); bias rows: 256x128 / 256 threads
+    # hold 64 values in 16 distinct rows
+    assert _count(coop, r"tanh\.approx") == 0 and _count(coop, r"ex2\.approx") >= 64
+    assert _count(coop, r"ld\.global[\w.]*\.b32") == 16
+    relu = ptx["pp_relu"][1]
+    # relu as a select on x < 0, so NaN stays NaN (max.f32 would turn it into 0)
+    assert _count(relu, r"selp\.f32") == 128 and _count(relu, r"\bmax\.f32") == 0
+    for name in ("pp_bias_gelu_tanh", "coop_bias_m_gelu_c", "pp_relu"):
+        assert "ld.local" not in ptx[name][1] and "st.local" not in ptx[name][1], name
+
+
+def test_fused_epilogue_class_keys():
+    """An Epi is the last element of its class key (plain classes keep their keys), build_for_key
+    inverts it, and Epi.check refuses what the kernel does not serve."""
+    spec = (K90.Config(), "bfloat16", "bfloat16", ROW, ROW, ROW, None, True, (False,) * 4, 66, "sm_90a")
+    epi = K90.Epi("n", "float32", "silu")
+    plain, fused = K90.class_key(*spec), K90.class_key(*spec, epi)
+    assert fused[:-1] == plain and fused[-1] == epi
+    assert K90.build_for_key(fused).args == spec and K90.build_for_key(fused).keywords == {"epi": epi}
+    assert K90.build_for_key(plain).args == spec and not K90.build_for_key(plain).keywords
+    for bad in (K90.Epi(), K90.Epi("k", "float32"), K90.Epi("n"), K90.Epi(activation="tanh"),
+                K90.Epi("n", "float64")):
+        with pytest.raises(AssertionError):
+            bad.check()
+    assert set(K90.ACTIVATIONS) == set(__import__("xgemm.core.epilogues", fromlist=["x"]).ACTIVATIONS)
 
 
 @needs_dsl

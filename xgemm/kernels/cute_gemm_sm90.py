@@ -1,4 +1,4 @@
-"""Hopper tensor-core GEMM (CuTe-DSL): D[l] = alpha * A[l] @ B[l] + beta * C[l].
+"""Hopper tensor-core GEMM (CuTe-DSL): D[l] = act(alpha * A[l] @ B[l] + beta * C[l] + bias).
 
 Contract
   dtypes      A, B: float16 or bfloat16 (the same); accumulate float32; D: float16 | bfloat16 |
@@ -9,6 +9,10 @@ Contract
               one) a multiple of 16 bytes; ragged M, N, K need nothing else (TMA zero-fills loads
               out of bounds and clips stores).
   arch        sm_90a (wgmma + TMA + clusters); declines every other device.
+  epilogue    optional, as compile-time classes (Epi): a bias vector added along N (or along M,
+              for the transposed run, where the problem's N is the kernel's M), any dtype, read
+              element by element (any alignment), the same for every batch; then an activation
+              of core/epilogues.ACTIVATIONS, in float32 before the one rounding to D's dtype.
   limits      M, N, K >= 1; batch dims collapse into one stride (L). An operand that is the
               same for every batch (batch stride 0, e.g. weights) crosses as one 2-D matrix and
               gets a stride-0 batch mode in the kernel, so TMA never sees a zero stride.
@@ -30,7 +34,9 @@ Design
   so each two consecutive 64x32 stores fill the same 128-byte lines (docs/performance.md,
   "xgemm/kernels/cute_gemm_sm90.py": what each order measured).
   alpha == 1 (every matmul) compiles a class of its own whose epilogue skips the multiply, which
-  pays where the epilogue is the critical path (short K).
+  pays where the epilogue is the critical path (short K). A bias / activation class adds, per
+  accumulator element, its coordinate in the tile (an identity tensor partitioned like the
+  registers), one cached load of the bias and the activation's few instructions.
   A policy may run the transposed problem D^T = B^T @ A^T (+ C^T) on the operands' transposed
   views (SWAP_NOTE; what the policy does for row-major A and B on its wave-aware rows).
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
@@ -58,6 +64,23 @@ from xgemm.runtime import cute_cache
 from xgemm.runtime.calls import Arg, TvmFfiCall
 from xgemm.runtime.driver import sm_count
 from xgemm.runtime.roles import OUT, A, B, C
+
+ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "silu", "sigmoid")    # core/epilogues.ACTIVATIONS
+
+
+@dataclasses.dataclass(frozen=True)
+class Epi:
+    """A fused epilogue class: bias along "n" (D's columns) or "m" (its rows: the transposed run),
+    of bias_dtype; then activation. Part of the compile class (class_key)."""
+    bias: Optional[str] = None
+    bias_dtype: Optional[str] = None
+    activation: Optional[str] = None
+
+    def check(self) -> None:
+        assert self.bias in (None, "n", "m") and (self.bias is None) == (self.bias_dtype is None), self
+        assert self.bias_dtype in (None, "float16", "bfloat16", "float32"), self
+        assert self.activation in (None,) + ACTIVATIONS, self
+        assert self.bias is not None or self.activation is not None, f"{self}: an empty epilogue is no class"
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -91,12 +114,34 @@ def _device():
     # Named barrier ids; 0 is __syncthreads.
     BAR_EPI, BAR_MMA0, BAR_EPI0 = 1, 2, 4      # BAR_MMA0 + wg, BAR_EPI0 + wg for wg in (0, 1)
 
+    def activate(x, activation: str, fast_tanh: bool):
+        """core/epilogues.apply for one float32 value, as torch.nn.functional defines it (NaN in,
+        NaN out; relu(-inf) = 0). exp2 on the SFU (ex2.approx, ~2 ulp); tanh on the SFU
+        (tanh.approx, ~5e-4 relative) only for a bfloat16 D, whose rounding is 8x coarser."""
+        if const_expr(activation in ("relu", "relu2")):
+            r = cutlass.select_(x < Float32(0.0), Float32(0.0), x)
+            return r * r if const_expr(activation == "relu2") else r
+        if const_expr(activation == "gelu"):
+            return 0.5 * x * (1.0 + cute.math.erf(x * 0.7071067811865476))
+        if const_expr(activation == "gelu_tanh"):
+            t = cute.math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x), fastmath=fast_tanh)
+            return 0.5 * x * (1.0 + t)
+        sig = 1.0 / (1.0 + cute.math.exp2(x * -1.4426950408889634, fastmath=True))
+        if const_expr(activation == "silu"):
+            return x * sig
+        return sig                                        # sigmoid
+
     class Sm90Gemm:
-        def __init__(self, cfg: Config, max_active_clusters: int, has_c: bool, unit_alpha: bool):
+        def __init__(self, cfg: Config, max_active_clusters: int, has_c: bool, unit_alpha: bool,
+                     epi: Optional[Epi] = None):
             cfg.check()
+            if epi is not None:
+                epi.check()
             self.cfg = cfg
             self.has_c = has_c
             self.unit_alpha = unit_alpha     # alpha == 1: the epilogue does not scale (Design)
+            self.bias_mode = epi.bias if epi is not None else None
+            self.activation = epi.activation if epi is not None else None
             self.max_active_clusters = max_active_clusters
             self.pingpong = cfg.pingpong
             self.cluster_shape_mnk = (cfg.cluster_m, cfg.cluster_n, 1)
@@ -139,9 +184,10 @@ def _device():
 
         @cute.jit
         def launch(self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor,
-                   mC: Optional[cute.Tensor], alpha: Float32, beta: Float32,
+                   mC: Optional[cute.Tensor], mBias: Optional[cute.Tensor], alpha: Float32, beta: Float32,
                    stream: cuda.CUstream):
-            """mA (M, K, L), mB (N, K, L), mD / mC (M, N, L), in CuTe's GEMM order."""
+            """mA (M, K, L), mB (N, K, L), mD / mC (M, N, L), in CuTe's GEMM order; mBias (N,) or
+            (M,) by Epi.bias."""
             self.a_dtype = mA.element_type
             self.d_dtype = mD.element_type
             self.c_dtype = mC.element_type if const_expr(self.has_c) else None
@@ -222,7 +268,7 @@ def _device():
 
             self.shared_storage = SharedStorage
             self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
-                        tma_atom_c, tma_c, alpha, beta, self.cluster_layout_mnk, a_smem_staged,
+                        tma_atom_c, tma_c, mBias, alpha, beta, self.cluster_layout_mnk, a_smem_staged,
                         b_smem_staged, d_smem_staged, c_smem_staged).launch(
                 grid=grid, block=[self.threads_per_cta, 1, 1], cluster=self.cluster_shape_mnk,
                 min_blocks_per_mp=1, stream=stream, use_pdl=True)
@@ -274,13 +320,34 @@ def _device():
             bidx, bidy, _ = cute.arch.block_idx()
             return (c_m * cm + bidx % cm, c_n * cn + bidy % cn, l), valid
 
+        def _epilogue_ops(self, tRS_rD, tRS_cD, mBias, tc, epi_idx, epi_tiles_mn, size_rD):
+            """+ bias, then the activation, on one epilogue subtile's float32 registers (Epi;
+            traced inline: epi_idx, epi_tiles_mn and size_rD are Python ints)."""
+            if const_expr(self.epi_walk_m):
+                sub_m, sub_n = epi_idx % epi_tiles_mn[0], epi_idx // epi_tiles_mn[0]
+            else:
+                sub_m, sub_n = epi_idx // epi_tiles_mn[1], epi_idx % epi_tiles_mn[1]
+            for v in range(size_rD):            # a Python loop: unrolled as the kernel is traced
+                x = tRS_rD[v]
+                if const_expr(self.bias_mode is not None):
+                    coord = tRS_cD[v]
+                    if const_expr(self.bias_mode == "n"):
+                        i = tc[1] * self.tile_shape_mnk[1] + sub_n * self.epi_tile[1] + coord[1]
+                    else:
+                        i = tc[0] * self.tile_shape_mnk[0] + sub_m * self.epi_tile[0] + coord[0]
+                    # registers past D's edge hold values TMA never stores: clamp their index
+                    x = x + mBias[cutlass.min(i, mBias.shape[0] - 1)].to(Float32)
+                if const_expr(self.activation is not None):
+                    x = activate(x, self.activation, self.d_dtype.width == 16 and self.d_dtype != Float16)
+                tRS_rD[v] = x
+
         # ----------------------------------------------------------------------- the kernel
         @cute.kernel
         def kernel(self, tiled_mma: cute.TiledMma, tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor,
                    tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor, tma_atom_d: cute.CopyAtom,
                    mD_mnl: cute.Tensor, tma_atom_c: Optional[cute.CopyAtom],
-                   mC_mnl: Optional[cute.Tensor], alpha: Float32, beta: Float32,
-                   cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
+                   mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor], alpha: Float32,
+                   beta: Float32, cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
                    b_smem_staged: cute.ComposedLayout, d_smem_staged: cute.ComposedLayout,
                    c_smem_staged: Optional[cute.ComposedLayout]):
             tidx, _, _ = cute.arch.thread_idx()
@@ -413,6 +480,10 @@ def _device():
                 tRS_rD = cute.make_rmem_tensor(rD_shape[:3], Float32)
                 tRS_rD_out = cute.make_rmem_tensor(rD_shape[:3], self.d_dtype)
                 size_rD = cute.size(tRS_rD)
+                # each register's (m, n) in its epilogue subtile: the bias index (Epi)
+                tRS_cD = None
+                if const_expr(self.bias_mode is not None):
+                    tRS_cD = thr_copy_r2s.partition_S(cute.make_identity_tensor(self.epi_tile))
                 tiled_copy_s2r = None
                 tSR_sC = None
                 tRS_rC = None
@@ -565,6 +636,8 @@ def _device():
                                              + tRS_rC.load().to(Float32) * beta)
                         elif const_expr(not self.unit_alpha):
                             tRS_rD.store(tRS_rD.load() * alpha)
+                        if const_expr(self.bias_mode is not None or self.activation is not None):
+                            self._epilogue_ops(tRS_rD, tRS_cD, mBias, tc, epi_idx, epi_tiles_mn, size_rD)
                         tRS_rD_out.store(tRS_rD.load().to(self.d_dtype))
                         epi_buffer = (num_prev + epi_idx) % self.epi_stage
                         cute.copy(tiled_copy_r2s, tRS_rD_out,
@@ -630,15 +703,25 @@ def _device():
     @cute.jit
     def gemm_noc(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
                  alpha: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, alpha, Float32(0.0), stream)
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, alpha, Float32(0.0), stream)
 
     @cute.jit
     def gemm_c(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
                c: cute.Tensor, alpha: Float32, beta: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), alpha, beta,
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), None, alpha, beta,
                   stream)
 
-    return cutlass, cute, Sm90Gemm, gemm_noc, gemm_c
+    @cute.jit
+    def gemm_noc_bias(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
+                      bias: cute.Tensor, alpha: Float32, stream: cuda.CUstream):
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, bias, alpha, Float32(0.0), stream)
+
+    @cute.jit
+    def gemm_c_bias(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
+                    c: cute.Tensor, bias: cute.Tensor, alpha: Float32, beta: Float32, stream: cuda.CUstream):
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), bias, alpha, beta, stream)
+
+    return cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_noc_bias, gemm_c_bias)
 
 
 _CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32"}
@@ -646,16 +729,16 @@ _CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32
 
 def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
           c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
-          max_clusters: int, arch: str = "sm_90a", extra_options: str = ""):
+          max_clusters: int, arch: str = "sm_90a", extra_options: str = "", *, epi: Optional[Epi] = None):
     """cute.compile one kernel class against fake tensors with symbolic shapes and strides.
 
     Majorness words are the API's: ROW = last dim contiguous. unit_alpha: a class for alpha == 1
     whose epilogue does not scale (the alpha argument is then ignored; module docstring). `batched` says,
     for A, B, D and C, whether that operand crosses as (L, rows, cols) (else (rows, cols); D
-    decides whether the problem is batched at all). Returns the TVM-FFI function
-    f(a, b, d[, c], alpha[, beta], stream).
+    decides whether the problem is batched at all). epi: a fused bias / activation class (Epi).
+    Returns the TVM-FFI function f(a, b, d[, c][, bias], alpha[, beta], stream).
     """
-    cutlass, cute, Sm90Gemm, gemm_noc, gemm_c = _device()
+    cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_noc_bias, gemm_c_bias) = _device()
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     def dt(name):
@@ -677,13 +760,20 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     fa = fake(ab, m, k, a_major, l if a_b else None)
     fb = fake(ab, k, n, b_major, l if b_b else None)
     fd = fake(out, m, n, d_major, l)
-    op = Sm90Gemm(cfg, max_clusters, c is not None, unit_alpha)
+    op = Sm90Gemm(cfg, max_clusters, c is not None, unit_alpha, epi)
     stream = make_fake_stream()
     opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
+    bias = ()
+    if epi is not None and epi.bias is not None:
+        # one element per D column ("n") or row ("m"), any alignment: read element by element
+        bias = (make_fake_tensor(dt(epi.bias_dtype), (cute.sym_int(),), (1,),
+                                 assumed_align=_ITEMSIZE[epi.bias_dtype]),)
     if c is None:
-        return cute.compile(gemm_noc, op, fa, fb, fd, 1.0, stream, options=opts)
+        return cute.compile(gemm_noc_bias if bias else gemm_noc, op, fa, fb, fd, *bias, 1.0, stream,
+                            options=opts)
     fc = fake(c[0], m, n, c[1], l if c_b else None)
-    return cute.compile(gemm_c, op, fa, fb, fd, fc, 1.0, 0.0, stream, options=opts)
+    return cute.compile(gemm_c_bias if bias else gemm_c, op, fa, fb, fd, fc, *bias, 1.0, 0.0, stream,
+                        options=opts)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -741,25 +831,32 @@ def compile_cached(key: Tuple, build_fn):
 
 def class_key(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
               c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
-              max_clusters_: int, arch: str) -> Tuple:
-    """The compile class: everything build() specializes on, and nothing shape-dependent."""
-    return (NAME, arch, cfg, ab, out, a_major, b_major, d_major, c, unit_alpha, batched, max_clusters_)
+              max_clusters_: int, arch: str, epi: Optional[Epi] = None) -> Tuple:
+    """The compile class: everything build() specializes on, and nothing shape-dependent (a fused
+    epilogue's Epi last, only when there is one)."""
+    return (NAME, arch, cfg, ab, out, a_major, b_major, d_major, c, unit_alpha, batched, max_clusters_) + (
+        (epi,) if epi is not None else ())
 
 
-def compiled(*spec):
-    """The compiled function for build(*spec) (same arguments as class_key)."""
-    return compile_cached(class_key(*spec), functools.partial(build, *spec))
+def _builder(spec, epi):
+    return functools.partial(build, *spec, epi=epi) if epi is not None else functools.partial(build, *spec)
 
 
-def compiled_eager(*spec):
+def compiled(*spec, epi: Optional[Epi] = None):
+    """The compiled function for build(*spec, epi=epi) (same arguments as class_key)."""
+    return compile_cached(class_key(*spec, epi), _builder(spec, epi))
+
+
+def compiled_eager(*spec, epi: Optional[Epi] = None):
     """compiled(), as eager calls take it (xgemm.runtime.cute_cache.cute_eager: ctypes, no tvm_ffi import)."""
-    return cute_cache.cute_eager(class_key(*spec), functools.partial(build, *spec))
+    return cute_cache.cute_eager(class_key(*spec, epi), _builder(spec, epi))
 
 
 def build_for_key(key: Tuple):
     """The build callable for a class_key (xgemm.runtime.cute_cache.warm compiles keys in worker processes)."""
     assert key[0] == NAME, key
-    return functools.partial(build, *key[2:], key[1])
+    spec = key[2:12] + (key[1],)
+    return _builder(spec, key[12] if len(key) > 12 else None)
 
 
 class _Sm90Kernel:

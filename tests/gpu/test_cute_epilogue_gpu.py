@@ -1,0 +1,83 @@
+"""cute_gemm_sm90's fused epilogue classes (Epi: bias along N or M, then an activation) on an H200,
+called through the compiled class itself (the API does not route to them yet): D = act(A @ B +
+bias) against core/epilogues.apply in float64, outputs NaN-poisoned, ragged shapes so that tiles
+overhang D and the bias index is clamped, the transposed run's bias along the kernel's M.
+
+The cases are plain data (EPI_CASES) so that tests/gpu/prebuild_classes.py can compile their
+classes on a CPU machine (`epilogue_items()`).
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")]
+
+TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# |d - ref| <= TOL * (|ref| + 1): one rounding to D's dtype, fp32 accumulation of K products of
+# values in [-2, 2], and the activation's SFU approximations (tanh.approx for a bf16 D only)
+TOL = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 2e-5}
+
+# (name, M, N, K, ab, out, bias dtype | None, activation | None, config (tile_m, tile_n, cluster_m,
+#  cluster_n, pingpong, raster_m, swizzle), transposed run)
+PP = (128, 192, 2, 1, True, True, 8)
+COOP = (256, 128, 1, 2, False, False, 4)
+SMALL = (128, 128, 1, 1, True, True, 8)
+EPI_CASES = [
+    ("bias-gelu_tanh", 1000, 1032, 264, "bfloat16", "bfloat16", "bfloat16", "gelu_tanh", PP, False),
+    ("bias-gelu_tanh-f32", 333, 264, 136, "bfloat16", "float32", "float32", "gelu_tanh", SMALL, False),
+    ("bias-gelu-fp16", 520, 200, 264, "float16", "float16", "float16", "gelu", COOP, False),
+    ("relu-nobias", 300, 264, 200, "bfloat16", "bfloat16", None, "relu", SMALL, False),
+    ("bias-only", 300, 520, 72, "bfloat16", "float32", "float32", None, PP, False),
+    ("bias-silu-T", 1000, 1032, 264, "bfloat16", "bfloat16", "bfloat16", "silu", PP, True),
+    ("bias-relu2-T", 333, 264, 136, "float16", "float16", "float32", "relu2", COOP, True),
+    ("sigmoid-T", 296, 264, 200, "bfloat16", "float32", None, "sigmoid", SMALL, True),
+]
+
+
+def _spec(case):
+    """(class spec, Epi) of a case: row-major A, B, D as given, or their transposes for the
+    transposed run (the kernel's A is B^T, its B is A^T, its D is D^T: all column-major)."""
+    from xgemm.core.problem import COL, ROW
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    _, m, n, k, ab, out, bias, act, cfg, t = case
+    cfg = k90.Config(*cfg)
+    major = COL if t else ROW
+    spec = (cfg, ab, out, major, major, major, None, True, (False,) * 4, k90.max_clusters(132, cfg), "sm_90a")
+    epi = k90.Epi(("m" if t else "n") if bias else None, bias, act)
+    return spec, epi
+
+
+def epilogue_items() -> list:
+    """(module, class key) of every case, for tests/gpu/prebuild_classes.py."""
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    return [("xgemm.kernels.cute_gemm_sm90", k90.class_key(*spec, epi)) for spec, epi in map(_spec, EPI_CASES)]
+
+
+@pytest.mark.parametrize("case", EPI_CASES, ids=[c[0] for c in EPI_CASES])
+def test_fused_epilogue_class(case):
+    from xgemm.core import epilogues
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    name, m, n, k, ab, out, bias_dt, act, _, t = case
+    g = torch.Generator(device="cuda").manual_seed(sum(map(ord, name)))
+    a = (torch.rand(m, k, device="cuda", generator=g) * 4 - 2).to(TORCH_DT[ab])
+    b = (torch.rand(k, n, device="cuda", generator=g) * 4 - 2).to(TORCH_DT[ab])
+    bias = (torch.randn(n, device="cuda", generator=g) * 8).to(TORCH_DT[bias_dt]) if bias_dt else None
+    d = torch.full((m, n), float("nan"), dtype=TORCH_DT[out], device="cuda")
+    spec, epi = _spec(case)
+    fn = k90.compiled(*spec, epi=epi)
+    stream = torch.cuda.current_stream().cuda_stream
+    ops = (b.t(), a.t(), d.t()) if t else (a, b, d)
+    fn(*ops, *((bias,) if bias is not None else ()), 1.0, stream)
+    torch.cuda.synchronize()
+    pre = a.double() @ b.double() + (bias.double() if bias is not None else 0.0)
+    ref = epilogues.apply(torch, pre, act)
+    assert not torch.isnan(d).any(), f"{name}: {int(torch.isnan(d).sum())} elements unwritten"
+    err = ((d.double() - ref).abs() / (ref.abs() + 1.0)).max().item()
+    assert err <= TOL[out], f"{name}: max rel err {err:.3g} > {TOL[out]}"
