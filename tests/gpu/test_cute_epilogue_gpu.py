@@ -1,7 +1,9 @@
-"""cute_gemm_sm90's fused epilogue classes (Epi: bias along N or M, then an activation) on an H200,
-called through the compiled class itself (the API does not route to them yet): D = act(A @ B +
-bias) against core/epilogues.apply in float64, outputs NaN-poisoned, ragged shapes so that tiles
-overhang D and the bias index is clamped, the transposed run's bias along the kernel's M.
+"""cute_gemm_sm90's fused epilogue classes (Epi: bias along N or M, then an activation) and its FP8
+classes (e4m3 / e5m2 A and B, per-row and per-column float32 scales) on an H200, called through
+the compiled class itself (the API does not route to them yet): D = act(A @ B + bias) against
+core/epilogues.apply in float64, D = (A @ B) * alpha * scale_a[row] * scale_b[col] against the
+float64 product of the FP8 values, outputs NaN-poisoned, ragged shapes so that tiles overhang D
+and the vector indices are clamped, the transposed run's bias along the kernel's M.
 
 The cases are plain data (EPI_CASES) so that tests/gpu/prebuild_classes.py can compile their
 classes on a CPU machine (`epilogue_items()`).
@@ -23,6 +25,9 @@ TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torc
 # |d - ref| <= TOL * (|ref| + 1): one rounding to D's dtype, fp32 accumulation of K products of
 # values in [-2, 2], and the activation's SFU approximations (tanh.approx for a bf16 D only)
 TOL = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 2e-5}
+# FP8 wgmma keeps about 14 bits of its float32 accumulator's sum (DeepSeek-V3 report, H800), so an
+# fp32 D is judged at 1e-3
+TOL_FP8 = dict(TOL, float32=1e-3)
 
 # (name, M, N, K, ab, out, bias dtype | None, activation | None, config (tile_m, tile_n, cluster_m,
 #  cluster_n, pingpong, raster_m, swizzle), transposed run)
@@ -54,10 +59,30 @@ def _spec(case):
     return spec, epi
 
 
+# (name, M, N, K, ab, out, row/col scales, config): A row-major, B column-major (K-major, as
+# wgmma reads FP8 and torch._scaled_mm takes it); tensor scales go in alpha
+FP8_CASES = [
+    ("e4m3-tensor", 1000, 1040, 512, "float8_e4m3fn", "bfloat16", False, PP),
+    ("e4m3-row", 333, 272, 256, "float8_e4m3fn", "bfloat16", True, SMALL),
+    ("e4m3-row-f32", 520, 208, 384, "float8_e4m3fn", "float32", True, COOP),
+    ("e5m2-row", 300, 256, 128, "float8_e5m2", "float16", True, SMALL),
+]
+
+
+def _fp8_spec(case):
+    from xgemm.core.problem import COL, ROW
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    _, m, n, k, ab, out, rowwise, cfg = case
+    cfg = k90.Config(*cfg)
+    spec = (cfg, ab, out, ROW, COL, ROW, None, False, (False,) * 4, k90.max_clusters(132, cfg), "sm_90a")
+    return spec, (k90.Epi(scale_m=True, scale_n=True) if rowwise else None)
+
+
 def epilogue_items() -> list:
     """(module, class key) of every case, for tests/gpu/prebuild_classes.py."""
     from xgemm.kernels import cute_gemm_sm90 as k90
-    return [("xgemm.kernels.cute_gemm_sm90", k90.class_key(*spec, epi)) for spec, epi in map(_spec, EPI_CASES)]
+    specs = list(map(_spec, EPI_CASES)) + list(map(_fp8_spec, FP8_CASES))
+    return [("xgemm.kernels.cute_gemm_sm90", k90.class_key(*spec, epi)) for spec, epi in specs]
 
 
 @pytest.mark.parametrize("case", EPI_CASES, ids=[c[0] for c in EPI_CASES])
@@ -74,10 +99,37 @@ def test_fused_epilogue_class(case):
     fn = k90.compiled(*spec, epi=epi)
     stream = torch.cuda.current_stream().cuda_stream
     ops = (b.t(), a.t(), d.t()) if t else (a, b, d)
-    fn(*ops, *((bias,) if bias is not None else ()), 1.0, stream)
+    fn(*ops, None, bias, None, None, 1.0, 0.0, stream)
     torch.cuda.synchronize()
     pre = a.double() @ b.double() + (bias.double() if bias is not None else 0.0)
     ref = epilogues.apply(torch, pre, act)
     assert not torch.isnan(d).any(), f"{name}: {int(torch.isnan(d).sum())} elements unwritten"
     err = ((d.double() - ref).abs() / (ref.abs() + 1.0)).max().item()
     assert err <= TOL[out], f"{name}: max rel err {err:.3g} > {TOL[out]}"
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=[c[0] for c in FP8_CASES])
+def test_fp8_class(case):
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    name, m, n, k, ab, out, rowwise, _ = case
+    g = torch.Generator(device="cuda").manual_seed(sum(map(ord, name)))
+    f8 = getattr(torch, ab)
+    a8 = (torch.randn(m, k, device="cuda", generator=g) * 2).to(f8)
+    b8 = (torch.randn(n, k, device="cuda", generator=g) * 2).to(f8).t()       # (K, N), column-major
+    alpha = 0.375
+    d = torch.full((m, n), float("nan"), dtype=TORCH_DT[out], device="cuda")
+    spec, epi = _fp8_spec(case)
+    fn = k90.compiled(*spec, epi=epi)
+    stream = torch.cuda.current_stream().cuda_stream
+    ref = (a8.double() @ b8.double()) * alpha
+    if rowwise:
+        sa = torch.rand(m, device="cuda", generator=g) + 0.5
+        sb = torch.rand(n, device="cuda", generator=g) + 0.5
+        fn(a8, b8, d, None, None, sa, sb, alpha, 0.0, stream)
+        ref = ref * sa.double()[:, None] * sb.double()[None, :]
+    else:
+        fn(a8, b8, d, alpha, stream)
+    torch.cuda.synchronize()
+    assert not torch.isnan(d).any(), f"{name}: {int(torch.isnan(d).sum())} elements unwritten"
+    err = ((d.double() - ref).abs() / (ref.abs() + 1.0)).max().item()
+    assert err <= TOL_FP8[out], f"{name}: max rel err {err:.3g} > {TOL_FP8[out]}"

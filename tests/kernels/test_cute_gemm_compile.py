@@ -219,6 +219,12 @@ def ptx(tmp_path_factory):
         "coop_bias_m_gelu_c": K90.build(K90.Config(256, 128, 1, 2, False, False, 4), "float16", "float32", COL,
                                         COL, COL, ("bfloat16", ROW), False, nob, 66, "sm_90a", opts,
                                         epi=K90.Epi("m", "float32", "gelu")),
+        # FP8 (K-major A and B): tensor scales through alpha; per-row / per-column scales (Epi)
+        "pp_fp8": K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL,
+                            ROW, None, False, nob, 66, "sm_90a", opts),
+        "pp_fp8_rowwise": K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "float8_e5m2", "float32", ROW,
+                                    COL, ROW, None, False, nob, 132, "sm_90a", opts,
+                                    epi=K90.Epi(scale_m=True, scale_n=True)),
         "pp_relu": K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "bfloat16", "float16", ROW, ROW, ROW,
                              None, True, nob, 132, "sm_90a", opts, epi=K90.Epi(activation="relu")),
         "mma_sm80": K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", opts),
@@ -273,6 +279,20 @@ def test_ptx_sm90_fused_epilogues(ptx):
         assert "ld.local" not in ptx[name][1] and "st.local" not in ptx[name][1], name
 
 
+@needs_dsl
+def test_ptx_sm90_fp8(ptx):
+    """FP8 classes: wgmma on e4m3 / e5m2 with a 128-wide K tile (k32 instructions, 4 a tile), the
+    same TMA pipeline; per-row / per-column scales are loads in the epilogue only."""
+    fp8, rowwise = ptx["pp_fp8"][1], ptx["pp_fp8_rowwise"][1]
+    assert _count(fp8, r"wgmma\.mma_async\.sync\.aligned\.m64n192k32\.f32\.e4m3\.e4m3") >= 8
+    assert _count(rowwise, r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e5m2\.e5m2") >= 8
+    assert _count(fp8, r"ld\.global") == 0 and _count(rowwise, r"ld\.global[\w.]*\.b32") > 0
+    for text in (fp8, rowwise):
+        assert _count(text, r"cp\.async\.bulk\.tensor") >= 2 and "ld.local" not in text and "st.local" not in text
+    with pytest.raises(ValueError, match="K-major"):
+        K90.build(K90.Config(), "float8_e4m3fn", "bfloat16", ROW, ROW, ROW, None, True, (False,) * 4, 66)
+
+
 def test_fused_epilogue_class_keys():
     """An Epi is the last element of its class key (plain classes keep their keys), build_for_key
     inverts it, and Epi.check refuses what the kernel does not serve."""
@@ -282,6 +302,7 @@ def test_fused_epilogue_class_keys():
     assert fused[:-1] == plain and fused[-1] == epi
     assert K90.build_for_key(fused).args == spec and K90.build_for_key(fused).keywords == {"epi": epi}
     assert K90.build_for_key(plain).args == spec and not K90.build_for_key(plain).keywords
+    assert K90.Epi(scale_m=True).check() is None and K90.Epi(scale_n=True).check() is None
     for bad in (K90.Epi(), K90.Epi("k", "float32"), K90.Epi("n"), K90.Epi(activation="tanh"),
                 K90.Epi("n", "float64")):
         with pytest.raises(AssertionError):

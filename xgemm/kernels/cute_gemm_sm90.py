@@ -2,7 +2,10 @@
 
 Contract
   dtypes      A, B: float16 or bfloat16 (the same); accumulate float32; D: float16 | bfloat16 |
-              float32; C (read only when beta != 0): float16 | bfloat16 | float32.
+              float32; C (read only when beta != 0): float16 | bfloat16 | float32. Classes with FP8
+              A and B (float8_e4m3fn | float8_e5m2, K-major: wgmma's only FP8 layout) build too,
+              with per-row / per-column float32 scales in the epilogue (Epi); supports() does not
+              offer them to the API yet.
   majorness   every combination: A row (K-major) or col (M-major), B row (N-major) or col
               (K-major), C and D row (N-major) or col (M-major). No operand is copied.
   alignment   TMA: every base address and every non-unit stride (the leading one and the batch
@@ -70,22 +73,27 @@ ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "silu", "sigmoid")    # cor
 
 @dataclasses.dataclass(frozen=True)
 class Epi:
-    """A fused epilogue class: bias along "n" (D's columns) or "m" (its rows: the transposed run),
-    of bias_dtype; then activation. Part of the compile class (class_key)."""
+    """A fused epilogue class, part of the compile class (class_key):
+    D = act(acc * scale_m[row] * scale_n[col] + bias[col or row]), in float32.
+    scale_m / scale_n: float32 vectors over D's rows / columns (FP8's per-row scales of A and per-
+    column scales of B; not with C); bias along "n" (D's columns) or "m" (its rows: the transposed
+    run), of bias_dtype; then activation."""
     bias: Optional[str] = None
     bias_dtype: Optional[str] = None
     activation: Optional[str] = None
+    scale_m: bool = False
+    scale_n: bool = False
 
     def check(self) -> None:
         assert self.bias in (None, "n", "m") and (self.bias is None) == (self.bias_dtype is None), self
         assert self.bias_dtype in (None, "float16", "bfloat16", "float32"), self
         assert self.activation in (None,) + ACTIVATIONS, self
-        assert self.bias is not None or self.activation is not None, f"{self}: an empty epilogue is no class"
+        assert self.bias or self.activation or self.scale_m or self.scale_n, f"{self}: an empty epilogue is no class"
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
 _OUT_DTYPES = ("float16", "bfloat16", "float32")
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
 SMEM_BYTES = 232448          # sm_90 opt-in shared memory per block (227 KB)
 
 
@@ -142,6 +150,11 @@ def _device():
             self.unit_alpha = unit_alpha     # alpha == 1: the epilogue does not scale (Design)
             self.bias_mode = epi.bias if epi is not None else None
             self.activation = epi.activation if epi is not None else None
+            self.scale_m = epi is not None and epi.scale_m
+            self.scale_n = epi is not None and epi.scale_n
+            # the scales multiply the product only: alpha * acc + beta * C would scale C too
+            assert not (has_c and (self.scale_m or self.scale_n)), "scale vectors with C"
+            self.epi_ops = epi is not None
             self.max_active_clusters = max_active_clusters
             self.pingpong = cfg.pingpong
             self.cluster_shape_mnk = (cfg.cluster_m, cfg.cluster_n, 1)
@@ -170,7 +183,7 @@ def _device():
             c_stage = min(epi_tiles, 4) if c_dtype is not None else 0
             d_bytes = epi_elems * d_dtype.width // 8
             c_bytes = epi_elems * c_dtype.width // 8 if c_dtype is not None else 0
-            ab_bytes = (tm + tn) * tk * 2
+            ab_bytes = (tm * self.a_dtype.width + tn * self.b_dtype.width) * tk // 8
             reserve = 1024 + 1024          # mbarriers + alignment padding
             room = SMEM_BYTES - reserve - epi_stage * d_bytes - c_stage * c_bytes
             ab_stage = room // ab_bytes
@@ -184,11 +197,12 @@ def _device():
 
         @cute.jit
         def launch(self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor,
-                   mC: Optional[cute.Tensor], mBias: Optional[cute.Tensor], alpha: Float32, beta: Float32,
-                   stream: cuda.CUstream):
+                   mC: Optional[cute.Tensor], mBias: Optional[cute.Tensor], mScaleM: Optional[cute.Tensor],
+                   mScaleN: Optional[cute.Tensor], alpha: Float32, beta: Float32, stream: cuda.CUstream):
             """mA (M, K, L), mB (N, K, L), mD / mC (M, N, L), in CuTe's GEMM order; mBias (N,) or
-            (M,) by Epi.bias."""
+            (M,) by Epi.bias; mScaleM (M,), mScaleN (N,) float32 (Epi)."""
             self.a_dtype = mA.element_type
+            self.b_dtype = mB.element_type
             self.d_dtype = mD.element_type
             self.c_dtype = mC.element_type if const_expr(self.has_c) else None
             self.a_layout = LayoutEnum.from_tensor(mA)
@@ -200,16 +214,18 @@ def _device():
             self.epi_walk_m = self.d_layout.is_m_major_c()
 
             self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
-                self.a_dtype, self.a_dtype,
+                self.a_dtype, self.b_dtype,
                 self.a_layout.sm90_mma_major_mode(), self.b_layout.sm90_mma_major_mode(),
                 Float32, self.atom_layout_mnk, tiler_mn=(64, self.tile_shape_mnk[1]))
+            # K tile: 4 MMA K steps, 128 bytes of a row (64 for 16-bit types, 128 for FP8)
+            self.tile_shape_mnk = (*self.tile_shape_mnk[:2], cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4)
             self.ab_stage, self.epi_stage, self.c_stage = self._stages(self.d_dtype, self.c_dtype)
             self.cluster_layout_mnk = cute.make_layout(self.cluster_shape_mnk)
 
             a_smem_staged = sm90_utils.make_smem_layout_a(
                 self.a_layout, self.tile_shape_mnk, self.a_dtype, self.ab_stage)
             b_smem_staged = sm90_utils.make_smem_layout_b(
-                self.b_layout, self.tile_shape_mnk, self.a_dtype, self.ab_stage)
+                self.b_layout, self.tile_shape_mnk, self.b_dtype, self.ab_stage)
             d_smem_staged = sm90_utils.make_smem_layout_epi(
                 self.d_dtype, self.d_layout, self.epi_tile, self.epi_stage)
             c_smem_staged = None
@@ -230,7 +246,7 @@ def _device():
                 mB, b_smem, (self.tile_shape_mnk[1], self.tile_shape_mnk[2]),
                 num_multicast=self.num_mcast_b)
             self.tma_bytes = cute.size_in_bytes(self.a_dtype, a_smem) + cute.size_in_bytes(
-                self.a_dtype, b_smem)
+                self.b_dtype, b_smem)
             tma_atom_d, tma_d = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mD,
                 cute.slice_(d_smem_staged, (None, None, 0)), self.epi_tile)
@@ -264,11 +280,12 @@ def _device():
                 sA: cute.struct.Align[
                     cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem_staged)], 1024]
                 sB: cute.struct.Align[
-                    cute.struct.MemRange[self.a_dtype, cute.cosize(b_smem_staged)], 1024]
+                    cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem_staged)], 1024]
 
             self.shared_storage = SharedStorage
             self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
-                        tma_atom_c, tma_c, mBias, alpha, beta, self.cluster_layout_mnk, a_smem_staged,
+                        tma_atom_c, tma_c, mBias, mScaleM, mScaleN, alpha, beta, self.cluster_layout_mnk,
+                        a_smem_staged,
                         b_smem_staged, d_smem_staged, c_smem_staged).launch(
                 grid=grid, block=[self.threads_per_cta, 1, 1], cluster=self.cluster_shape_mnk,
                 min_blocks_per_mp=1, stream=stream, use_pdl=True)
@@ -320,23 +337,32 @@ def _device():
             bidx, bidy, _ = cute.arch.block_idx()
             return (c_m * cm + bidx % cm, c_n * cn + bidy % cn, l), valid
 
-        def _epilogue_ops(self, tRS_rD, tRS_cD, mBias, tc, epi_idx, epi_tiles_mn, size_rD):
-            """+ bias, then the activation, on one epilogue subtile's float32 registers (Epi;
-            traced inline: epi_idx, epi_tiles_mn and size_rD are Python ints)."""
+        def _epilogue_ops(self, tRS_rD, tRS_cD, vectors, tc, epi_idx, epi_tiles_mn, size_rD):
+            """* the scales, + bias, then the activation, on one epilogue subtile's float32
+            registers (Epi; traced inline: epi_idx, epi_tiles_mn and size_rD are Python ints)."""
+            mBias, mScaleM, mScaleN = vectors
             if const_expr(self.epi_walk_m):
                 sub_m, sub_n = epi_idx % epi_tiles_mn[0], epi_idx // epi_tiles_mn[0]
             else:
                 sub_m, sub_n = epi_idx // epi_tiles_mn[1], epi_idx % epi_tiles_mn[1]
+            row0 = tc[0] * self.tile_shape_mnk[0] + sub_m * self.epi_tile[0]
+            col0 = tc[1] * self.tile_shape_mnk[1] + sub_n * self.epi_tile[1]
+
+            def at(vec, i):
+                # registers past D's edge hold values TMA never stores: clamp their index
+                return vec[cutlass.min(i, vec.shape[0] - 1)].to(Float32)
+
             for v in range(size_rD):            # a Python loop: unrolled as the kernel is traced
                 x = tRS_rD[v]
-                if const_expr(self.bias_mode is not None):
-                    coord = tRS_cD[v]
-                    if const_expr(self.bias_mode == "n"):
-                        i = tc[1] * self.tile_shape_mnk[1] + sub_n * self.epi_tile[1] + coord[1]
-                    else:
-                        i = tc[0] * self.tile_shape_mnk[0] + sub_m * self.epi_tile[0] + coord[0]
-                    # registers past D's edge hold values TMA never stores: clamp their index
-                    x = x + mBias[cutlass.min(i, mBias.shape[0] - 1)].to(Float32)
+                coord = tRS_cD[v]
+                if const_expr(self.scale_m):
+                    x = x * at(mScaleM, row0 + coord[0])
+                if const_expr(self.scale_n):
+                    x = x * at(mScaleN, col0 + coord[1])
+                if const_expr(self.bias_mode == "n"):
+                    x = x + at(mBias, col0 + coord[1])
+                if const_expr(self.bias_mode == "m"):
+                    x = x + at(mBias, row0 + coord[0])
                 if const_expr(self.activation is not None):
                     x = activate(x, self.activation, self.d_dtype.width == 16 and self.d_dtype != Float16)
                 tRS_rD[v] = x
@@ -346,7 +372,8 @@ def _device():
         def kernel(self, tiled_mma: cute.TiledMma, tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor,
                    tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor, tma_atom_d: cute.CopyAtom,
                    mD_mnl: cute.Tensor, tma_atom_c: Optional[cute.CopyAtom],
-                   mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor], alpha: Float32,
+                   mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
+                   mScaleM: Optional[cute.Tensor], mScaleN: Optional[cute.Tensor], alpha: Float32,
                    beta: Float32, cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
                    b_smem_staged: cute.ComposedLayout, d_smem_staged: cute.ComposedLayout,
                    c_smem_staged: Optional[cute.ComposedLayout]):
@@ -482,7 +509,7 @@ def _device():
                 size_rD = cute.size(tRS_rD)
                 # each register's (m, n) in its epilogue subtile: the bias index (Epi)
                 tRS_cD = None
-                if const_expr(self.bias_mode is not None):
+                if const_expr(self.epi_ops):
                     tRS_cD = thr_copy_r2s.partition_S(cute.make_identity_tensor(self.epi_tile))
                 tiled_copy_s2r = None
                 tSR_sC = None
@@ -636,8 +663,9 @@ def _device():
                                              + tRS_rC.load().to(Float32) * beta)
                         elif const_expr(not self.unit_alpha):
                             tRS_rD.store(tRS_rD.load() * alpha)
-                        if const_expr(self.bias_mode is not None or self.activation is not None):
-                            self._epilogue_ops(tRS_rD, tRS_cD, mBias, tc, epi_idx, epi_tiles_mn, size_rD)
+                        if const_expr(self.epi_ops):
+                            self._epilogue_ops(tRS_rD, tRS_cD, (mBias, mScaleM, mScaleN), tc, epi_idx,
+                                               epi_tiles_mn, size_rD)
                         tRS_rD_out.store(tRS_rD.load().to(self.d_dtype))
                         epi_buffer = (num_prev + epi_idx) % self.epi_stage
                         cute.copy(tiled_copy_r2s, tRS_rD_out,
@@ -703,28 +731,28 @@ def _device():
     @cute.jit
     def gemm_noc(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
                  alpha: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, alpha, Float32(0.0), stream)
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, None, None, alpha, Float32(0.0),
+                  stream)
 
     @cute.jit
     def gemm_c(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
                c: cute.Tensor, alpha: Float32, beta: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), None, alpha, beta,
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), None, None, None, alpha, beta,
                   stream)
 
     @cute.jit
-    def gemm_noc_bias(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
-                      bias: cute.Tensor, alpha: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, bias, alpha, Float32(0.0), stream)
+    def gemm_epi(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: Optional[cute.Tensor],
+                 bias: Optional[cute.Tensor], scale_m: Optional[cute.Tensor], scale_n: Optional[cute.Tensor],
+                 alpha: Float32, beta: Float32, stream: cuda.CUstream):
+        # an Epi class: every optional operand in the signature, None where the class has none
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d) if const_expr(c is not None) else None,
+                  bias, scale_m, scale_n, alpha, beta, stream)
 
-    @cute.jit
-    def gemm_c_bias(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
-                    c: cute.Tensor, bias: cute.Tensor, alpha: Float32, beta: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), bias, alpha, beta, stream)
-
-    return cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_noc_bias, gemm_c_bias)
+    return cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi)
 
 
-_CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32"}
+_CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32",
+               "float8_e4m3fn": "Float8E4M3FN", "float8_e5m2": "Float8E5M2"}
 
 
 def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
@@ -735,10 +763,15 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     Majorness words are the API's: ROW = last dim contiguous. unit_alpha: a class for alpha == 1
     whose epilogue does not scale (the alpha argument is then ignored; module docstring). `batched` says,
     for A, B, D and C, whether that operand crosses as (L, rows, cols) (else (rows, cols); D
-    decides whether the problem is batched at all). epi: a fused bias / activation class (Epi).
-    Returns the TVM-FFI function f(a, b, d[, c][, bias], alpha[, beta], stream).
+    decides whether the problem is batched at all). ab: float16 | bfloat16, or an FP8 type
+    (float8_e4m3fn | float8_e5m2; wgmma reads FP8 K-major only: A row-major, B column-major).
+    epi: a fused epilogue class (Epi). Returns the TVM-FFI function f(a, b, d[, c], alpha[, beta],
+    stream), or for an Epi class f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream) with
+    None for what the class lacks.
     """
-    cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_noc_bias, gemm_c_bias) = _device()
+    if _ITEMSIZE[ab] == 1 and (a_major, b_major) != (ROW, COL):
+        raise ValueError(f"{NAME}: FP8 operands must be K-major (A row-major, B column-major), got {a_major}/{b_major}")
+    cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi) = _device()
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     def dt(name):
@@ -763,17 +796,17 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     op = Sm90Gemm(cfg, max_clusters, c is not None, unit_alpha, epi)
     stream = make_fake_stream()
     opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
-    bias = ()
-    if epi is not None and epi.bias is not None:
-        # one element per D column ("n") or row ("m"), any alignment: read element by element
-        bias = (make_fake_tensor(dt(epi.bias_dtype), (cute.sym_int(),), (1,),
-                                 assumed_align=_ITEMSIZE[epi.bias_dtype]),)
+    fc = fake(c[0], m, n, c[1], l if c_b else None) if c is not None else None
+    if epi is not None:
+        # vectors: one element per D row or column, any alignment (read element by element)
+        def vec(dtype: str, extent):
+            return make_fake_tensor(dt(dtype), (extent,), (1,), assumed_align=_ITEMSIZE[dtype])
+        bias = vec(epi.bias_dtype, n if epi.bias == "n" else m) if epi.bias else None
+        return cute.compile(gemm_epi, op, fa, fb, fd, fc, bias, vec("float32", m) if epi.scale_m else None,
+                            vec("float32", n) if epi.scale_n else None, 1.0, 0.0, stream, options=opts)
     if c is None:
-        return cute.compile(gemm_noc_bias if bias else gemm_noc, op, fa, fb, fd, *bias, 1.0, stream,
-                            options=opts)
-    fc = fake(c[0], m, n, c[1], l if c_b else None)
-    return cute.compile(gemm_c_bias if bias else gemm_c, op, fa, fb, fd, fc, *bias, 1.0, 0.0, stream,
-                        options=opts)
+        return cute.compile(gemm_noc, op, fa, fb, fd, 1.0, stream, options=opts)
+    return cute.compile(gemm_c, op, fa, fb, fd, fc, 1.0, 0.0, stream, options=opts)
 
 
 # ----------------------------------------------------------------------------------------------
