@@ -3,10 +3,12 @@
     gemm(a, b, c, alpha=, beta=, bias=, activation=)   D = act(alpha A@B + beta C + bias)
     gated(a, b, bias=, activation="swiglu")             D = act(gate) * up of [gate | up] = A@B + bias
 
-No kernel fuses an epilogue yet. Until one does, the product runs through the usual kernels with
-a float32 result (float64 for float64 operands), the epilogue runs on it with the framework's own
-ops in that type (core/epilogues.py), and the result is cast once: the numerics of a fused fp32
-epilogue, at the cost of one more pass over D. The product is xgemm's (for torch under autograd
+Where a kernel fuses the epilogue (cute_gemm_sm90's Epi classes: bias + activation, eager fp16/
+bf16 on the GPU without autograd; XGEMM_FUSED_EPILOGUE=1 until validated on the H200), the call
+is planned with it and that kernel writes D once. Otherwise the product runs through the usual
+kernels with a float32 result (float64 for float64 operands), the epilogue runs on it with the
+framework's own ops in that type (core/epilogues.py), and the result is cast once: the numerics
+of a fused fp32 epilogue, at the cost of one more pass over D. The product is xgemm's (for torch under autograd
 or torch.compile, its custom op; for JAX, xgemm.jax), the epilogue ordinary framework ops, so
 autograd, torch.compile and jax.grad / vmap / jit need nothing new. explain() says so.
 """
@@ -70,11 +72,16 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
         inputs = [arrays.view(x, name, fn) for x, name in ((a, "a"), (b, "b"), (c_used, "c"), (bias, "bias"))
                   if x is not None]
         prepare.check_out(fn, out, owner, final, checks.out_dtypes(dt), inputs)
-    note = epilogues.describe(bias is not None, activation, gated, acc, owner)
+    fused = None if tracing else _fused_plan(fn, owner, a, b, c_used, alpha, beta, bias, activation, gated, out, dt)
     if plan_only:
+        if fused is not None:
+            fused.epilogue = epilogues.describe(bias is not None, activation, gated, acc, owner, fused.kernel.name)
+            return fused
         plan = prepare.prepare_gemm(fn, a, b, c_used, alpha, beta, None, plan_only=True, out_dtype=acc)
-        plan.epilogue = note
+        plan.epilogue = epilogues.describe(bias is not None, activation, gated, acc, owner)
         return plan
+    if fused is not None:
+        return prepare.run(prepare.prepare_gemm(fn, a, b, c_used, alpha, beta, out, bias=bias, activation=activation))
     pre = _product(fn, owner, a, b, c_used, alpha, beta, acc)
     xp = arrays.namespace(owner)
     if bias is not None:
@@ -89,6 +96,19 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
     else:
         out[...] = y
     return out
+
+
+def _fused_plan(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: float, bias: Any,
+                activation: Optional[str], gated: bool, out: Any, dt: str) -> Optional[Any]:
+    """The plan of a kernel that fuses this bias / activation into its epilogue, or None (then the
+    epilogue is composed): eager fp16/bf16 matrices on a GPU, no autograd (the composed path's
+    product op carries the gradient), no gating yet."""
+    if gated or owner not in ("torch", "cupy") or dt not in checks.HALF or a.ndim < 2 or b.ndim < 2:
+        return None
+    if arrays.view(a, "a", fn).device.kind != "cuda" or prepare.torch_op_needed(a, b, c, bias):
+        return None
+    plan = prepare.prepare_gemm(fn, a, b, c, alpha, beta, out, plan_only=True, bias=bias, activation=activation)
+    return plan if plan.kernel.name != "reference" else None
 
 
 def _product(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: float, acc: str) -> Any:

@@ -115,9 +115,11 @@ def run(prep: "Prepared | Any") -> Any:
 
 
 def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: Any, *, plan_only: bool = False,
-                 out_dtype: Optional[str] = None):
+                 out_dtype: Optional[str] = None, bias: Any = None, activation: Optional[str] = None):
     """A Prepared GEMM (or, with plan_only, its Plan); for JAX operands the result itself.
-    out_dtype: the result's dtype without out= (one of checks.out_dtypes; default the operands')."""
+    out_dtype: the result's dtype without out= (one of checks.out_dtypes; default the operands').
+    bias / activation: a fused epilogue (compose.py checked them and asks for the plan first: only
+    a kernel that fuses may run it; a plan naming the reference means the caller composes)."""
     alpha = checks.scalar(fn, "alpha", alpha, traced=arrays.is_jax_tracer(alpha))
     beta = checks.scalar(fn, "beta", beta, traced=arrays.is_jax_tracer(beta))
     named = [("a", a), ("b", b)] + ([("c", c)] if c is not None else [])
@@ -148,7 +150,9 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
     c_used = arrays.import_into(owner, c_used, "c", fn) if c_used is not None else None
     va, vb = arrays.view(a, "a", fn), arrays.view(b, "b", fn)
     vc = arrays.view(c_used, "c", fn) if c_used is not None else None
-    same_device(fn, [("a", va), ("b", vb)] + ([("c", vc)] if vc is not None else []))
+    vbias = arrays.view(arrays.import_into(owner, bias, "bias", fn), "bias", fn) if bias is not None else None
+    same_device(fn, [("a", va), ("b", vb)] + ([("c", vc)] if vc is not None else [])
+                + ([("bias", vbias)] if vbias is not None else []))
     vout = check_out(fn, out, owner, final, out_dtypes, [va, vb] + ([vc] if vc is not None else [])) if out is not None else None
 
     # Promote 1-D operands to matrices as views (numpy.matmul semantics), in the owner framework.
@@ -177,13 +181,20 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
             target_v = None
     out_op = arrays.operand(target_v) if target_v is not None else None
     epilogue = Epilogue(alpha=alpha, beta=beta, has_c=cv2 is not None, out_dtype=out_dtype,
-                        out_majorness=out_op.majorness if out_op else ROW, out_alignment=out_op.alignment if out_op else 16)
+                        out_majorness=out_op.majorness if out_op else ROW, out_alignment=out_op.alignment if out_op else 16,
+                        activation=activation)
     problem = GemmProblem(m=m, n=n, k=k, batch=batch, a=arrays.operand(a2v), b=arrays.operand(bv2),
                           c=arrays.operand(cv2) if cv2 is not None else None, epilogue=epilogue,
-                          framework=owner, device=va.device)
+                          framework=owner, device=va.device,
+                          bias=arrays.operand(vbias) if vbias is not None else None)
     empty = shape.empty
     plan = _choose("gemm", problem, empty=empty)
     plan.copies.extend(copies)
+    if problem.fused and (plan.kernel.name == "reference" or empty):
+        if plan_only:
+            return plan
+        raise errors.KernelUnavailableError(
+            f"{fn}: no kernel fuses {problem.summary()}; compose the epilogue (xgemm.gemm does)")
     if on_gpu and not empty and dt in checks.HALF and plan.kernel.name == "reference":
         staged = _stage_aligned(fn, plan, problem, (a2v, bv2, cv2), batch, out, a_vec, b_vec)
         if staged is not None:
@@ -214,7 +225,7 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
         if target is None:
             out[...] = _squeeze(result, a_vec, b_vec)
         return out
-    return Prepared(plan, (a2v, bv2, cv2), kernel_out, finish)
+    return Prepared(plan, (a2v, bv2, cv2) + ((vbias,) if vbias is not None else ()), kernel_out, finish)
 
 
 def _stage_aligned(fn: str, plan: policy.Plan, problem: GemmProblem, operands: tuple, batch: Tuple[int, ...],

@@ -104,8 +104,11 @@ def gate_backward(xp: Any, h: Any, dy: Any, gated: str) -> Any:
     return xp.concat([dy * u * derivative(xp, g, act), dy * apply(xp, g, act)], axis=-1)
 
 
-def describe(bias: bool, activation: Optional[str], gated: bool, acc: str, where: str) -> str:
-    """explain()'s epilogue line."""
+def describe(bias: bool, activation: Optional[str], gated: bool, acc: str, where: str,
+             fused_by: Optional[str] = None) -> str:
+    """explain()'s epilogue line: fused into a kernel's epilogue (fused_by), or composed."""
     parts = (["bias"] if bias else []) + ([f"{activation} (act(gate) * up)" if gated else activation]
                                           if activation else [])
-    return f"{' + '.join(parts) or 'none'}, composed after the product in {where} ops ({acc}; no kernel fuses it yet)"
+    if fused_by:
+        return f"{' + '.join(parts)}, fused into {fused_by}'s epilogue (float32, one rounding to the output dtype)"
+    return f"{' + '.join(parts) or 'none'}, composed after the product in {where} ops ({acc}; no kernel fused it)"

@@ -186,7 +186,14 @@ def _choose(op: str, problem: Any) -> Plan:
         if forced is not None and name != forced:
             continue
         kernel = load(op, target)
-        reason = _load_reason(op, target) if kernel is None else kernel.supports(problem)
+        if kernel is None:
+            reason = _load_reason(op, target)
+        elif getattr(problem, "fused", False) and not getattr(kernel, "fuses_epilogue", False) \
+                and name != "reference":
+            # the reference stays the last resort: a plan that names it means "compose instead"
+            reason = "fuses no bias / activation epilogue"
+        else:
+            reason = kernel.supports(problem)
         if reason is None:
             return Plan(op=op, problem=problem, kernel=kernel, policy=kernel.policy(problem), declined=declined)
         if forced is not None:

@@ -36,7 +36,9 @@ class Device:
 
 @dataclass(frozen=True)
 class Epilogue:
-    """D = alpha * (A @ B) + beta * C, written as out_dtype. beta == 0 never reads C."""
+    """D = act(alpha * (A @ B) + beta * C + bias), written as out_dtype. beta == 0 never reads C.
+    activation (core/epilogues.ACTIVATIONS) and the bias (GemmProblem.bias) are fused only by
+    kernels that declare fuses_epilogue; the others never see such a problem (policy.choose)."""
     alpha: float = 1.0
     beta: float = 0.0
     has_c: bool = False
@@ -45,6 +47,7 @@ class Epilogue:
     # caller's out= when the API writes it in place (any majorness but STRIDED)
     out_majorness: str = ROW
     out_alignment: int = 16
+    activation: Optional[str] = None
 
     @property
     def reads_c(self) -> bool:
@@ -64,6 +67,12 @@ class GemmProblem:
     epilogue: Epilogue
     framework: str                  # owner framework of the result: numpy|torch|jax|cupy
     device: Device
+    bias: Optional[Operand] = None  # a vector of N values added to every row (fused epilogues)
+
+    @property
+    def fused(self) -> bool:
+        """Does the epilogue add a bias or apply an activation (only kernels that fuse serve it)?"""
+        return self.bias is not None or self.epilogue.activation is not None
 
     @property
     def batch_count(self) -> int:
@@ -85,7 +94,10 @@ class GemmProblem:
         c = f", C {self.c.majorness}" if self.c is not None else ""
         return (f"gemm {b}{self.m}x{self.n}x{self.k} {self.a.dtype}->{self.epilogue.out_dtype} "
                 f"A {self.a.majorness}/{self.a.alignment}B, B {self.b.majorness}/{self.b.alignment}B{c}, "
-                f"alpha={self.epilogue.alpha:g} beta={self.epilogue.beta:g} on {self.framework}:{self.device.kind}")
+                f"alpha={self.epilogue.alpha:g} beta={self.epilogue.beta:g}"
+                + (f" + bias {self.bias.dtype}" if self.bias is not None else "")
+                + (f", {self.epilogue.activation}" if self.epilogue.activation else "")
+                + f" on {self.framework}:{self.device.kind}")
 
 
 @dataclass(frozen=True)

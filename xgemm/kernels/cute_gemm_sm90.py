@@ -53,6 +53,7 @@ Adapted from CUTLASS's CuTe-DSL Hopper examples (dense_gemm_persistent.py) and q
 import dataclasses
 import functools
 import math
+import os
 from typing import Optional, Tuple
 
 from xgemm.core.layout import unit_stride_dim
@@ -892,10 +893,38 @@ def build_for_key(key: Tuple):
     return _builder(spec, key[12] if len(key) > 12 else None)
 
 
+# The fused epilogue classes wait for their first H200 run (tests/gpu/test_cute_epilogue_gpu.py):
+# until then supports() declines them unless XGEMM_FUSED_EPILOGUE=1, and xgemm.gemm composes.
+FUSED_ENV = "XGEMM_FUSED_EPILOGUE"
+
+
 class _Sm90Kernel:
     name = NAME
     ops = ("gemm",)
     backend = "cute"
+    fuses_epilogue = True            # bias / activation as Epi classes (policy.choose asks)
+
+    def _fused_why(self, problem) -> Optional[str]:
+        """None when the fused epilogue of a problem has a class here (checked after the rest)."""
+        if os.environ.get(FUSED_ENV) != "1":
+            return f"fused epilogues are off until validated on the H200 ({FUSED_ENV}=1 turns them on)"
+        bias = problem.bias
+        if bias is not None:
+            if bias.dtype not in ("float16", "bfloat16", "float32"):
+                return f"bias dtype {bias.dtype} is not float16/bfloat16/float32"
+            if bias.shape != (problem.n,) or (problem.n > 1 and bias.strides != (1,)):
+                return f"bias (shape {bias.shape}, strides {bias.strides}) is not a contiguous vector of N={problem.n}"
+        if problem.epilogue.activation not in (None,) + ACTIVATIONS:
+            return f"activation {problem.epilogue.activation!r} has no class"
+        return None
+
+    def epi(self, problem, policy: Policy) -> Optional[Epi]:
+        """The Epi class of a fused problem (its bias along the kernel's M in the transposed run)."""
+        if not problem.fused:
+            return None
+        bias = problem.bias
+        return Epi(("m" if swapped(policy) else "n") if bias is not None else None,
+                   bias.dtype if bias is not None else None, problem.epilogue.activation)
 
     def supports(self, problem) -> Optional[str]:
         dev = problem.device
@@ -927,7 +956,7 @@ class _Sm90Kernel:
             why = _tma_why(op.shape, op.strides, _ITEMSIZE[op.dtype])
             if why:
                 return f"{label}: {why}"
-        return None
+        return self._fused_why(problem) if problem.fused else None
 
     def policy(self, problem) -> Policy:
         return choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
@@ -956,7 +985,10 @@ class _Sm90Kernel:
         args = [_as_kernel_arg(v, L, r, cc) for v, r, cc in views]
         if swapped(policy):
             args = [x.swapaxes(-2, -1) for x in args]
-        if use_c:
+        if problem.fused:                # an Epi class: f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream)
+            bias = operands[3].obj if problem.bias is not None else None
+            fn(*args[:3], args[3] if use_c else None, bias, None, None, float(ep.alpha), float(ep.beta), stream)
+        elif use_c:
             fn(*args, float(ep.alpha), float(ep.beta), stream)
         else:
             fn(*args, float(ep.alpha), stream)
@@ -964,7 +996,10 @@ class _Sm90Kernel:
     def bind(self, problem, policy: Policy, operands, out):
         """run() resolved for this exact signature (shapes, strides, dtypes, 16-byte classes):
         go(a, b, c, d, stream) on the framework arrays makes the same TVM-FFI call run() makes
-        for views of them. None unless every operand crosses as itself (2-D, unbatched)."""
+        for views of them. None unless every operand crosses as itself (2-D, unbatched), and for a
+        fused epilogue (run() serves it)."""
+        if problem.fused:
+            return None
         fn, use_c, views = self._resolve(problem, policy, operands, out)
         if problem.batch_count != 1 or any(len(v.shape) != 2 for v, _, _ in views):
             return None
@@ -987,7 +1022,7 @@ class _Sm90Kernel:
     def _resolve(self, problem, policy: Policy, operands, out):
         """(compiled function, whether C is read, [(view, rows, cols)] in argument order: the
         untransposed views, which a swapped run transposes)."""
-        a, b, c = operands
+        a, b, c = operands[:3]
         use_c = problem.epilogue.reads_c and c is not None
         m, n, k = problem.m, problem.n, problem.k
         views = [(a, m, k), (b, k, n), (out, m, n)] + ([(c, m, n)] if use_c else [])
@@ -995,8 +1030,8 @@ class _Sm90Kernel:
             why = _tma_why(v.shape, v.strides, v.itemsize, v.ptr)
             if why:
                 raise ValueError(f"{NAME}: operand {v.shape} strides {v.strides}: {why}")
-        fn = compiled_eager(*self.spec(problem, policy, operands, out, cute_cache.arch_for(problem.device),
-                                       _sm_count(problem.device.index)))
+        fn = compiled_eager(*self.spec(problem, policy, operands[:3], out, cute_cache.arch_for(problem.device),
+                                       _sm_count(problem.device.index)), epi=self.epi(problem, policy))
         if swapped(policy):              # the kernel's A, B are the transposes of B, A
             views = [views[1], views[0], *views[2:]]
         return fn, use_c, views

@@ -1,0 +1,83 @@
+"""xgemm.gemm(bias=, activation=) on a (fake) H200: with XGEMM_FUSED_EPILOGUE=1 an eager fp16/bf16
+call is planned with its epilogue and launches one cute_gemm_sm90 Epi class (bias along N, or
+along the kernel's M in the transposed run) with the bias tensor itself; without it, under
+autograd, or where no kernel fuses, the product launches a plain class and the epilogue is
+composed. Launches are recorded, not run (tests/fake_cuda.py); the GPU run of the Epi classes is
+tests/gpu/test_cute_epilogue_gpu.py."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cuda.bindings")
+from fake_cuda import Fake  # noqa: E402
+
+import xgemm  # noqa: E402
+from xgemm.kernels import cute_gemm_sm90 as K90  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+def _cute_calls(fake):
+    return [(key, args) for kind, key, args in fake.calls if kind == "cute"]
+
+
+@pytest.mark.parametrize("mnk,swapped", [((512, 384, 256), False), ((4096, 4096, 4096), True)])
+def test_fused_call_launches_the_epi_class(monkeypatch, mnk, swapped):
+    monkeypatch.setenv(K90.FUSED_ENV, "1")
+    m, n, k = mnk
+    a, b = torch.randn(m, k, dtype=BF16), torch.randn(k, n, dtype=BF16)
+    bias = torch.randn(n, dtype=torch.float32)
+    with Fake(keep=True) as fake:
+        plan = xgemm.explain(a, b, bias=bias, activation="gelu_tanh")
+        y = xgemm.gemm(a, b, bias=bias, activation="gelu_tanh")
+    assert plan.kernel_name == "cute_gemm_sm90" and "fused into cute_gemm_sm90" in plan.epilogue, plan
+    assert K90.swapped(plan.policy) == swapped
+    (key, args), = _cute_calls(fake)
+    assert key[-1] == K90.Epi("m" if swapped else "n", "float32", "gelu_tanh")
+    # f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream): the caller's bias, no C, no scales
+    assert args[3] is None and args[4] is bias and args[5] is None and args[6] is None
+    assert args[7:9] == (1.0, 0.0)
+    d = args[2].swapaxes(-2, -1) if swapped else args[2]
+    assert d.data_ptr() == y.data_ptr() and y.shape == (m, n) and y.dtype == BF16
+
+
+def test_c_and_out_cross_with_the_epilogue(monkeypatch):
+    monkeypatch.setenv(K90.FUSED_ENV, "1")
+    a, b = torch.randn(256, 128, dtype=BF16), torch.randn(128, 192, dtype=BF16)
+    c, bias = torch.randn(256, 192, dtype=torch.float32), torch.randn(192, dtype=BF16)
+    out = torch.empty(256, 192, dtype=torch.float32)
+    with Fake(keep=True) as fake:
+        r = xgemm.gemm(a, b, c, alpha=2.0, beta=0.5, bias=bias, activation="relu", out=out)
+    (key, args), = _cute_calls(fake)
+    assert r is out and key[-1] == K90.Epi("n", "bfloat16", "relu")
+    assert args[2].data_ptr() == out.data_ptr() and args[3].data_ptr() == c.data_ptr() and args[4] is bias
+    assert args[7:9] == (2.0, 0.5)
+
+
+def _composed(fake):
+    """One plain-class launch (the product, float32 D): the epilogue ran in torch ops."""
+    (key, args), = _cute_calls(fake)
+    return len(key) == 12 and args[2].dtype == torch.float32
+
+
+def test_composed_without_the_switch_under_autograd_and_where_no_kernel_fuses(monkeypatch):
+    a, b, bias = torch.randn(512, 256, dtype=BF16), torch.randn(256, 384, dtype=BF16), torch.randn(384, dtype=BF16)
+    monkeypatch.delenv(K90.FUSED_ENV, raising=False)
+    with Fake(keep=True) as fake:
+        plan = xgemm.explain(a, b, bias=bias, activation="silu")
+        xgemm.gemm(a, b, bias=bias, activation="silu")
+    assert _composed(fake) and "composed after the product" in plan.epilogue
+    monkeypatch.setenv(K90.FUSED_ENV, "1")
+    with Fake(keep=True) as fake:
+        xgemm.gemm(a.requires_grad_(), b, bias=bias, activation="silu")
+    assert _composed(fake)
+    # skinny M goes to gluon_splitk_sm90, which fuses nothing: the fused plan skips it
+    with Fake(keep=True):
+        plan = xgemm.explain(torch.randn(16, 4096, dtype=BF16), torch.randn(4096, 1024, dtype=BF16),
+                             bias=torch.randn(1024, dtype=BF16), activation="relu")
+    assert ("gluon_splitk_sm90", "fuses no bias / activation epilogue") in plan.declined
+    # a strided bias: no Epi class reads it, so the call composes
+    with Fake(keep=True) as fake:
+        xgemm.gemm(a.detach(), b, bias=torch.randn(768, dtype=BF16)[::2], activation="silu")
+    assert _composed(fake)
