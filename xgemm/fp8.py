@@ -28,8 +28,10 @@ and gives inf for e5m2), and NaN stays NaN without spoiling its block's scale.
 
 The embedded default dequantizes in float32 and runs one matmul; it reads any layout. A Hopper
 FP8 wgmma kernel wants both operands K-major (a row-major, b column-major), and another layout
-will cost it a transposing copy: explain_scaled_matmul() says which. No FP8 kernel exists yet;
-one plugs in at run_default().
+will cost it a transposing copy: explain_scaled_matmul() says which. cute_gemm_sm90's FP8 classes
+take tensor- and row-wise products of K-major torch operands on the GPU (prepare_kernel: the
+scales as vectors in the epilogue; XGEMM_FP8_KERNEL=1 until validated on the H200); block-wise
+scales and everything else run the embedded default.
 Autograd and torch.compile: torch tensors go through the torch.library ops xgemm::scaled_matmul
 and xgemm::fp8_matmul (torch/fp8_ops.py), routed by the public entry (api.py).
 
@@ -42,10 +44,12 @@ which casts a gradient to its input's dtype.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, NamedTuple
 
 from xgemm import arrays, errors, prepare
-from xgemm.core import fp8_checks
+from xgemm.core import fp8_checks, policy
+from xgemm.core.problem import Epilogue, GemmProblem
 
 
 class Checked(NamedTuple):
@@ -105,7 +109,33 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias, fn=fn)
-    return run_default(arrays.namespace(c.owner), c)
+    prepared = prepare_kernel(c, fn)
+    return prepare.run(prepared) if prepared is not None else run_default(arrays.namespace(c.owner), c)
+
+
+def prepare_kernel(c: Checked, fn: str = "scaled_matmul") -> Any:
+    """The Prepared call of a kernel that takes this FP8 product (tensor- or row-wise scales as
+    vectors of 1 / M and N values, K-major torch operands on a GPU), or None for the embedded
+    default. Planned like any GEMM: a GemmProblem with FP8 operands and its scales."""
+    if c.owner != "torch" or c.recipe.name not in ("tensor", "row"):
+        return None                       # block-wise scales: the kernel's mainloop does not take them yet
+    va = arrays.view(c.a, "a", fn)
+    if va.device.kind != "cuda" or c.a.ndim != 2 or c.b.ndim != 2:
+        return None
+    torch = sys.modules["torch"]
+    (m, k), n = c.a.shape, c.b.shape[1]
+    vb = arrays.view(c.b, "b", fn)
+    scales = [arrays.view(x.reshape(-1), name, fn) for x, name in ((c.scale_a, "scale_a"), (c.scale_b, "scale_b"))]
+    vbias = arrays.view(c.bias, "bias", fn) if c.bias is not None else None
+    result = torch.empty((m, n), dtype=arrays.framework_dtype("torch", c.out_dtype), device=c.a.device)
+    problem = GemmProblem(m=m, n=n, k=k, batch=(), a=arrays.operand(va), b=arrays.operand(vb), c=None,
+                          epilogue=Epilogue(out_dtype=c.out_dtype), framework="torch", device=va.device,
+                          bias=arrays.operand(vbias) if vbias is not None else None,
+                          scales=tuple(arrays.operand(v) for v in scales))
+    plan = policy.choose("gemm", problem)
+    if plan.kernel.name == "reference":
+        return None
+    return prepare.Prepared(plan, (va, vb, None, vbias, *scales), arrays.view(result, "out", fn), lambda r: result)
 
 
 def fp8_matmul(a: Any, b: Any, *, recipe: str = "tensor", out_dtype: Any = None, bias: Any = None,

@@ -225,7 +225,8 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
         if target is None:
             out[...] = _squeeze(result, a_vec, b_vec)
         return out
-    return Prepared(plan, (a2v, bv2, cv2) + ((vbias,) if vbias is not None else ()), kernel_out, finish)
+    # a fused epilogue's operands follow C: (bias, scale_m, scale_n), None where absent
+    return Prepared(plan, (a2v, bv2, cv2) + ((vbias, None, None) if problem.fused else ()), kernel_out, finish)
 
 
 def _stage_aligned(fn: str, plan: policy.Plan, problem: GemmProblem, operands: tuple, batch: Tuple[int, ...],

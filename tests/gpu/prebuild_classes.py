@@ -106,7 +106,7 @@ def main() -> int:
                     help="also the classes of every benchmarks/model_shapes.py product")
     args = ap.parse_args()
     items = fuzz_items(args.fuzz, args.seed, args.workers) if args.fuzz else []
-    items += test_cute_epilogue_gpu.epilogue_items()
+    items += test_cute_epilogue_gpu.epilogue_items() + test_cute_epilogue_gpu.api_items()
     if args.model_shapes:
         items += model_shape_items()
     for mod, case, pol in T.cases_for_prebuild():

@@ -133,3 +133,91 @@ def test_fp8_class(case):
     assert not torch.isnan(d).any(), f"{name}: {int(torch.isnan(d).sum())} elements unwritten"
     err = ((d.double() - ref).abs() / (ref.abs() + 1.0)).max().item()
     assert err <= TOL_FP8[out], f"{name}: max rel err {err:.3g} > {TOL_FP8[out]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the API, switched on: xgemm.gemm(bias=, activation=) and xgemm.scaled_matmul reach these
+# classes (xgemm/compose.py, xgemm/fp8.py) and agree with their composed / embedded-default results.
+# ---------------------------------------------------------------------------------------------
+API_SHAPES = [(1000, 1032, 264), (4096, 4096, 4096), (333, 264, 136)]     # the second: the transposed run
+API_ACTS = ["gelu_tanh", "silu", None]
+FP8_API = (1000, 1040, 512)
+
+
+def api_items() -> list:
+    """(module, class key) of every class the API tests below launch: their calls recorded on CPU
+    tensors dressed as an H200 (tests/fake_cuda.py) with both switches on."""
+    import os
+
+    import xgemm
+    from fake_cuda import Fake
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    saved = {v: os.environ.get(v) for v in (k90.FUSED_ENV, k90.FP8_ENV)}
+    os.environ.update({k90.FUSED_ENV: "1", k90.FP8_ENV: "1"})
+    try:
+        with Fake(keep=True) as fake:
+            for m, n, k in API_SHAPES:
+                for act in API_ACTS:
+                    xgemm.gemm(torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, n, dtype=torch.bfloat16),
+                               bias=torch.empty(n, dtype=torch.bfloat16), activation=act,
+                               out=torch.empty(m, n, dtype=torch.bfloat16))
+            m, n, k = FP8_API
+            a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
+            for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.tensor(1.0), torch.tensor(1.0))):
+                xgemm.scaled_matmul(a8, b8, sa, sb, bias=torch.empty(n))
+    finally:
+        for var, value in saved.items():
+            os.environ.pop(var, None) if value is None else os.environ.__setitem__(var, value)
+    return [(f"xgemm.kernels.{key[0]}", key) for kind, key, _ in fake.calls if kind == "cute"]
+
+
+@pytest.mark.parametrize("mnk", API_SHAPES)
+@pytest.mark.parametrize("act", API_ACTS)
+def test_gemm_api_fuses(monkeypatch, mnk, act):
+    import xgemm
+    from xgemm.core import epilogues
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    m, n, k = mnk
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = (torch.rand(m, k, device="cuda", generator=g) * 4 - 2).bfloat16()
+    b = (torch.rand(k, n, device="cuda", generator=g) * 4 - 2).bfloat16()
+    bias = torch.randn(n, device="cuda", generator=g).bfloat16()
+    monkeypatch.setenv(k90.FUSED_ENV, "1")
+    plan = xgemm.explain(a, b, bias=bias, activation=act)
+    assert plan.kernel_name == "cute_gemm_sm90" and "fused" in plan.epilogue, plan
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = xgemm.gemm(a, b, bias=bias, activation=act, out=out)
+    torch.cuda.synchronize()
+    ref = epilogues.apply(torch, a.double() @ b.double() + bias.double(), act)
+    assert y is out and not torch.isnan(y).any()
+    err = ((y.double() - ref).abs() / (ref.abs() + 1.0)).max().item()
+    assert err <= TOL["bfloat16"], err
+
+
+@pytest.mark.parametrize("recipe", ["tensor", "row"])
+def test_scaled_matmul_api_runs_the_fp8_class(monkeypatch, recipe):
+    import xgemm
+    from xgemm import fp8
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    m, n, k = FP8_API
+    g = torch.Generator(device="cuda").manual_seed(7)
+    a8 = (torch.randn(m, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
+    b8 = (torch.randn(n, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn).t()
+    if recipe == "row":
+        sa, sb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+    else:
+        sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(1.5, device="cuda")
+    bias = torch.randn(n, device="cuda")
+    monkeypatch.setenv(k90.FP8_ENV, "1")
+    assert fp8.prepare_kernel(fp8.check_scaled_matmul(a8, b8, sa, sb, bias=bias)).plan.kernel.name == k90.NAME
+    y = xgemm.scaled_matmul(a8, b8, sa, sb, bias=bias)
+    monkeypatch.delenv(k90.FP8_ENV)
+    ref = xgemm.scaled_matmul(a8, b8, sa, sb, bias=bias)              # the embedded default
+    torch.cuda.synchronize()
+    err = ((y.double() - ref.double()).abs() / (ref.double().abs() + 1.0)).max().item()
+    assert err <= TOL_FP8["bfloat16"], err
+    peer = torch._scaled_mm(a8, b8, sa.reshape(m, 1) if recipe == "row" else sa,
+                            sb.reshape(1, n) if recipe == "row" else sb, bias=bias.bfloat16(),
+                            out_dtype=torch.bfloat16)
+    err = ((y.double() - peer.double()).abs() / (peer.double().abs() + 1.0)).max().item()
+    assert err <= 2 * TOL_FP8["bfloat16"], err

@@ -81,3 +81,36 @@ def test_composed_without_the_switch_under_autograd_and_where_no_kernel_fuses(mo
     with Fake(keep=True) as fake:
         xgemm.gemm(a.detach(), b, bias=torch.randn(768, dtype=BF16)[::2], activation="silu")
     assert _composed(fake)
+
+
+F8 = getattr(torch, "float8_e4m3fn", None)
+
+
+@pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")
+def test_scaled_matmul_launches_the_fp8_class(monkeypatch):
+    """XGEMM_FP8_KERNEL=1: tensor- and row-wise products of K-major operands launch cute_gemm_sm90's
+    FP8 class with the scales as vectors (one value, or M and N); block-wise scales, a row-major b
+    and the switch off run the embedded default (no launch)."""
+    a = torch.randn(256, 512).to(F8)
+    b = torch.randn(384, 512).to(F8).t()                       # (K, N) column-major: K-major
+    row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
+    tensor = (torch.tensor(0.5), torch.tensor(2.0))
+    monkeypatch.setenv(K90.FP8_ENV, "1")
+    for sa, sb in (row, tensor):
+        with Fake(keep=True) as fake:
+            y = xgemm.scaled_matmul(a, b, sa, sb, bias=torch.randn(384))
+        (key, args), = _cute_calls(fake)
+        assert key[1] == "sm_90a" and key[3] == "float8_e4m3fn"
+        assert key[-1] == K90.Epi("n", "float32", None, True, True)
+        assert tuple(args[5].shape) == (sa.numel(),) and tuple(args[6].shape) == (sb.numel(),)
+        assert args[5].data_ptr() == sa.data_ptr() and args[6].data_ptr() == sb.data_ptr()
+        assert args[2].data_ptr() == y.data_ptr() and y.dtype == torch.bfloat16
+    block = (torch.rand(256, 4) + 0.5, torch.rand(4, 3) + 0.5)
+    for args in ((a, b) + block, (a, b.contiguous()) + row):
+        with Fake(keep=True) as fake:
+            xgemm.scaled_matmul(*args)
+        assert not _cute_calls(fake)
+    monkeypatch.delenv(K90.FP8_ENV)
+    with Fake(keep=True) as fake:
+        xgemm.scaled_matmul(a, b, *row)
+    assert not _cute_calls(fake)

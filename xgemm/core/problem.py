@@ -68,11 +68,14 @@ class GemmProblem:
     framework: str                  # owner framework of the result: numpy|torch|jax|cupy
     device: Device
     bias: Optional[Operand] = None  # a vector of N values added to every row (fused epilogues)
+    # FP8: float32 dequantization scales of D's rows and of its columns (xgemm/fp8.py), each a
+    # vector of M / N values or of one (tensor-wise); D = act(acc * scale_m * scale_n + bias)
+    scales: Optional[Tuple[Operand, Operand]] = None
 
     @property
     def fused(self) -> bool:
-        """Does the epilogue add a bias or apply an activation (only kernels that fuse serve it)?"""
-        return self.bias is not None or self.epilogue.activation is not None
+        """Does the epilogue scale, add a bias or apply an activation (only kernels that fuse serve it)?"""
+        return self.bias is not None or self.epilogue.activation is not None or self.scales is not None
 
     @property
     def batch_count(self) -> int:

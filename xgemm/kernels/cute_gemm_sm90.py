@@ -93,6 +93,7 @@ class Epi:
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
+_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 _OUT_DTYPES = ("float16", "bfloat16", "float32")
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
 SMEM_BYTES = 232448          # sm_90 opt-in shared memory per block (227 KB)
@@ -893,9 +894,11 @@ def build_for_key(key: Tuple):
     return _builder(spec, key[12] if len(key) > 12 else None)
 
 
-# The fused epilogue classes wait for their first H200 run (tests/gpu/test_cute_epilogue_gpu.py):
-# until then supports() declines them unless XGEMM_FUSED_EPILOGUE=1, and xgemm.gemm composes.
+# The fused epilogue and FP8 classes wait for their first H200 run (tests/gpu/test_cute_epilogue_gpu.py):
+# until then supports() declines them unless XGEMM_FUSED_EPILOGUE=1 / XGEMM_FP8_KERNEL=1, and
+# xgemm.gemm composes / xgemm.scaled_matmul runs its embedded default.
 FUSED_ENV = "XGEMM_FUSED_EPILOGUE"
+FP8_ENV = "XGEMM_FP8_KERNEL"
 
 
 class _Sm90Kernel:
@@ -906,8 +909,13 @@ class _Sm90Kernel:
 
     def _fused_why(self, problem) -> Optional[str]:
         """None when the fused epilogue of a problem has a class here (checked after the rest)."""
-        if os.environ.get(FUSED_ENV) != "1":
-            return f"fused epilogues are off until validated on the H200 ({FUSED_ENV}=1 turns them on)"
+        env = FP8_ENV if problem.scales is not None else FUSED_ENV
+        if os.environ.get(env) != "1":
+            return f"{'FP8 classes' if env == FP8_ENV else 'fused epilogues'} are off until validated on the H200 " \
+                   f"({env}=1 turns them on)"
+        for name, vec, extent in zip(("scale_a", "scale_b"), problem.scales or (), (problem.m, problem.n)):
+            if vec.dtype != "float32" or vec.shape not in ((extent,), (1,)) or (vec.shape[0] > 1 and vec.strides != (1,)):
+                return f"{name} (shape {vec.shape}, {vec.dtype}) is not a contiguous float32 vector of {extent} or 1"
         bias = problem.bias
         if bias is not None:
             if bias.dtype not in ("float16", "bfloat16", "float32"):
@@ -919,12 +927,13 @@ class _Sm90Kernel:
         return None
 
     def epi(self, problem, policy: Policy) -> Optional[Epi]:
-        """The Epi class of a fused problem (its bias along the kernel's M in the transposed run)."""
+        """The Epi class of a fused problem (in the transposed run the bias runs along the kernel's
+        M and the two scale vectors trade places)."""
         if not problem.fused:
             return None
-        bias = problem.bias
+        bias, scaled = problem.bias, problem.scales is not None
         return Epi(("m" if swapped(policy) else "n") if bias is not None else None,
-                   bias.dtype if bias is not None else None, problem.epilogue.activation)
+                   bias.dtype if bias is not None else None, problem.epilogue.activation, scaled, scaled)
 
     def supports(self, problem) -> Optional[str]:
         dev = problem.device
@@ -933,7 +942,13 @@ class _Sm90Kernel:
         if dev.arch is None or tuple(dev.arch) != (9, 0):
             return "needs sm_90 (Hopper: wgmma + TMA)" + (
                 f"; device is sm_{dev.arch[0]}{dev.arch[1]}" if dev.arch else "")
-        if problem.a.dtype not in _AB_DTYPES or problem.b.dtype != problem.a.dtype:
+        fp8 = problem.scales is not None
+        if fp8:
+            if problem.a.dtype not in _FP8_DTYPES or problem.b.dtype != problem.a.dtype:
+                return f"FP8 A/B must both be float8_e4m3fn or both float8_e5m2 (got {problem.a.dtype}, {problem.b.dtype})"
+            if problem.a.majorness != ROW or problem.b.majorness != COL or problem.batch:
+                return "FP8 wgmma reads K-major operands only: A row-major, B column-major, unbatched"
+        elif problem.a.dtype not in _AB_DTYPES or problem.b.dtype != problem.a.dtype:
             return f"A/B must both be float16 or bfloat16 (got {problem.a.dtype}, {problem.b.dtype})"
         ep = problem.epilogue
         if ep.out_dtype not in _OUT_DTYPES:
@@ -986,8 +1001,10 @@ class _Sm90Kernel:
         if swapped(policy):
             args = [x.swapaxes(-2, -1) for x in args]
         if problem.fused:                # an Epi class: f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream)
-            bias = operands[3].obj if problem.bias is not None else None
-            fn(*args[:3], args[3] if use_c else None, bias, None, None, float(ep.alpha), float(ep.beta), stream)
+            bias, scale_m, scale_n = (v.obj if v is not None else None for v in operands[3:6])
+            if swapped(policy):
+                scale_m, scale_n = scale_n, scale_m
+            fn(*args[:3], args[3] if use_c else None, bias, scale_m, scale_n, float(ep.alpha), float(ep.beta), stream)
         elif use_c:
             fn(*args, float(ep.alpha), float(ep.beta), stream)
         else:

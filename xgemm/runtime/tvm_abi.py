@@ -88,6 +88,11 @@ def load(so_path: Path, name: str) -> Optional["CFunction"]:
     return CFunction(sym, lib, runtime)
 
 
+# DLPack's type codes plus its FP8 ones (dlpack.h 1.1: kDLFloat8_e4m3fn 10, kDLFloat8_e5m2 12, as
+# tvm_ffi names them), which CuTe's FP8 classes take; arrays never cross DLPack as FP8 (xgemm/fp8.py)
+_CODES = {**dlpack.CODES, "float8_e4m3fn": (10, 8), "float8_e5m2": (12, 8)}
+
+
 def _tensor_fields(x: Any):
     """(ptr, shape, strides, dtype name, device type, device index) of an ArrayView or array."""
     if hasattr(x, "ptr") and hasattr(x, "itemsize"):          # arrays.ArrayView
@@ -122,7 +127,7 @@ class _Marshal:
                 dims = (ctypes.c_int64 * max(1, 2 * nd))(*shape, *strides)
                 t = DLTensor()
                 t.data, t.device.device_type, t.device.device_id, t.ndim = ptr, dev_type, dev_index, nd
-                code, bits = dlpack.CODES[dtype]
+                code, bits = _CODES[dtype]
                 t.dtype.code, t.dtype.bits, t.dtype.lanes = code, bits, 1
                 base = ctypes.addressof(dims)
                 t.shape = ctypes.cast(base, ctypes.POINTER(ctypes.c_int64))
