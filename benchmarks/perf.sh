@@ -7,7 +7,8 @@
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
 # "tests decode model softmax epilogue fp8 grouped"), TESTS (tests/gpu), MODEL_SUBSET (core),
-# MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16).
+# MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
+# SWITCHES (exported for the benchmarks; default "XGEMM_FUSED_EPILOGUE=1 XGEMM_FP8_KERNEL=1", "" for none).
 set -u
 OUT=${OUT:-/tmp/xgemm-perf}; LOGS=$OUT/logs; mkdir -p "$LOGS"
 exec > >(tee "$OUT/summary.txt") 2>&1
@@ -34,6 +35,10 @@ if want tests; then
   grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -20; tail -2 "$LOGS/tests.log"
 fi
 R=$LOGS/results; mkdir -p "$R"
+# the benchmarks measure the code still switched off (docs/development.md) with it on; their own
+# checks of every timed output say whether it is right
+switches=${SWITCHES-XGEMM_FUSED_EPILOGUE=1 XGEMM_FP8_KERNEL=1}
+[ -n "$switches" ] && export $switches && echo "switched on for the benchmarks: $switches"
 if want decode; then stage decode 120 python3 benchmarks/decode.py --out "$R"; tail -25 "$LOGS/decode.log"; fi
 if want model; then
   stage model 200 python3 benchmarks/model_shapes.py --subset "${MODEL_SUBSET:-core}" --jit-subset "${MODEL_JIT:-jit}" \
