@@ -80,6 +80,17 @@ def _loop(torch, x, w, sizes, out):
     return call
 
 
+def _counts(args, log, name, x, w, offs):
+    """(reps, trials) for one case: the embedded default's E masked products take ~150 ms a call at
+    these shapes (H200, 2026-12-02), so while it is what runs, every implementation of the case is
+    timed in one call per graph and 3 trials, and the study fits its time budget."""
+    import xgemm
+    if "masked products" in str(xgemm.explain(x, w, offs, op="grouped_mm")):
+        log(f"{name}: xgemm runs the embedded default (masked products): 1 call per graph, 3 trials")
+        return 1, min(args.trials, 3)
+    return args.reps, args.trials
+
+
 def forward_case(torch, name, cfg, sizes, args, log, dense=False) -> list:
     import xgemm
     e, t, k, n = cfg["E"], cfg["T"], cfg["K"], cfg["N"]
@@ -107,7 +118,7 @@ def forward_case(torch, name, cfg, sizes, args, log, dense=False) -> list:
         keep("xgemm dense matmul", lambda: xgemm.matmul(x, w0))
         refs["xgemm dense matmul"] = x.float() @ w0.float()
     records, by_name = h.time_checked(name, (e, t, k, n), "bfloat16", 2 * t * k * n, "TFLOP/s", impls, out, refs,
-                                      args.reps, args.trials, log)
+                                      *_counts(args, log, name, x, w, offs), log)
     return records + h.paired_records(name, (e, t, k, n), "bfloat16", "xgemm grouped_mm", by_name, log)
 
 
@@ -133,7 +144,7 @@ def drhs_case(torch, name, cfg, sizes, args, log) -> list:
                  "torch._grouped_mm (variable K)", torch._grouped_mm(xt, dy, offs, out_dtype=torch.bfloat16)),
              "cuBLAS loop": lambda i: out.__setitem__("cuBLAS loop", loop())}
     records, by_name = h.time_checked(name, (e, t, k, n), "bfloat16", 2 * t * k * n, "TFLOP/s", impls, out,
-                                      dict.fromkeys(impls, ref), args.reps, args.trials, log)
+                                      dict.fromkeys(impls, ref), *_counts(args, log, name, xt, dy, offs), log)
     return records + h.paired_records(name, (e, t, k, n), "bfloat16", "xgemm grouped_mm (variable K)", by_name,
                                       log)
 
