@@ -31,7 +31,9 @@ FP8 wgmma kernel wants both operands K-major (a row-major, b column-major), and 
 will cost it a transposing copy: explain_scaled_matmul() says which. cute_gemm_sm90's FP8 classes
 take tensor- and row-wise products of K-major torch operands on the GPU (prepare_kernel: the
 scales as vectors in the epilogue; XGEMM_FP8_KERNEL=1 until validated on the H200); block-wise
-scales and everything else run the embedded default.
+scales and everything else run the embedded default. quantize_fp8 is planned like any op
+(registry "quantize_fp8"): triton_quantize_sm90 takes the row and 1x128 recipes of 16-byte rows on
+the GPU in one pass (same switch), the embedded default the rest.
 Autograd and torch.compile: torch tensors go through the torch.library ops xgemm::scaled_matmul
 and xgemm::fp8_matmul (torch/fp8_ops.py), routed by the public entry (api.py).
 
@@ -50,6 +52,7 @@ from typing import Any, NamedTuple
 from xgemm import arrays, errors, prepare
 from xgemm.core import fp8_checks, policy
 from xgemm.core.problem import Epilogue, GemmProblem
+from xgemm.core.quantize import QuantizeProblem
 
 
 class Checked(NamedTuple):
@@ -186,11 +189,24 @@ def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = "float8_e4m3fn", *
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.quantize_fp8(x, recipe=recipe, dtype=dtype, fn=fn)
     dt = fp8_checks.fp8_dtype(fn, "dtype", arrays.requested_dtype(dtype))
-    block, _ = fp8_checks.quantize_block(fn, recipe, x.shape)
+    block, scale_shape = fp8_checks.quantize_block(fn, recipe, x.shape)
     fp8_checks.quantize_source(fn, arrays.dtype_name(x))
-    xp = arrays.namespace(owner)
-    return fp8_checks.quantize(xp, x, block, arrays.framework_dtype(owner, dt), fp8_checks.FP8_MAX[dt],
-                               arrays.framework_dtype(owner, "float32"), x.device)
+    return prepare.run(prepare_quantize(fn, owner, x, recipe, block, tuple(scale_shape), dt))
+
+
+def prepare_quantize(fn: str, owner: str, x: Any, recipe: str, block: Any, scale_shape: tuple, dt: str) -> Any:
+    """quantize_fp8 planned like any op (registry "quantize_fp8"): a one-pass kernel on the GPU for
+    the row and 1x128 recipes (triton_quantize_sm90, XGEMM_FP8_KERNEL=1 until validated), else
+    the embedded default (core/fp8_checks.quantize in the owner's ops)."""
+    vx = arrays.view(x, "x", fn)
+    problem = QuantizeProblem(arrays.operand(vx), recipe, block, scale_shape, dt, owner, vx.device)
+    plan = policy.choose("quantize_fp8", problem)
+    if plan.kernel.name == "reference":
+        return prepare.Prepared(plan, (vx, None), None, lambda r: r)
+    q = arrays.empty(owner, tuple(x.shape), dt, vx.device, x)
+    scale = arrays.empty(owner, scale_shape, "float32", vx.device, x)
+    return prepare.Prepared(plan, (vx, arrays.view(scale, "scale", fn)), arrays.view(q, "q", fn),
+                            lambda r: (q, scale))
 
 
 def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, fn: str = "explain") -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Optional
 
+from xgemm import arrays
+from xgemm.core import fp8_checks
 from xgemm.core.problem import Policy
 
 
@@ -101,6 +103,22 @@ class _ReferenceSoftmax(_Reference):
             return _store(xp.astype(y, _dtype(xp, problem.out_dtype)), out)
 
 
+class _ReferenceQuantize(_Reference):
+    ops = ("quantize_fp8",)
+
+    def policy(self, problem) -> Policy:
+        return Policy(notes=(f"{problem.framework} abs/max/divide/clamp/cast on {problem.device.kind}",))
+
+    def run(self, problem, policy, operands, out, stream) -> Any:
+        """(q, scale) in the owner framework (operands (x, None); out None)."""
+        x = operands[0].obj
+        fw = problem.framework
+        return fp8_checks.quantize(arrays.namespace(fw), x, problem.block, arrays.framework_dtype(fw, problem.out_dtype),
+                                   fp8_checks.FP8_MAX[problem.out_dtype], arrays.framework_dtype(fw, "float32"),
+                                   x.device)
+
+
 GEMM = _ReferenceGemm()
 SOFTMAX = _ReferenceSoftmax()
-KERNELS = (GEMM, SOFTMAX)
+QUANTIZE = _ReferenceQuantize()
+KERNELS = (GEMM, SOFTMAX, QUANTIZE)

@@ -1,0 +1,100 @@
+"""triton_quantize_sm90 on the CPU: the PTX of its cubins (16-byte loads of x, IEEE divisions, the
+round-to-nearest-even FP8 conversion), its entries and policy, what supports() declines, and the
+routing of xgemm.quantize_fp8 (launch recorded, tests/fake_cuda.py). Triton's interpreter rounds
+FP8 wrongly (126.85 -> 64 in e4m3), so the values are checked on the H200 only
+(tests/gpu/test_triton_quantize_gpu.py); until then the kernel is off (XGEMM_FP8_KERNEL=1)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from xgemm.core.problem import ROW, Device, Operand
+from xgemm.core.quantize import QuantizeProblem
+from xgemm.kernels import triton_quantize_sm90 as tq
+
+triton = pytest.importorskip("triton")
+from xgemm.runtime import gluon_cache  # noqa: E402
+
+if not gluon_cache.can_compile():
+    pytest.skip(f"needs triton >= 3.8 (found {triton.__version__})", allow_module_level=True)
+
+CFGS = [tq.choose(4096, "bfloat16", "float8_e4m3fn", "row"), tq.choose(1000, "float32", "float8_e5m2", "block_1x128")]
+
+
+@pytest.fixture(scope="module")
+def built(gluon_cache_dir):
+    return {cfg: (gluon_cache.compile_kernel(cfg.key)[0], gluon_cache.lookup(cfg.key)) for cfg in CFGS}
+
+
+@pytest.mark.parametrize("cfg", CFGS, ids=["bf16-e4m3-row", "f32-e5m2-1x128"])
+def test_ptx_one_pass(built, cfg):
+    ptx = built[cfg][0].asm["ptx"]
+    loads = re.findall(r"\bld\.global[\w.:]*", ptx)
+    assert loads and all(".v4.b32" in op for op in loads), sorted(set(loads))     # 16-byte loads of x only
+    fp8 = "e4m3" if cfg.out_dtype == "float8_e4m3fn" else "e5m2"
+    assert re.search(rf"cvt\.rn\.satfinite\.{fp8}x2\.f32", ptx)                   # RNE conversion
+    assert "div.rn.f32" in ptx and "div.approx" not in ptx and "div.full" not in ptx   # IEEE divisions
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_config_keys_entries_and_policy(built):
+    for cfg in CFGS:
+        assert tq.Config.from_key(cfg.key) == cfg
+        assert built[cfg][1].meta["num_warps"] == cfg.warps
+    keys = tq.gluon_entries()
+    assert len(keys) == len(set(keys)) and not tq.gluon_entries("sm_100a")
+    for cols in (8, 1000, 4096, 7168, 16384):
+        for recipe in ("row", "block_1x128"):
+            cfg = tq.choose(cols, "bfloat16", "float8_e4m3fn", recipe)
+            assert cfg.key in keys and cfg.block_c >= cols and cfg.seg == (cfg.block_c if recipe == "row" else 128)
+            assert cfg.block_m * cfg.block_c * 2 <= 32768 or cfg.block_m == 1      # ~32 KB of x a program
+
+
+def _problem(rows, cols, *, dtype="bfloat16", recipe="row", strides=None, alignment=16):
+    x = Operand((rows, cols), strides or (cols, 1), dtype, ROW, alignment)
+    block = {"row": (1, cols), "block_1x128": (1, 128), "tensor": None}[recipe]
+    return QuantizeProblem(x, recipe, block, (rows, 1), "float8_e4m3fn", "torch", Device("cuda", 0, (9, 0)))
+
+
+def test_supports_is_off_until_enabled_then_declines_what_it_cannot_run(monkeypatch):
+    monkeypatch.delenv(tq.ENABLE, raising=False)
+    assert "not yet validated" in tq.KERNEL.supports(_problem(64, 4096))
+    monkeypatch.setenv(tq.ENABLE, "1")
+    monkeypatch.setattr(gluon_cache, "available", lambda key, arch=None: None)
+    assert tq.KERNEL.supports(_problem(64, 4096)) is None
+    assert tq.KERNEL.supports(_problem(64, 4096, recipe="block_1x128")) is None
+    assert "row and 1x128" in tq.KERNEL.supports(_problem(64, 4096, recipe="tensor"))
+    assert "16384" in tq.KERNEL.supports(_problem(4, 16392))
+    assert "16-byte" in tq.KERNEL.supports(_problem(64, 4100))
+    assert "16-byte" in tq.KERNEL.supports(_problem(64, 4096, strides=(4100, 1)))
+    assert "16-byte" in tq.KERNEL.supports(_problem(64, 4096, alignment=8))
+    assert "float64" in tq.KERNEL.supports(_problem(64, 4096, dtype="float64"))
+
+
+def test_quantize_fp8_launches_the_kernel_when_enabled(built, monkeypatch):
+    """On a (fake) H200 with XGEMM_FP8_KERNEL=1: one launch of the row / 1x128 cubin, grid = rows /
+    BLOCK_M, q and the scales fresh arrays of the recipe's shapes; the tensor recipe and the switch
+    off run the embedded default (no launch)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("cuda.bindings")
+    from fake_cuda import Fake
+
+    import xgemm
+    x = torch.randn(300, 1024, dtype=torch.bfloat16)
+    monkeypatch.setenv(tq.ENABLE, "1")
+    for recipe, scale_shape in (("row", (300, 1)), ("block_1x128", (300, 8))):
+        with Fake(keep=True) as fake:
+            q, s = xgemm.quantize_fp8(x, recipe)
+        launches = [c for c in fake.calls if c[0] != "cute"]
+        assert len(launches) == 1, fake.calls
+        cfg = tq.choose(1024, "bfloat16", "float8_e4m3fn", recipe)
+        assert "xgemm_quantize_fp8" in str(launches[0]) and q.shape == x.shape and tuple(s.shape) == scale_shape
+        assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 and cfg.block_m >= 1
+    with Fake(keep=True) as fake:
+        q, s = xgemm.quantize_fp8(x, "tensor")
+    assert not fake.calls and s.shape == ()
+    monkeypatch.delenv(tq.ENABLE)
+    with Fake(keep=True) as fake:
+        xgemm.quantize_fp8(x, "row")
+    assert not fake.calls
