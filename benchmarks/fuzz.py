@@ -8,7 +8,9 @@ framework (torch, cupy, jax eager, or jit: xgemm.jax inside jax.jit), dtype, siz
 up to 4096), batch dims and their broadcast (a missing batch, or a stride-0 expand), row- or
 column-major storage with padded leading dims and base offsets, 1-D operands, alpha/beta with C
 broadcast from (N,) or (M, N), out of each allowed dtype and majorness; softmax rows that are all
--inf, hold NaN or +inf, or are large, along any axis of a strided view. Outputs are NaN-poisoned:
+-inf, hold NaN or +inf, or are large, along any axis of a strided view; for torch, FP8 too:
+scaled_matmul (each recipe, e4m3 / e5m2 operands, b column- or row-major, a bias, each output
+dtype) and quantize_fp8 (each recipe, with NaN, +-inf, zero rows, huge values). Outputs are NaN-poisoned:
 out= arrays are filled with NaN, and for torch and CuPy the allocator's next block is too (a NaN
 buffer of the result's size is freed just before the call). The check is against float64 of the
 values the operands hold: the same shape and dtype, the same NaN positions, and errors within
@@ -64,7 +66,38 @@ def draw(choose: Callable[[str, Tuple], Any], frameworks: Tuple[str, ...] = FRAM
     op = choose("op", ("gemm", "softmax"))
     dtypes = ("float16", "float32", "float64") if fw == "cupy" else ("float16", "bfloat16", "float32", "float64")
     dtype = choose("dtype", dtypes)
+    if fw == "torch":
+        # FP8 (torch only: DLPack carries no FP8): one torch case in four
+        fp8_op = choose("fp8_op", (None, None, None, "fp8"))
+        if fp8_op:
+            return (_draw_scaled_matmul if op == "gemm" else _draw_quantize)(choose, dtype)
     return (_draw_gemm if op == "gemm" else _draw_softmax)(choose, fw, dtype)
+
+
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
+
+def _draw_scaled_matmul(choose, dtype: str) -> Dict[str, Any]:
+    """xgemm.scaled_matmul: FP8 a [M, K] and b [K, N] (b column-major, as torch._scaled_mm takes it,
+    or row-major), each recipe's scales, a bias, each output dtype."""
+    m, n, k = _dim(choose, "m"), _dim(choose, "n"), _dim(choose, "k")
+    m, n, k = max(m, 1), max(n, 1), max(k, 1)
+    while 2 * m * n * k > MAX_FLOP:
+        m, n, k = max(m // 2, 1), max(n // 2, 1), max(k // 2, 1)
+    return dict(op="scaled_matmul", fw="torch", dtype=choose("a_fp8", FP8), b_dtype=choose("b_fp8", FP8),
+                m=m, n=n, k=k, recipe=choose("recipe", ("tensor", "row", "block")),
+                b_major=choose("b_major", ("col", "row")), bias=choose("bias", (None, "float32", "bfloat16")),
+                out=choose("out", ("bfloat16", "float16", "float32")))
+
+
+def _draw_quantize(choose, dtype: str) -> Dict[str, Any]:
+    """xgemm.quantize_fp8 of a 2-D x (dtype of the case, float64 too), every recipe, both FP8
+    types, with NaN, +-inf, an all-zero row and values far beyond the FP8 range."""
+    rows, cols = max(_dim(choose, "rows"), 1), max(_dim(choose, "cols"), 1)
+    return dict(op="quantize", fw="torch", dtype=dtype, rows=rows, cols=cols, fp8=choose("fp8", FP8),
+                recipe=choose("recipe", ("row", "block_1x128", "tensor", "col", "block_128x128")),
+                special=choose("special", (None, "nan", "inf", "zero_row", "huge")))
 
 
 def _dim(choose, name):
@@ -131,9 +164,9 @@ _TINY = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149,
 
 def _round(vals: np.ndarray, dtype: str) -> np.ndarray:
     """float64 values rounded to dtype (what the operand will hold), back in float64."""
-    if dtype == "bfloat16":
+    if dtype == "bfloat16" or dtype in FP8:
         import ml_dtypes
-        return vals.astype(ml_dtypes.bfloat16).astype(np.float64)
+        return vals.astype(getattr(ml_dtypes, dtype)).astype(np.float64)
     return vals.astype(dtype).astype(np.float64)
 
 
@@ -461,10 +494,106 @@ def _compare(got: np.ndarray, ref: np.ndarray, tol) -> Optional[str]:
     return None
 
 
+def _scales64(rng, recipe: str, rows: int, cols: int, side: str) -> np.ndarray:
+    """Dequantization scales (float32 values) of one operand for a scaled_matmul recipe, as 2-D
+    arrays (tensor-wise: a 0-d array); side "a" [M, K] or "b" [K, N]."""
+    if recipe == "tensor":
+        shape = ()
+    elif recipe == "row":
+        shape = (rows, 1) if side == "a" else (1, cols)
+    else:
+        shape = (rows, -(-cols // 128)) if side == "a" else (-(-rows // 128), -(-cols // 128))
+    return _round(rng.uniform(0.25, 4.0, size=shape), "float32")
+
+
+def _expand64(s: np.ndarray, rows: int, cols: int, side: str, recipe: str) -> np.ndarray:
+    if recipe != "block":
+        return np.broadcast_to(s, (rows, cols)) if s.ndim else np.full((rows, cols), float(s))
+    br = 1 if side == "a" else 128
+    return np.repeat(np.repeat(s, br, axis=0), 128, axis=1)[:rows, :cols]
+
+
+def run_scaled_matmul(case: Dict[str, Any], seed: int) -> Optional[str]:
+    import torch
+
+    import xgemm
+    rng = np.random.default_rng(seed)
+    m, n, k, recipe = case["m"], case["n"], case["k"], case["recipe"]
+    A = _round(rng.uniform(-8.0, 8.0, size=(m, k)), case["dtype"])
+    B = _round(rng.uniform(-8.0, 8.0, size=(k, n)), case["b_dtype"])
+    SA, SB = _scales64(rng, recipe, m, k, "a"), _scales64(rng, recipe, k, n, "b")
+    V = None if case["bias"] is None else _values(rng, (n,), case["bias"])
+    dev = DEVICE
+    a8 = torch.tensor(A, device=dev).to(getattr(torch, case["dtype"]))
+    if case["b_major"] == "col":
+        b8 = torch.tensor(B.T.copy(), device=dev).to(getattr(torch, case["b_dtype"])).t()
+    else:
+        b8 = torch.tensor(B, device=dev).to(getattr(torch, case["b_dtype"]))
+    sa, sb = (torch.tensor(x, dtype=torch.float32, device=dev) for x in (SA, SB))
+    v = None if V is None else torch.tensor(V, device=dev).to(getattr(torch, case["bias"]))
+    fw_of("torch").poison_allocator(m * n * 4)
+    d = xgemm.scaled_matmul(a8, b8, sa, sb, out_dtype=case["out"], bias=v)
+    got, why = _fetch(fw_of("torch"), d, case["out"], (m, n))
+    if why:
+        return why
+    Ad, Bd = A * _expand64(SA, m, k, "a", recipe), B * _expand64(SB, k, n, "b", recipe)
+    ref, mag = _matmul64(Ad, Bd), _matmul64(np.abs(Ad), np.abs(Bd))
+    if V is not None:
+        ref, mag = ref + V, mag + np.abs(V)
+    # FP8 wgmma keeps ~14 bits of its float32 sums (DeepSeek-V3 report): 2**-13 of the magnitudes
+    tol = 2 * _EPS[case["out"]] * np.abs(ref) + (2.0 ** -13 + 2 * k * _EPS["float32"]) * mag + _TINY[case["out"]]
+    return _compare(got, ref, tol)
+
+
+def run_quantize(case: Dict[str, Any], seed: int) -> Optional[str]:
+    """q, scale against the recipe in float64: scale = amax of the block's finite |x| / fp8_max (1
+    where 0) within a float32 rounding, q = clamp(x / scale) within one FP8 rounding of it, NaN
+    where x is NaN, the saturated +-fp8_max where x is +-inf."""
+    import torch
+
+    import xgemm
+    rng = np.random.default_rng(seed)
+    rows, cols, fp8, recipe = case["rows"], case["cols"], case["fp8"], case["recipe"]
+    X = _round(rng.normal(0.0, 30.0, size=(rows, cols)), case["dtype"])
+    special = case["special"]
+    if special == "nan":
+        X[rng.integers(rows), rng.integers(cols)] = np.nan
+    elif special == "inf":
+        X[rng.integers(rows), rng.integers(cols)] = np.inf if rng.integers(2) else -np.inf
+    elif special == "zero_row":
+        X[rng.integers(rows)] = 0.0
+    elif special == "huge":
+        X[rng.integers(rows), rng.integers(cols)] = _round(np.array(6e4), case["dtype"])
+    x = torch.tensor(X, device=DEVICE).to(getattr(torch, case["dtype"]))
+    q, s = xgemm.quantize_fp8(x, recipe, fp8)
+    fw_of("torch").sync()
+    br, bc = {"row": (1, cols), "col": (rows, 1), "block_1x128": (1, 128), "block_128x128": (128, 128),
+              "tensor": (rows, cols)}[recipe]
+    mag = np.where(np.isfinite(X), np.abs(X), 0.0)
+    nr, nc = -(-rows // br), -(-cols // bc)
+    padded = np.zeros((nr * br, nc * bc))
+    padded[:rows, :cols] = mag
+    amax = padded.reshape(nr, br, nc, bc).max(axis=(1, 3))
+    scale = np.where(amax > 0, amax / FP8_MAX[fp8], 1.0)
+    got_s = s.detach().to("cpu", torch.float64).numpy().reshape(nr, nc) if recipe != "tensor" else \
+        np.full((1, 1), float(s))
+    if not np.allclose(got_s, scale, rtol=2.0 ** -22, atol=0.0):
+        i = tuple(np.argwhere(~np.isclose(got_s, scale, rtol=2.0 ** -22, atol=0.0))[0])
+        return f"scale {i}: got {got_s[i]!r}, expected {scale[i]!r}"
+    full = np.repeat(np.repeat(got_s, br, axis=0), bc, axis=1)[:rows, :cols]
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = np.clip(X / full, -FP8_MAX[fp8], FP8_MAX[fp8])
+    got = q.detach().to("cpu", torch.float64).numpy()
+    # one FP8 rounding: half a step of its 3 (e4m3) or 2 (e5m2) mantissa bits, or its subnormal step
+    step = np.maximum(np.abs(want) * 2.0 ** -(3 if fp8 == "float8_e4m3fn" else 2), 2.0 ** (-9 if fp8 == "float8_e4m3fn" else -16))
+    return _compare(got, want, step)
+
+
 def run_case(case: Dict[str, Any], seed: int = 0) -> Optional[str]:
     """None when right; else a one-line description. Exceptions are failures too."""
+    runs = {"gemm": run_gemm, "softmax": run_softmax, "scaled_matmul": run_scaled_matmul, "quantize": run_quantize}
     try:
-        return (run_gemm if case["op"] == "gemm" else run_softmax)(case, seed)
+        return runs[case["op"]](case, seed)
     except Exception as exc:        # noqa: BLE001 -- any exception from a valid call is a failure
         return f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
 

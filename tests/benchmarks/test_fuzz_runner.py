@@ -20,7 +20,11 @@ def test_cases_are_drawn_the_same_for_a_seed_and_cover_the_space():
     cases = [fuzz.draw(fuzz.Choose(s)) for s in range(400)]
     assert cases[:50] == [fuzz.draw(fuzz.Choose(s)) for s in range(50)]
     assert {c["fw"] for c in cases} == set(fuzz.FRAMEWORKS)
-    assert {c["op"] for c in cases} == {"gemm", "softmax"}
+    assert {c["op"] for c in cases} == {"gemm", "softmax", "scaled_matmul", "quantize"}
+    assert {c["fw"] for c in cases if c["op"] in ("scaled_matmul", "quantize")} == {"torch"}
+    fp8 = [c for c in cases if c["op"] == "scaled_matmul"]
+    assert {c["recipe"] for c in fp8} == {"tensor", "row", "block"} and {c["b_major"] for c in fp8} == {"col", "row"}
+    assert len({c["recipe"] for c in cases if c["op"] == "quantize"}) >= 3
     gemm = [c for c in cases if c["op"] == "gemm"]
     assert any(0 in (c["m"], c["n"], c["k"]) for c in gemm) and any(c["batch"] for c in gemm)
     assert any(c["out"] for c in gemm) and any(c["c"] for c in gemm) and any(c["a_off"] for c in gemm)
@@ -58,3 +62,20 @@ def test_cpu_run_and_reproducer():
     case = fuzz.draw(fuzz.Choose(5), ("torch",))
     line = fuzz.reproducer(case, 5)
     assert line.startswith("python benchmarks/fuzz.py --case ") and json.loads(line.split("'")[1]) == case
+
+
+def test_the_fp8_checks_catch_wrong_results(monkeypatch):
+    """scaled_matmul 2% off and quantize_fp8 scales 1e-4 off are failures (the embedded default on
+    the CPU passes the same cases)."""
+    pytest.importorskip("torch")
+    import xgemm
+    monkeypatch.setattr(fuzz, "DEVICE", "cpu")
+    sm = dict(op="scaled_matmul", fw="torch", dtype="float8_e4m3fn", b_dtype="float8_e5m2", m=33, n=40, k=300,
+              recipe="block", b_major="col", bias="bfloat16", out="bfloat16")
+    qz = dict(op="quantize", fw="torch", dtype="bfloat16", rows=17, cols=300, fp8="float8_e4m3fn",
+              recipe="block_1x128", special="inf")
+    assert fuzz.run_case(sm, 3) is None and fuzz.run_case(qz, 3) is None
+    real_sm, real_q = xgemm.scaled_matmul, xgemm.quantize_fp8
+    monkeypatch.setattr(xgemm, "scaled_matmul", lambda *a, **k: real_sm(*a, **k) * 1.02)
+    monkeypatch.setattr(xgemm, "quantize_fp8", lambda *a: (lambda q, s: (q, s * 1.0001))(*real_q(*a)))
+    assert "wrong" in fuzz.run_case(sm, 3) and "scale" in fuzz.run_case(qz, 3)

@@ -73,6 +73,11 @@ def _launch_case(fuzz, xgemm, case, seed):
     """The xgemm call of a fuzz case (fuzz.run_gemm / run_softmax without their checks)."""
     import numpy as np
     f = fuzz.fw_of("torch")
+    if case["op"] == "quantize":
+        return                                  # a Gluon cubin: build-cache makes every one
+    if case["op"] == "scaled_matmul":
+        fuzz.run_scaled_matmul(case, seed)      # its check fails on recorded launches; the class is recorded
+        return
     if case["op"] == "softmax":
         x = f.place(np.zeros(case["shape"]), case["dtype"], view=case["view"])
         xgemm.softmax(x, case["axis"])
