@@ -59,6 +59,26 @@ def _spec(case):
     return spec, epi
 
 
+# gated classes: (name, M, H, K, ab, out, bias dtype | None, the gate's activation, config, B layout);
+# B = [gate | up] is K x 2H, D = act(A @ gate + bias[:H]) * (A @ up + bias[H:]) is M x H (H a
+# multiple of tile_n / 2)
+GATED_CASES = [
+    ("swiglu", 1000, 576, 264, "bfloat16", "bfloat16", "bfloat16", "silu", (128, 128, 2, 1, True, True, 8), "row"),
+    ("geglu-kmajor", 333, 576, 136, "float16", "float16", "float32", "gelu", (128, 192, 1, 1, True, True, 8), "col"),
+    ("reglu-coop", 520, 384, 200, "bfloat16", "float32", None, "relu", (256, 128, 1, 2, False, False, 4), "row"),
+]
+
+
+def _gated_spec(case):
+    from xgemm.core.problem import COL, ROW
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    _, m, h, k, ab, out, bias, act, cfg, b_layout = case
+    cfg = k90.Config(*cfg)
+    spec = (cfg, ab, out, ROW, COL if b_layout == "col" else ROW, ROW, None, True, (False,) * 4,
+            k90.max_clusters(132, cfg), "sm_90a")
+    return spec, k90.Epi("n" if bias else None, bias, act, gated=True)
+
+
 # (name, M, N, K, ab, out, row/col scales, config): A row-major, B column-major (K-major, as
 # wgmma reads FP8 and torch._scaled_mm takes it); tensor scales go in alpha
 FP8_CASES = [
@@ -81,7 +101,7 @@ def _fp8_spec(case):
 def epilogue_items() -> list:
     """(module, class key) of every case, for tests/gpu/prebuild_classes.py."""
     from xgemm.kernels import cute_gemm_sm90 as k90
-    specs = list(map(_spec, EPI_CASES)) + list(map(_fp8_spec, FP8_CASES))
+    specs = list(map(_spec, EPI_CASES)) + list(map(_fp8_spec, FP8_CASES)) + list(map(_gated_spec, GATED_CASES))
     return [("xgemm.kernels.cute_gemm_sm90", k90.class_key(*spec, epi)) for spec, epi in specs]
 
 
@@ -222,3 +242,26 @@ def test_scaled_matmul_api_runs_the_fp8_class(monkeypatch, recipe):
                             out_dtype=torch.bfloat16)
     err = ((y.double() - peer.double()).abs() / (peer.double().abs() + 1.0)).max().item()
     assert err <= 2 * TOL_FP8["bfloat16"], err
+
+
+@pytest.mark.parametrize("case", GATED_CASES, ids=[c[0] for c in GATED_CASES])
+def test_gated_class(case):
+    from xgemm.core import epilogues
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    name, m, h, k, ab, out, bias_dt, act, _, b_layout = case
+    g = torch.Generator(device="cuda").manual_seed(sum(map(ord, name)))
+    a = (torch.rand(m, k, device="cuda", generator=g) * 4 - 2).to(TORCH_DT[ab])
+    b = (torch.rand(k, 2 * h, device="cuda", generator=g) * 4 - 2).to(TORCH_DT[ab])
+    if b_layout == "col":
+        b = b.t().contiguous().t()
+    bias = (torch.randn(2 * h, device="cuda", generator=g) * 4).to(TORCH_DT[bias_dt]) if bias_dt else None
+    d = torch.full((m, h), float("nan"), dtype=TORCH_DT[out], device="cuda")
+    spec, epi = _gated_spec(case)
+    fn = k90.compiled(*spec, epi=epi)
+    fn(a, b, d, None, bias, None, None, 1.0, 0.0, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    pre = a.double() @ b.double() + (bias.double() if bias is not None else 0.0)
+    ref = epilogues.apply(torch, pre[:, :h], act) * pre[:, h:]
+    assert not torch.isnan(d).any(), f"{name}: {int(torch.isnan(d).sum())} elements unwritten"
+    err = ((d.double() - ref).abs() / (ref.abs() + 1.0)).max().item()
+    assert err <= 2 * TOL[out], f"{name}: max rel err {err:.3g} > {2 * TOL[out]}"

@@ -225,6 +225,10 @@ def ptx(tmp_path_factory):
         "pp_fp8_rowwise": K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "float8_e5m2", "float32", ROW,
                                     COL, ROW, None, False, nob, 132, "sm_90a", opts,
                                     epi=K90.Epi(scale_m=True, scale_n=True)),
+        # gated (SwiGLU): B = [gate | up] through a 4-D TMA view, D half as wide
+        "pp_gated_silu": K90.build(K90.Config(128, 128, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
+                                   ROW, None, True, nob, 66, "sm_90a", opts,
+                                   epi=K90.Epi("n", "bfloat16", "silu", gated=True)),
         "pp_relu": K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "bfloat16", "float16", ROW, ROW, ROW,
                              None, True, nob, 132, "sm_90a", opts, epi=K90.Epi(activation="relu")),
         "mma_sm80": K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", opts),
@@ -293,6 +297,19 @@ def test_ptx_sm90_fp8(ptx):
         K90.build(K90.Config(), "float8_e4m3fn", "bfloat16", ROW, ROW, ROW, None, True, (False,) * 4, 66)
 
 
+@needs_dsl
+def test_ptx_sm90_gated(ptx):
+    """A gated class loads B's gate and up halves as one 4-D TMA box per stage (the plain class: 2-D),
+    runs the plain class's MMAs, and computes one activation per D element (128 x 64 D tile / 128
+    threads: 64 ex2 for silu), with the gate's and the up's bias."""
+    plain, gated = ptx["pp_2x1_unit"][1], ptx["pp_gated_silu"][1]
+    assert _count(gated, r"cp\.async\.bulk\.tensor\.4d\.shared::cluster\.global") >= 1
+    assert _count(plain, r"cp\.async\.bulk\.tensor\.4d") == 0
+    assert _count(gated, r"ex2\.approx") == 64
+    assert _count(gated, r"wgmma\.mma_async\.sync\.aligned\.m64n128k16") >= 4
+    assert _count(gated, r"ld\.global") > 0 and "ld.local" not in gated and "st.local" not in gated
+
+
 def test_fused_epilogue_class_keys():
     """An Epi is the last element of its class key (plain classes keep their keys), build_for_key
     inverts it, and Epi.check refuses what the kernel does not serve."""
@@ -304,7 +321,8 @@ def test_fused_epilogue_class_keys():
     assert K90.build_for_key(plain).args == spec and not K90.build_for_key(plain).keywords
     assert K90.Epi(scale_m=True).check() is None and K90.Epi(scale_n=True).check() is None
     for bad in (K90.Epi(), K90.Epi("k", "float32"), K90.Epi("n"), K90.Epi(activation="tanh"),
-                K90.Epi("n", "float64")):
+                K90.Epi("n", "float64"), K90.Epi(activation="sigmoid", gated=True),
+                K90.Epi("m", "float32", "silu", gated=True), K90.Epi(activation="silu", scale_m=True, gated=True)):
         with pytest.raises(AssertionError):
             bad.check()
     assert set(K90.ACTIVATIONS) == set(__import__("xgemm.core.epilogues", fromlist=["x"]).ACTIVATIONS)

@@ -40,6 +40,10 @@ Design
   pays where the epilogue is the critical path (short K). A bias / activation class adds, per
   accumulator element, its coordinate in the tile (an identity tensor partitioned like the
   registers), one cached load of the bias and the activation's few instructions.
+  A gated class (Epi.gated) computes act(gate) * up of B = [gate | up] (N = 2H): each B tile of
+  tile_n columns is gate columns [j * tile_n / 2, (j + 1) * tile_n / 2) and the same up columns, one
+  TMA box over B viewed as ((tile_n / 2, 2, H / (tile_n / 2)), K) (the gate / up halves H apart),
+  and its epilogue writes a D tile of tile_n / 2 columns from the two halves of the accumulator.
   A policy may run the transposed problem D^T = B^T @ A^T (+ C^T) on the operands' transposed
   views (SWAP_NOTE; what the policy does for row-major A and B on its wave-aware rows).
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
@@ -84,12 +88,16 @@ class Epi:
     activation: Optional[str] = None
     scale_m: bool = False
     scale_n: bool = False
+    gated: bool = False
 
     def check(self) -> None:
         assert self.bias in (None, "n", "m") and (self.bias is None) == (self.bias_dtype is None), self
         assert self.bias_dtype in (None, "float16", "bfloat16", "float32"), self
         assert self.activation in (None,) + ACTIVATIONS, self
         assert self.bias or self.activation or self.scale_m or self.scale_n, f"{self}: an empty epilogue is no class"
+        # gated: B holds [gate | up] (N = 2H), D = act(gate + bias[:H]) * (up + bias[H:]), H wide
+        assert not self.gated or (self.activation in ("relu", "gelu", "gelu_tanh", "silu") and self.bias != "m"
+                                  and not (self.scale_m or self.scale_n)), self
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -154,6 +162,10 @@ def _device():
             self.activation = epi.activation if epi is not None else None
             self.scale_m = epi is not None and epi.scale_m
             self.scale_n = epi is not None and epi.scale_n
+            self.gated = epi is not None and epi.gated
+            assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
+            # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
+            self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
             # the scales multiply the product only: alpha * acc + beta * C would scale C too
             assert not (has_c and (self.scale_m or self.scale_n)), "scale vectors with C"
             self.epi_ops = epi is not None
@@ -205,6 +217,8 @@ def _device():
             (M,) by Epi.bias; mScaleM (M,), mScaleN (N,) float32 (Epi)."""
             self.a_dtype = mA.element_type
             self.b_dtype = mB.element_type
+            if const_expr(self.gated):
+                mB = self._gated_view(mB)
             self.d_dtype = mD.element_type
             self.c_dtype = mC.element_type if const_expr(self.has_c) else None
             self.a_layout = LayoutEnum.from_tensor(mA)
@@ -263,7 +277,7 @@ def _device():
             # persistent grid: one cluster per (max active) cluster slot, cluster tiles strided
             # over it (see _tile_of)
             tiles_m = (mD.shape[0] + self.tile_shape_mnk[0] - 1) // self.tile_shape_mnk[0]
-            tiles_n = (mD.shape[1] + self.tile_shape_mnk[1] - 1) // self.tile_shape_mnk[1]
+            tiles_n = (mD.shape[1] + self.d_tile_n - 1) // self.d_tile_n
             cluster_tiles = ((tiles_m + self.cfg.cluster_m - 1) // self.cfg.cluster_m
                              * ((tiles_n + self.cfg.cluster_n - 1) // self.cfg.cluster_n) * mD.shape[2])
             grid = (self.cfg.cluster_m, self.cfg.cluster_n,
@@ -291,6 +305,16 @@ def _device():
                         b_smem_staged, d_smem_staged, c_smem_staged).launch(
                 grid=grid, block=[self.threads_per_cta, 1, 1], cluster=self.cluster_shape_mnk,
                 min_blocks_per_mp=1, stream=stream, use_pdl=True)
+
+        def _gated_view(self, mB):
+            """B (2H, K, L) = [gate | up] seen as ((tile_n / 2, 2, H / (tile_n / 2)), K, L): a tile of
+            tile_n along the first mode is tile_n / 2 gate columns and the same up columns."""
+            half = self.cfg.tile_n // 2
+            h = mB.shape[0] // 2
+            s_n, s_k, s_l = mB.layout.stride
+            return cute.make_tensor(mB.iterator, cute.make_layout(
+                ((half, 2, h // half), mB.shape[1], mB.shape[2]),
+                stride=((s_n, s_n * h, s_n * half), s_k, s_l)))
 
         def _schedule(self, gD_mnl):
             """What _tile_of needs, computed once per thread before the tile loops: the cluster-
@@ -339,16 +363,17 @@ def _device():
             bidx, bidy, _ = cute.arch.block_idx()
             return (c_m * cm + bidx % cm, c_n * cn + bidy % cn, l), valid
 
-        def _epilogue_ops(self, tRS_rD, tRS_cD, vectors, tc, epi_idx, epi_tiles_mn, size_rD):
-            """* the scales, + bias, then the activation, on one epilogue subtile's float32
-            registers (Epi; traced inline: epi_idx, epi_tiles_mn and size_rD are Python ints)."""
+        def _epilogue_ops(self, tRS_rD, tRS_cD, vectors, tc, epi_idx, epi_tiles_mn, size_rD, up=None):
+            """* the scales, + bias, then the activation (gated: times the up half's value, up =
+            (accumulator fragments, first index)), on one epilogue subtile's float32 registers (Epi;
+            traced inline: epi_idx, epi_tiles_mn and size_rD are Python ints)."""
             mBias, mScaleM, mScaleN = vectors
             if const_expr(self.epi_walk_m):
                 sub_m, sub_n = epi_idx % epi_tiles_mn[0], epi_idx // epi_tiles_mn[0]
             else:
                 sub_m, sub_n = epi_idx // epi_tiles_mn[1], epi_idx % epi_tiles_mn[1]
             row0 = tc[0] * self.tile_shape_mnk[0] + sub_m * self.epi_tile[0]
-            col0 = tc[1] * self.tile_shape_mnk[1] + sub_n * self.epi_tile[1]
+            col0 = tc[1] * self.d_tile_n + sub_n * self.epi_tile[1]
 
             def at(vec, i):
                 # registers past D's edge hold values TMA never stores: clamp their index
@@ -367,6 +392,11 @@ def _device():
                     x = x + at(mBias, row0 + coord[0])
                 if const_expr(self.activation is not None):
                     x = activate(x, self.activation, self.d_dtype.width == 16 and self.d_dtype != Float16)
+                if const_expr(self.gated):
+                    u = up[0][up[1] + v]
+                    if const_expr(self.bias_mode == "n"):
+                        u = u + at(mBias, mBias.shape[0] // 2 + col0 + coord[1])
+                    x = x * u
                 tRS_rD[v] = x
 
         # ----------------------------------------------------------------------- the kernel
@@ -434,8 +464,7 @@ def _device():
                                      (None, None, None))
             gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.tile_shape_mnk, (0, None, None)),
                                      (None, None, None))
-            gD_mnl = cute.local_tile(mD_mnl, cute.slice_(self.tile_shape_mnk, (None, None, 0)),
-                                     (None, None, None))
+            gD_mnl = cute.local_tile(mD_mnl, (self.tile_shape_mnk[0], self.d_tile_n), (None, None, None))
             gC_mnl = None
             if const_expr(self.has_c):
                 gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.tile_shape_mnk, (None, None, 0)),
@@ -536,7 +565,8 @@ def _device():
                     producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
                                                              self.num_epi_threads))
                 epi_tiles_mn = (self.tile_shape_mnk[0] // self.epi_tile[0],
-                                self.tile_shape_mnk[1] // self.epi_tile[1])
+                                self.d_tile_n // self.epi_tile[1])
+                acc_tiles_n = self.tile_shape_mnk[1] // self.epi_tile[1]     # = epi_tiles_mn[1] unless gated
                 epi_tile_num = epi_tiles_mn[0] * epi_tiles_mn[1]
                 # subtile i of the walk; the accumulator fragments of subtile (m, n) are the
                 # (m * N/epi_n + n)-th size_rD of tRS_rAcc
@@ -633,10 +663,10 @@ def _device():
                     num_prev = tiles_done * epi_tile_num
                     for epi_idx in cutlass.range_constexpr(epi_tile_num):
                         if const_expr(self.epi_walk_m):
-                            acc_first = ((epi_idx % epi_tiles_mn[0]) * epi_tiles_mn[1]
+                            acc_first = ((epi_idx % epi_tiles_mn[0]) * acc_tiles_n
                                          + epi_idx // epi_tiles_mn[0]) * size_rD
                         else:
-                            acc_first = epi_idx * size_rD
+                            acc_first = (epi_idx // epi_tiles_mn[1] * acc_tiles_n + epi_idx % epi_tiles_mn[1]) * size_rD
                         for v in cutlass.range_constexpr(size_rD):
                             tRS_rD[v] = tRS_rAcc[acc_first + v]
                         if const_expr(self.has_c):
@@ -666,8 +696,10 @@ def _device():
                         elif const_expr(not self.unit_alpha):
                             tRS_rD.store(tRS_rD.load() * alpha)
                         if const_expr(self.epi_ops):
+                            # gated: the up half's fragments lie d_tile_n / epi_n subtiles further on
+                            up = (tRS_rAcc, acc_first + epi_tiles_mn[1] * size_rD) if const_expr(self.gated) else None
                             self._epilogue_ops(tRS_rD, tRS_cD, (mBias, mScaleM, mScaleN), tc, epi_idx,
-                                               epi_tiles_mn, size_rD)
+                                               epi_tiles_mn, size_rD, up)
                         tRS_rD_out.store(tRS_rD.load().to(self.d_dtype))
                         epi_buffer = (num_prev + epi_idx) % self.epi_stage
                         cute.copy(tiled_copy_r2s, tRS_rD_out,
@@ -792,8 +824,10 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     a_b, b_b, d_b, c_b = batched
     m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
     l = cute.sym_int() if d_b else None
+    gated = epi is not None and epi.gated
+    n_b = cute.sym_int() if gated else n          # a gated B is [gate | up]: 2 N columns
     fa = fake(ab, m, k, a_major, l if a_b else None)
-    fb = fake(ab, k, n, b_major, l if b_b else None)
+    fb = fake(ab, k, n_b, b_major, l if b_b else None)
     fd = fake(out, m, n, d_major, l)
     op = Sm90Gemm(cfg, max_clusters, c is not None, unit_alpha, epi)
     stream = make_fake_stream()
@@ -803,7 +837,7 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
         # vectors: one element per D row or column, any alignment (read element by element)
         def vec(dtype: str, extent):
             return make_fake_tensor(dt(dtype), (extent,), (1,), assumed_align=_ITEMSIZE[dtype])
-        bias = vec(epi.bias_dtype, n if epi.bias == "n" else m) if epi.bias else None
+        bias = vec(epi.bias_dtype, n_b if epi.bias == "n" else m) if epi.bias else None
         return cute.compile(gemm_epi, op, fa, fb, fd, fc, bias, vec("float32", m) if epi.scale_m else None,
                             vec("float32", n) if epi.scale_n else None, 1.0, 0.0, stream, options=opts)
     if c is None:
