@@ -3,9 +3,10 @@
     gemm(a, b, c, alpha=, beta=, bias=, activation=)   D = act(alpha A@B + beta C + bias)
     gated(a, b, bias=, activation="swiglu")             D = act(gate) * up of [gate | up] = A@B + bias
 
-Where a kernel fuses the epilogue (cute_gemm_sm90's Epi classes: bias + activation, eager fp16/
-bf16 on the GPU without autograd; XGEMM_FUSED_EPILOGUE=1 until validated on the H200), the call
-is planned with it and that kernel writes D once. Otherwise the product runs through the usual
+Where a kernel fuses the epilogue (cute_gemm_sm90's Epi classes: bias + activation, or gated
+with a [gate | up] bias, eager fp16/bf16 on the GPU without autograd; XGEMM_FUSED_EPILOGUE=1 until
+validated on the H200), the call is planned with it (a gated one with activation = the gated
+name) and that kernel writes D once. Otherwise the product runs through the usual
 kernels with a float32 result (float64 for float64 operands), the epilogue runs on it with the
 framework's own ops in that type (core/epilogues.py), and the result is cast once: the numerics
 of a fused fp32 epilogue, at the cost of one more pass over D. The product is xgemm's (for torch under autograd
@@ -72,7 +73,7 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
         inputs = [arrays.view(x, name, fn) for x, name in ((a, "a"), (b, "b"), (c_used, "c"), (bias, "bias"))
                   if x is not None]
         prepare.check_out(fn, out, owner, final, checks.out_dtypes(dt), inputs)
-    fused = None if tracing else _fused_plan(fn, owner, a, b, c_used, alpha, beta, bias, activation, gated, out, dt)
+    fused = None if tracing else _fused_plan(fn, owner, a, b, c_used, alpha, beta, bias, activation, out, dt)
     if plan_only:
         if fused is not None:
             fused.epilogue = epilogues.describe(bias is not None, activation, gated, acc, owner, fused.kernel.name)
@@ -99,11 +100,12 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
 
 
 def _fused_plan(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: float, bias: Any,
-                activation: Optional[str], gated: bool, out: Any, dt: str) -> Optional[Any]:
-    """The plan of a kernel that fuses this bias / activation into its epilogue, or None (then the
-    epilogue is composed): eager fp16/bf16 matrices on a GPU, no autograd (the composed path's
-    product op carries the gradient), no gating yet."""
-    if gated or owner not in ("torch", "cupy") or dt not in checks.HALF or a.ndim < 2 or b.ndim < 2:
+                activation: Optional[str], out: Any, dt: str) -> Optional[Any]:
+    """The plan of a kernel that fuses this bias / activation (or gating: activation is then the
+    gated name, swiglu | geglu | reglu) into its epilogue, or None (then the epilogue is composed):
+    eager fp16/bf16 matrices on a GPU, no autograd (the composed path's product op carries the
+    gradient)."""
+    if owner not in ("torch", "cupy") or dt not in checks.HALF or a.ndim < 2 or b.ndim < 2:
         return None
     if arrays.view(a, "a", fn).device.kind != "cuda" or prepare.torch_op_needed(a, b, c, bias):
         return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from xgemm import arrays, errors
-from xgemm.core import checks, layout, policy
+from xgemm.core import checks, epilogues, layout, policy
 from xgemm.core.problem import ROW, STRIDED, Epilogue, GemmProblem, Operand, SoftmaxProblem
 
 
@@ -140,6 +140,9 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
                               beta, c is not None)
     m, n, k, batch, a_vec, b_vec = shape.m, shape.n, shape.k, shape.batch, shape.a_vec, shape.b_vec
     full, final = shape.full, shape.final
+    if activation in epilogues.GATED:   # act(gate) * up of B = [gate | up]: D is half as wide (compose checked)
+        n = n // 2
+        full, final = full[:-1] + (n,), final[:-1] + (n,)
     out_dtypes = checks.out_dtypes(dt)
     if out is not None and arrays.framework_of(out) not in (None, "jax"):
         out_dtype = arrays.dtype_name(out)

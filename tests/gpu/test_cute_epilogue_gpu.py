@@ -162,6 +162,7 @@ def test_fp8_class(case):
 API_SHAPES = [(1000, 1032, 264), (4096, 4096, 4096), (333, 264, 136)]     # the second: the transposed run
 API_ACTS = ["gelu_tanh", "silu", None]
 FP8_API = (1000, 1040, 512)
+GATED_API = [(1000, 1536, 264), (4096, 4096, 1024)]
 
 
 def api_items() -> list:
@@ -181,6 +182,9 @@ def api_items() -> list:
                     xgemm.gemm(torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, n, dtype=torch.bfloat16),
                                bias=torch.empty(n, dtype=torch.bfloat16), activation=act,
                                out=torch.empty(m, n, dtype=torch.bfloat16))
+            for m, h, k in GATED_API:
+                xgemm.gated(torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, 2 * h, dtype=torch.bfloat16),
+                            bias=torch.empty(2 * h, dtype=torch.bfloat16), activation="swiglu")
             m, n, k = FP8_API
             a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
             for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.tensor(1.0), torch.tensor(1.0))):
@@ -265,3 +269,24 @@ def test_gated_class(case):
     assert not torch.isnan(d).any(), f"{name}: {int(torch.isnan(d).sum())} elements unwritten"
     err = ((d.double() - ref).abs() / (ref.abs() + 1.0)).max().item()
     assert err <= 2 * TOL[out], f"{name}: max rel err {err:.3g} > {2 * TOL[out]}"
+
+
+@pytest.mark.parametrize("mhk", GATED_API)
+def test_gated_api_fuses(monkeypatch, mhk):
+    import xgemm
+    from xgemm.core import epilogues
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    m, h, k = mhk
+    g = torch.Generator(device="cuda").manual_seed(m + h)
+    a = (torch.rand(m, k, device="cuda", generator=g) * 4 - 2).bfloat16()
+    b = (torch.rand(k, 2 * h, device="cuda", generator=g) * 4 - 2).bfloat16()
+    bias = torch.randn(2 * h, device="cuda", generator=g).bfloat16()
+    monkeypatch.setenv(k90.FUSED_ENV, "1")
+    plan = xgemm.explain(a, b, bias=bias, activation="swiglu", op="gated")
+    assert plan.kernel_name == "cute_gemm_sm90" and "fused" in plan.epilogue, plan
+    y = xgemm.gated(a, b, bias=bias, activation="swiglu")
+    torch.cuda.synchronize()
+    pre = a.double() @ b.double() + bias.double()
+    ref = epilogues.gate(torch, pre, "swiglu")
+    err = ((y.double() - ref).abs() / (ref.abs() + 1.0)).max().item()
+    assert y.shape == (m, h) and not torch.isnan(y).any() and err <= 2 * TOL["bfloat16"], err

@@ -325,7 +325,8 @@ def test_fused_epilogue_class_keys():
                 K90.Epi("m", "float32", "silu", gated=True), K90.Epi(activation="silu", scale_m=True, gated=True)):
         with pytest.raises(AssertionError):
             bad.check()
-    assert set(K90.ACTIVATIONS) == set(__import__("xgemm.core.epilogues", fromlist=["x"]).ACTIVATIONS)
+    core = __import__("xgemm.core.epilogues", fromlist=["x"])
+    assert set(K90.ACTIVATIONS) == set(core.ACTIVATIONS) and K90.GATED == core.GATED
 
 
 @needs_dsl

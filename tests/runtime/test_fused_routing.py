@@ -114,3 +114,27 @@ def test_scaled_matmul_launches_the_fp8_class(monkeypatch):
     with Fake(keep=True) as fake:
         xgemm.scaled_matmul(a, b, *row)
     assert not _cute_calls(fake)
+
+
+@pytest.mark.parametrize("mh", [(512, 1536), (4096, 4096)])
+def test_gated_call_launches_the_gated_class(monkeypatch, mh):
+    """xgemm.gated with the switch on: one gated Epi class (untransposed, B = [gate | up] whole,
+    D half as wide) with the [gate | up] bias; an H that is no multiple of the tile's gate columns
+    composes."""
+    monkeypatch.setenv(K90.FUSED_ENV, "1")
+    m, h = mh
+    a, b = torch.randn(m, 1024, dtype=BF16), torch.randn(1024, 2 * h, dtype=BF16)
+    bias = torch.randn(2 * h, dtype=BF16)
+    with Fake(keep=True) as fake:
+        plan = xgemm.explain(a, b, bias=bias, activation="swiglu", op="gated")
+        y = xgemm.gated(a, b, bias=bias, activation="swiglu")
+    assert plan.kernel_name == "cute_gemm_sm90" and not K90.swapped(plan.policy), plan
+    (key, args), = _cute_calls(fake)
+    assert key[-1] == K90.Epi("n", "bfloat16", "silu", gated=True)
+    assert args[1] is b and args[4] is bias and args[2].data_ptr() == y.data_ptr() and y.shape == (m, h)
+    half = K90.Config.from_policy(plan.policy).tile_n // 2
+    odd = torch.randn(1024, 2 * (h + 8), dtype=BF16)       # H + 8: no multiple of the tile's gate columns
+    with Fake(keep=True) as fake:
+        plan = xgemm.explain(a, odd, activation="geglu", op="gated")
+        xgemm.gated(a, odd, activation="geglu")
+    assert (h + 8) % half and "composed" in plan.epilogue and _composed(fake)

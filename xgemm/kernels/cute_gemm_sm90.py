@@ -74,6 +74,7 @@ from xgemm.runtime.driver import sm_count
 from xgemm.runtime.roles import OUT, A, B, C
 
 ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "silu", "sigmoid")    # core/epilogues.ACTIVATIONS
+GATED = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}              # core/epilogues.GATED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -950,14 +951,22 @@ class _Sm90Kernel:
         for name, vec, extent in zip(("scale_a", "scale_b"), problem.scales or (), (problem.m, problem.n)):
             if vec.dtype != "float32" or vec.shape not in ((extent,), (1,)) or (vec.shape[0] > 1 and vec.strides != (1,)):
                 return f"{name} (shape {vec.shape}, {vec.dtype}) is not a contiguous float32 vector of {extent} or 1"
+        gated = problem.epilogue.activation in GATED
+        width = 2 * problem.n if gated else problem.n          # a gated bias covers [gate | up]
         bias = problem.bias
         if bias is not None:
             if bias.dtype not in ("float16", "bfloat16", "float32"):
                 return f"bias dtype {bias.dtype} is not float16/bfloat16/float32"
-            if bias.shape != (problem.n,) or (problem.n > 1 and bias.strides != (1,)):
-                return f"bias (shape {bias.shape}, strides {bias.strides}) is not a contiguous vector of N={problem.n}"
-        if problem.epilogue.activation not in (None,) + ACTIVATIONS:
+            if bias.shape != (width,) or (width > 1 and bias.strides != (1,)):
+                return f"bias (shape {bias.shape}, strides {bias.strides}) is not a contiguous vector of {width}"
+        if problem.epilogue.activation not in (None,) + ACTIVATIONS + tuple(GATED):
             return f"activation {problem.epilogue.activation!r} has no class"
+        if gated:
+            ep, half = problem.epilogue, Config.from_policy(self.policy(problem)).tile_n // 2
+            if problem.batch or ep.reads_c or ep.alpha != 1.0 or problem.b.shape[-1] != 2 * problem.n:
+                return "a gated class takes an unbatched [gate | up] B, no C and no alpha"
+            if problem.n % half:
+                return f"H = {problem.n} is not a multiple of the tile's {half} gate columns"
         return None
 
     def epi(self, problem, policy: Policy) -> Optional[Epi]:
@@ -965,9 +974,9 @@ class _Sm90Kernel:
         M and the two scale vectors trade places)."""
         if not problem.fused:
             return None
-        bias, scaled = problem.bias, problem.scales is not None
+        bias, scaled, act = problem.bias, problem.scales is not None, problem.epilogue.activation
         return Epi(("m" if swapped(policy) else "n") if bias is not None else None,
-                   bias.dtype if bias is not None else None, problem.epilogue.activation, scaled, scaled)
+                   bias.dtype if bias is not None else None, GATED.get(act, act), scaled, scaled, act in GATED)
 
     def supports(self, problem) -> Optional[str]:
         dev = problem.device
@@ -1008,6 +1017,10 @@ class _Sm90Kernel:
         return self._fused_why(problem) if problem.fused else None
 
     def policy(self, problem) -> Policy:
+        if problem.epilogue.activation in GATED:
+            # untransposed (its epilogue pairs B's columns), tiled as the plain product with B's 2H columns
+            why, cfg = choose_config(problem.m, 2 * problem.n, problem.k, problem.batch_count)
+            return cfg.policy(why)
         return choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
                              problem.a.majorness, problem.b.majorness)
 
