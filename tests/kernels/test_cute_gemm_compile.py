@@ -380,3 +380,12 @@ def test_sm_margin_shrinks_the_persistent_grid(monkeypatch):
     for margin in (0, 8):
         K90.KERNEL.jax_lowering(p, pol, sm_margin=margin)
     assert seen[0][:-2] == seen[1][:-2] and (seen[0][-2], seen[1][-2]) == (66, 62)
+
+
+def test_gated_policy_tiles_divide_h():
+    """A gated product is never transposed and takes a tile whose gate half divides H: the benchmark's
+    H = 14336 (8192 x 2*14336 x 4096) is no multiple of 96, so a 128-wide tile (64 | 14336)."""
+    for m, h, k in ((8192, 14336, 4096), (1000, 1536, 264), (4096, 4096, 1024), (333, 576, 136)):
+        pol = K90.choose_gated_policy(m, h, k, 1)
+        assert not K90.swapped(pol) and h % (K90.Config.from_policy(pol).tile_n // 2) == 0, (m, h, k, pol)
+    assert K90.Config.from_policy(K90.choose_gated_policy(8192, 14336, 4096, 1)).tile_n == 128

@@ -65,7 +65,8 @@ from xgemm.core.problem import COL, ROW, Policy
 from xgemm.kernels._common import xla_tensors, xla_views
 # Configs and the policy live in their own module: a policy edit keeps this file's hash, which
 # names the cache of compiled classes
-from xgemm.kernels.cute_gemm_sm90_policy import POLICY_TABLE, SWAP_ROWS, Config, choose_policy, swapped
+from xgemm.kernels.cute_gemm_sm90_policy import (
+    POLICY_TABLE, SWAP_ROWS, Config, choose_gated_policy, choose_policy, swapped)
 from xgemm.kernels.cute_gemm_sm90_policy import (  # noqa: F401 -- the policy's model under this kernel's name too
     ROW_MARGIN, SWAP_MIN_K, SWAP_NOTE, WAVE_MARGIN, choose_config, row_of, slot_fill, wave_efficiency)
 from xgemm.runtime import cute_cache
@@ -1018,9 +1019,7 @@ class _Sm90Kernel:
 
     def policy(self, problem) -> Policy:
         if problem.epilogue.activation in GATED:
-            # untransposed (its epilogue pairs B's columns), tiled as the plain product with B's 2H columns
-            why, cfg = choose_config(problem.m, 2 * problem.n, problem.k, problem.batch_count)
-            return cfg.policy(why)
+            return choose_gated_policy(problem.m, problem.n, problem.k, problem.batch_count)
         return choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
                              problem.a.majorness, problem.b.majorness)
 

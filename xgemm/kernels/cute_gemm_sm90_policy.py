@@ -7,6 +7,7 @@ every compiled class. What a Config means on the device is the kernel's (cute_ge
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from xgemm.core.problem import ROW, Policy
@@ -176,6 +177,18 @@ def swapped(policy: Policy) -> bool:
 
 def row_of(m: int, n: int, k: int, l: int) -> str:
     return next(name for name, pred, _ in POLICY_TABLE if pred(m, n, k, l))
+
+
+def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
+    """The policy of a gated product act(A @ gate) * (A @ up), B = [gate | up] with 2H columns: never
+    transposed (its epilogue pairs B's columns), tiled as the plain product over 2H columns, with a
+    tile whose gate half (tile_n / 2 columns) divides H, else 128 wide when 64 divides H (the
+    kernel declines an H that no tile divides)."""
+    why, cfg = choose_config(m, 2 * h, k, l)
+    if h % (cfg.tile_n // 2) and cfg.tile_n != 128 and h % 64 == 0:
+        cfg = dataclasses.replace(cfg, tile_n=128)
+        why += f"; tile_n 128: H = {h} is a multiple of 64"
+    return cfg.policy(why)
 
 
 def choose_policy(m: int, n: int, k: int, l: int, a_major: str, b_major: str) -> Policy:
