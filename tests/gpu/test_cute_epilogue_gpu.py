@@ -182,6 +182,11 @@ def api_items() -> list:
                     xgemm.gemm(torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, n, dtype=torch.bfloat16),
                                bias=torch.empty(n, dtype=torch.bfloat16), activation=act,
                                out=torch.empty(m, n, dtype=torch.bfloat16))
+            # benchmarks/epilogue.py's fused products (bias + gelu_tanh, SwiGLU), compiled ahead too
+            xgemm.gemm(torch.empty(8192, 4096, dtype=torch.bfloat16), torch.empty(4096, 14336, dtype=torch.bfloat16),
+                       bias=torch.empty(14336, dtype=torch.bfloat16), activation="gelu_tanh")
+            xgemm.gated(torch.empty(8192, 4096, dtype=torch.bfloat16), torch.empty(4096, 28672, dtype=torch.bfloat16),
+                        activation="swiglu")
             for m, h, k in GATED_API:
                 xgemm.gated(torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, 2 * h, dtype=torch.bfloat16),
                             bias=torch.empty(2 * h, dtype=torch.bfloat16), activation="swiglu")
