@@ -170,3 +170,11 @@ def test_explain_reports_the_copy_a_kernel_would_need():
     text = fp8.explain_scaled_matmul(a, np.asfortranarray(b), one, one)
     assert "no copy" in text.rsplit(":", 1)[1] and "tensor-wise" in text
     assert "a: a transposing copy" in fp8.explain_scaled_matmul(np.asfortranarray(a), np.asfortranarray(b), one, one)
+
+
+def test_explain_takes_scaled_matmul():
+    """xgemm.explain(a, b, scale_a, scale_b, op="scaled_matmul") is fp8.explain_scaled_matmul's text."""
+    import xgemm
+    a, b, one = _ops()
+    assert xgemm.explain(a, b, one, one, op="scaled_matmul") == fp8.explain_scaled_matmul(a, b, one, one)
+    assert "transposing copy" in xgemm.explain(a, b, one, one, op="scaled_matmul")

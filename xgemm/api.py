@@ -157,10 +157,14 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
     explain(x) -> softmax, explain(a, b) -> matmul, explain(a, b, c, alpha=, beta=) -> gemm,
     bias= / activation= as gemm() takes them; op="softmax"|"matmul"|"gemm"|"gated" overrides.
     Printing the result gives a few readable lines. op="ragged_dot" | "grouped_mm" with
-    (lhs, rhs, group_sizes) | (x, w, offs) returns those lines as a string (no kernel plans them yet).
+    (lhs, rhs, group_sizes) | (x, w, offs) returns those lines as a string (no kernel plans them yet),
+    and so does op="scaled_matmul" with (a, b, scale_a, scale_b): where it runs, and the copies an
+    FP8 kernel would need.
     """
     if op in ("ragged_dot", "grouped_mm") and len(arrays) == 3:
         return grouped.explain(op, *arrays)
+    if op == "scaled_matmul" and len(arrays) == 4:
+        return fp8.explain_scaled_matmul(*arrays)
     op = op or {1: "softmax", 2: "matmul", 3: "gemm"}.get(len(arrays))
     if op == "softmax" and len(arrays) == 1:
         return prepare.prepare_softmax("explain", arrays[0], axis, out, plan_only=True)
@@ -175,4 +179,5 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
                                plan_only=True)
         return prepare.prepare_gemm("explain", arrays[0], arrays[1], c, alpha, beta, out, plan_only=True)
     raise errors.ShapeError(f"explain: got {len(arrays)} arrays with op={op!r}; pass (x) for softmax, "
-                            f"(a, b) for matmul or gated, or (a, b, c) for gemm")
+                            f"(a, b) for matmul or gated, (a, b, c) for gemm, or (a, b, scale_a, scale_b) with "
+                            f"op='scaled_matmul'")

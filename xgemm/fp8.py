@@ -120,17 +120,26 @@ def prepare_kernel(c: Checked, fn: str = "scaled_matmul") -> Any:
     """The Prepared call of a kernel that takes this FP8 product (tensor- or row-wise scales as
     vectors of 1 / M and N values, K-major torch operands on a GPU), or None for the embedded
     default. Planned like any GEMM: a GemmProblem with FP8 operands and its scales."""
+    planned = _plan_kernel(c, fn)
+    if planned is None:
+        return None
+    plan, operands = planned
+    result = sys.modules["torch"].empty((plan.problem.m, plan.problem.n), device=c.a.device,
+                                        dtype=arrays.framework_dtype("torch", c.out_dtype))
+    return prepare.Prepared(plan, operands, arrays.view(result, "out", fn), lambda r: result)
+
+
+def _plan_kernel(c: Checked, fn: str) -> Any:
+    """(plan, operands: a, b, None, bias, scale_m, scale_n) of a kernel that takes this product, or None."""
     if c.owner != "torch" or c.recipe.name not in ("tensor", "row"):
         return None                       # block-wise scales: the kernel's mainloop does not take them yet
     va = arrays.view(c.a, "a", fn)
     if va.device.kind != "cuda" or c.a.ndim != 2 or c.b.ndim != 2:
         return None
-    torch = sys.modules["torch"]
     (m, k), n = c.a.shape, c.b.shape[1]
     vb = arrays.view(c.b, "b", fn)
     scales = [arrays.view(x.reshape(-1), name, fn) for x, name in ((c.scale_a, "scale_a"), (c.scale_b, "scale_b"))]
     vbias = arrays.view(c.bias, "bias", fn) if c.bias is not None else None
-    result = torch.empty((m, n), dtype=arrays.framework_dtype("torch", c.out_dtype), device=c.a.device)
     problem = GemmProblem(m=m, n=n, k=k, batch=(), a=arrays.operand(va), b=arrays.operand(vb), c=None,
                           epilogue=Epilogue(out_dtype=c.out_dtype), framework="torch", device=va.device,
                           bias=arrays.operand(vbias) if vbias is not None else None,
@@ -138,7 +147,7 @@ def prepare_kernel(c: Checked, fn: str = "scaled_matmul") -> Any:
     plan = policy.choose("gemm", problem)
     if plan.kernel.name == "reference":
         return None
-    return prepare.Prepared(plan, (va, vb, None, vbias, *scales), arrays.view(result, "out", fn), lambda r: result)
+    return plan, (va, vb, None, vbias, *scales)
 
 
 def fp8_matmul(a: Any, b: Any, *, recipe: str = "tensor", out_dtype: Any = None, bias: Any = None,
@@ -215,6 +224,11 @@ def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, fn: str
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.explain_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
+    planned = _plan_kernel(c, fn)
+    if planned is not None:
+        plan = planned[0]
+        return (f"scaled_matmul {c.recipe.m}x{c.recipe.n}x{c.recipe.k}, {c.recipe.name}-wise scales; runs on "
+                f"{plan.kernel.name} ({plan.policy.summary()}), the scales applied in its epilogue")
     return fp8_checks.kernel_needs(c.recipe, _unit_stride(c.a, 1), _unit_stride(c.b, 0))
 
 

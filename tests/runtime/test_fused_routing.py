@@ -138,3 +138,16 @@ def test_gated_call_launches_the_gated_class(monkeypatch, mh):
         plan = xgemm.explain(a, odd, activation="geglu", op="gated")
         xgemm.gated(a, odd, activation="geglu")
     assert (h + 8) % half and "composed" in plan.epilogue and _composed(fake)
+
+
+@pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")
+def test_explain_scaled_matmul_names_the_fp8_class(monkeypatch):
+    a, b = torch.randn(256, 512).to(F8), torch.randn(384, 512).to(F8).t()
+    row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
+    monkeypatch.setenv(K90.FP8_ENV, "1")
+    with Fake(keep=True) as fake:
+        text = str(xgemm.explain(a, b, *row, op="scaled_matmul"))
+    assert "runs on cute_gemm_sm90" in text and not fake.calls, text
+    monkeypatch.delenv(K90.FP8_ENV)
+    with Fake(keep=True):
+        assert "embedded default" in str(xgemm.explain(a, b, *row, op="scaled_matmul"))
