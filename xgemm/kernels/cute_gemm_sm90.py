@@ -60,6 +60,9 @@ import math
 import os
 from typing import Optional, Tuple
 
+from xgemm.core import fp8_checks
+from xgemm.core.dtypes import ITEMSIZE
+from xgemm.core.epilogues import ACTIVATIONS, GATED
 from xgemm.core.layout import unit_stride_dim
 from xgemm.core.problem import COL, ROW, Policy
 from xgemm.kernels._common import xla_tensors, xla_views
@@ -74,8 +77,6 @@ from xgemm.runtime.calls import Arg, TvmFfiCall
 from xgemm.runtime.driver import sm_count
 from xgemm.runtime.roles import OUT, A, B, C
 
-ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "silu", "sigmoid")    # core/epilogues.ACTIVATIONS
-GATED = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}              # core/epilogues.GATED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +104,9 @@ class Epi:
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
-_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+_FP8_DTYPES = fp8_checks.FP8_DTYPES
 _OUT_DTYPES = ("float16", "bfloat16", "float32")
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
+_ITEMSIZE = ITEMSIZE
 SMEM_BYTES = 232448          # sm_90 opt-in shared memory per block (227 KB)
 
 
@@ -934,7 +935,7 @@ def build_for_key(key: Tuple):
 # until then supports() declines them unless XGEMM_FUSED_EPILOGUE=1 / XGEMM_FP8_KERNEL=1, and
 # xgemm.gemm composes / xgemm.scaled_matmul runs its embedded default.
 FUSED_ENV = "XGEMM_FUSED_EPILOGUE"
-FP8_ENV = "XGEMM_FP8_KERNEL"
+FP8_ENV = fp8_checks.KERNEL_SWITCH
 
 
 class _Sm90Kernel:

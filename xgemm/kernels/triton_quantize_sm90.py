@@ -24,6 +24,7 @@ import os
 from collections import namedtuple
 from typing import List, Optional
 
+from xgemm.core import fp8_checks
 from xgemm.core.dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
 from xgemm.core.problem import ROW, Policy
 from xgemm.runtime import gluon_cache, launch
@@ -31,11 +32,10 @@ from xgemm.runtime.gluon_cache import parse_key
 
 NAME = "triton_quantize_sm90"
 IN_DTYPES = ("float32", "float16", "bfloat16")
-OUT_DTYPES = ("float8_e4m3fn", "float8_e5m2")
-FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}      # core/fp8_checks.FP8_MAX
+OUT_DTYPES = fp8_checks.FP8_DTYPES
 MAX_COLS = 16384
 SEGMENT = 128                          # the 1x128 recipe's block
-ENABLE = "XGEMM_FP8_KERNEL"            # cute_gemm_sm90.FP8_ENV: the FP8 kernels' one switch
+ENABLE = fp8_checks.KERNEL_SWITCH      # the FP8 kernels' one switch
 _OUT_SHORT = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 _OUT_LONG = {v: k for k, v in _OUT_SHORT.items()}
 
@@ -111,7 +111,7 @@ def gluon_compile_args(key: str, arch: str):
     cfg.check()
     sig = {"x_ptr": f"*{SHORT_DTYPE[cfg.in_dtype]}", "q_ptr": "*fp8e4nv" if cfg.out_dtype == "float8_e4m3fn"
            else "*fp8e5", "s_ptr": "*fp32", "R": "i32", "C": "i32", "ldx": "i64", "n_seg": "i32"}
-    constexprs = {"FMAX": FP8_MAX[cfg.out_dtype], "BLOCK_M": cfg.block_m, "BLOCK_C": cfg.block_c, "SEG": cfg.seg}
+    constexprs = {"FMAX": fp8_checks.FP8_MAX[cfg.out_dtype], "BLOCK_M": cfg.block_m, "BLOCK_C": cfg.block_c, "SEG": cfg.seg}
     sig.update({k: "constexpr" for k in constexprs})
     # 16-byte bases, cols and row stride multiples of 16 bytes of x: 16-byte loads (and the
     # masks constant over each vector); q's rows (C fp8 values) then 16-byte multiples too
