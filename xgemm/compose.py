@@ -73,7 +73,7 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
         inputs = [arrays.view(x, name, fn) for x, name in ((a, "a"), (b, "b"), (c_used, "c"), (bias, "bias"))
                   if x is not None]
         prepare.check_out(fn, out, owner, final, checks.out_dtypes(dt), inputs)
-    fused = None if tracing else _fused_plan(fn, owner, a, b, c_used, alpha, beta, bias, activation, out, dt)
+    fused = None if tracing else _fused(fn, owner, a, b, c_used, alpha, beta, bias, activation, out, dt, plan_only)
     if plan_only:
         if fused is not None:
             fused.epilogue = epilogues.describe(bias is not None, activation, gated, acc, owner, fused.kernel.name)
@@ -82,7 +82,7 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
         plan.epilogue = epilogues.describe(bias is not None, activation, gated, acc, owner)
         return plan
     if fused is not None:
-        return prepare.run(prepare.prepare_gemm(fn, a, b, c_used, alpha, beta, out, bias=bias, activation=activation))
+        return prepare.run(fused)
     pre = _product(fn, owner, a, b, c_used, alpha, beta, acc)
     xp = arrays.namespace(owner)
     if bias is not None:
@@ -99,18 +99,18 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
     return out
 
 
-def _fused_plan(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: float, bias: Any,
-                activation: Optional[str], out: Any, dt: str) -> Optional[Any]:
-    """The plan of a kernel that fuses this bias / activation (or gating: activation is then the
-    gated name, swiglu | geglu | reglu) into its epilogue, or None (then the epilogue is composed):
-    eager fp16/bf16 matrices on a GPU, no autograd (the composed path's product op carries the
-    gradient)."""
+def _fused(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: float, bias: Any,
+           activation: Optional[str], out: Any, dt: str, plan_only: bool) -> Optional[Any]:
+    """The Prepared call (with plan_only, the Plan) of a kernel that fuses this bias / activation
+    (or gating: activation is then the gated name, swiglu | geglu | reglu) into its epilogue, or
+    None (then the epilogue is composed): eager fp16/bf16 matrices on a GPU, no autograd (the
+    composed path's product op carries the gradient)."""
     if owner not in ("torch", "cupy") or dt not in checks.HALF or a.ndim < 2 or b.ndim < 2:
         return None
     if arrays.view(a, "a", fn).device.kind != "cuda" or prepare.torch_op_needed(a, b, c, bias):
         return None
-    plan = prepare.prepare_gemm(fn, a, b, c, alpha, beta, out, plan_only=True, bias=bias, activation=activation)
-    return plan if plan.kernel.name != "reference" else None
+    got = prepare.prepare_gemm(fn, a, b, c, alpha, beta, out, plan_only=plan_only, bias=bias, activation=activation)
+    return got if (got if plan_only else got.plan).kernel.name != "reference" else None
 
 
 def _product(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: float, acc: str) -> Any:

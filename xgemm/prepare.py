@@ -118,8 +118,8 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
                  out_dtype: Optional[str] = None, bias: Any = None, activation: Optional[str] = None):
     """A Prepared GEMM (or, with plan_only, its Plan); for JAX operands the result itself.
     out_dtype: the result's dtype without out= (one of checks.out_dtypes; default the operands').
-    bias / activation: a fused epilogue (compose.py checked them and asks for the plan first: only
-    a kernel that fuses may run it; a plan naming the reference means the caller composes)."""
+    bias / activation: a fused epilogue (compose.py checked them): only a kernel that fuses may run
+    it; a plan naming the reference means the caller composes (the reference refuses to run it)."""
     alpha = checks.scalar(fn, "alpha", alpha, traced=arrays.is_jax_tracer(alpha))
     beta = checks.scalar(fn, "beta", beta, traced=arrays.is_jax_tracer(beta))
     named = [("a", a), ("b", b)] + ([("c", c)] if c is not None else [])
@@ -193,12 +193,8 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
     empty = shape.empty
     plan = _choose("gemm", problem, empty=empty)
     plan.copies.extend(copies)
-    if problem.fused and (plan.kernel.name == "reference" or empty):
-        if plan_only:
-            return plan
-        raise errors.KernelUnavailableError(
-            f"{fn}: no kernel fuses {problem.summary()}; compose the epilogue (xgemm.gemm does)")
-    if on_gpu and not empty and dt in checks.HALF and plan.kernel.name == "reference":
+    # (a fused epilogue is never staged: the padded problem would drop it)
+    if on_gpu and not empty and dt in checks.HALF and plan.kernel.name == "reference" and not problem.fused:
         staged = _stage_aligned(fn, plan, problem, (a2v, bv2, cv2), batch, out, a_vec, b_vec)
         if staged is not None:
             return staged.plan if plan_only else staged

@@ -151,3 +151,16 @@ def test_explain_scaled_matmul_names_the_fp8_class(monkeypatch):
     monkeypatch.delenv(K90.FP8_ENV)
     with Fake(keep=True):
         assert "embedded default" in str(xgemm.explain(a, b, *row, op="scaled_matmul"))
+
+
+def test_the_reference_refuses_a_fused_epilogue():
+    """A fused problem planned on the reference (here: CPU tensors) is composed by xgemm.gemm; run
+    as it stands, the reference refuses it rather than drop the bias and activation."""
+    from xgemm import errors, prepare
+    a, b, bias = torch.randn(8, 16), torch.randn(16, 24), torch.randn(24)
+    prepared = prepare.prepare_gemm("test", a, b, None, 1.0, 0.0, None, bias=bias, activation="relu")
+    assert prepared.plan.kernel.name == "reference"
+    with pytest.raises(errors.KernelUnavailableError, match="compose the epilogue"):
+        prepare.run(prepared)
+    y = xgemm.gemm(a, b, bias=bias, activation="relu")
+    assert torch.allclose(y, torch.relu(a @ b + bias), atol=1e-5)

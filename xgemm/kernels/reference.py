@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Optional
 
-from xgemm import arrays
+from xgemm import arrays, errors
 from xgemm.core import fp8_checks
 from xgemm.core.problem import Policy
 
@@ -69,6 +69,9 @@ class _ReferenceGemm(_Reference):
         return Policy(notes=(f"{problem.framework}.matmul on {problem.device.kind}",))
 
     def run(self, problem, policy, operands, out, stream) -> Any:
+        if problem.fused:            # a plan that names the reference for one means: compose it
+            raise errors.KernelUnavailableError(
+                f"no kernel fuses {problem.summary()}; compose the epilogue (xgemm.gemm does)")
         a, b, c = operands
         xp = _xp(a.obj)
         acc_t = _dtype(xp, "float64" if problem.a.dtype == "float64" else "float32")
