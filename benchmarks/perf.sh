@@ -10,11 +10,8 @@
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
 # SWITCHES (exported for the benchmarks; default "XGEMM_FUSED_EPILOGUE=1 XGEMM_FP8_KERNEL=1", "" for none).
 set -u
-OUT=${OUT:-/tmp/xgemm-perf}; LOGS=$OUT/logs; mkdir -p "$LOGS"
-exec > >(tee "$OUT/summary.txt") 2>&1
-source .gpu/use-bundle .gpu
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-mkdir -p /tmp/xc && tar -xJf "${CACHE_TAR:-.cache/xgemm-cache.tar.xz}" -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
+OUT=${OUT:-/tmp/xgemm-perf}
+source benchmarks/gpu/device-call.sh      # LOGS, summary.txt, the bundle, the cache; pack_logs
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader
 t0=$SECONDS
 deadline=${DEADLINE:-560}
@@ -53,5 +50,5 @@ fi
 for b in epilogue fp8 grouped; do
   if want $b; then stage $b 100 python3 benchmarks/$b.py --out "$R"; tail -25 "$LOGS/$b.log"; fi
 done
-tar -cJf "$OUT/logs.tar.xz" -C "$LOGS" . && rm -rf "$LOGS"
+pack_logs
 echo "total $((SECONDS - t0)) s"

@@ -8,11 +8,8 @@
 # SOAK_JIT), SAN_WITH_FUZZ (0), FUZZ_CASES (20000), FUZZ_WORKERS (12), FUZZ_SEED (1), DEADLINE (s, 570): the fuzzer's
 # workers stop drawing cases DEADLINE - 90 s after the start (compiles of new classes may run over).
 set -u
-OUT=${OUT:-/tmp/xgemm-reliability}; LOGS=$OUT/logs; mkdir -p "$LOGS"
-exec > >(tee "$OUT/summary.txt") 2>&1
-source .gpu/use-bundle .gpu
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-mkdir -p /tmp/xc && tar -xJf "${CACHE_TAR:-.cache/xgemm-cache.tar.xz}" -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
+OUT=${OUT:-/tmp/xgemm-reliability}
+source benchmarks/gpu/device-call.sh      # LOGS, summary.txt, the bundle, the cache; pack_logs
 t0=$SECONDS
 stage() { echo "== $1: rc $2, $((SECONDS - t0)) s"; }
 timeout 300 python3 -c "from xgemm.runtime import cute_cache as c; print(len(c.prebuild(jobs=16)), 'CuTe classes')" \
@@ -45,4 +42,4 @@ if [ "${FUZZ_CASES:-20000}" != 0 ]; then
   fi
 fi
 wait
-tar -cJf "$OUT/logs.tar.xz" -C "$LOGS" . && rm -rf "$LOGS"
+pack_logs

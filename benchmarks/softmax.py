@@ -70,7 +70,8 @@ def tune_configs(n: int, dtype: str, aligned: bool = True, shifted: bool = False
 
 def aligned_rows(n: int, dtype: str) -> bool:
     """Whether the sweep's contiguous M x n rows take the aligned variant (n a multiple of 16 bytes)."""
-    return n * {"float32": 4, "float16": 2, "bfloat16": 2}[dtype] % 16 == 0
+    from xgemm.core.dtypes import ITEMSIZE
+    return n * ITEMSIZE[dtype] % 16 == 0
 
 
 def needed_entries(sizes, dtypes, tune: bool):

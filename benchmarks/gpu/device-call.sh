@@ -1,0 +1,16 @@
+# Sourced, from the repository root, by the scripts that make one device call (benchmarks/perf.sh,
+# benchmarks/reliability.sh), with OUT set: the same start for every call.
+#   - $LOGS = $OUT/logs; what the script prints also goes to $OUT/summary.txt
+#   - the offline bundle's packages, with this checkout first on PYTHONPATH (keep the bundle's
+#     entries: replacing PYTHONPATH hides cutlass and array_api_compat, and every case fails)
+#   - the carried kernel cache ($CACHE_TAR, default .cache/xgemm-cache.tar.xz) unpacked into /tmp/xc
+# pack_logs, at the end: every log and JSON into $OUT/logs.tar.xz, since the device tool brings back
+# only a few files from $OUT.
+LOGS=$OUT/logs
+mkdir -p "$LOGS"
+exec > >(tee "$OUT/summary.txt") 2>&1
+source .gpu/use-bundle .gpu
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+mkdir -p /tmp/xc && tar -xJf "${CACHE_TAR:-.cache/xgemm-cache.tar.xz}" -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
+
+pack_logs() { tar -cJf "$OUT/logs.tar.xz" -C "$LOGS" . && rm -rf "$LOGS"; }
