@@ -76,18 +76,15 @@ def aligned_rows(n: int, dtype: str) -> bool:
 
 def needed_entries(sizes, dtypes, tune: bool):
     """The cache entries a run needs: each size's pick in the variant its rows take (an odd row
-    length: the element-wise one and the shift variant --shift times beside it), and with --tune
-    every candidate the same way."""
+    length: the shift variant), and with --tune every candidate the same way."""
     from xgemm.kernels import gluon_softmax as gs
     keys = []
     for dt in dtypes:
         for n in sizes:
             aligned = aligned_rows(n, dt)
-            modes = [(True, False)] if aligned else [(False, False), (False, True)]
-            for al, sh in modes:
-                keys.append(gs.pick_config(n, dt, dt, al, sh).key)
-                if tune:
-                    keys += [cfg.key for _, cfg in tune_configs(n, dt, al, sh)]
+            keys.append(gs.pick_config(n, dt, dt, aligned, not aligned).key)
+            if tune:
+                keys += [cfg.key for _, cfg in tune_configs(n, dt, aligned, not aligned)]
             keys.append(gs.pick_config(4096, dt, dt, aligned=True).key)   # fresh-process probe
     keys.append(gs.pick_config(16, "float32", "float32", aligned=True).key)   # host-cost probe
     return list(dict.fromkeys(keys))
@@ -102,8 +99,6 @@ def main(argv=None):
     ap.add_argument("--bytes", type=float, default=1.0, help="GiB of input per shape")
     ap.add_argument("--peers", default="torch,jax,quack")
     ap.add_argument("--tune", action="store_true")
-    ap.add_argument("--shift", action="store_true",
-                    help="odd row lengths: also time the shift variant (XGEMM_SOFTMAX_SHIFT) beside the default")
     ap.add_argument("--list-entries", action="store_true")
     ap.add_argument("--out", default=str(h.RESULTS))
     ap.add_argument("--name", default="softmax-h200")
@@ -272,7 +267,7 @@ class Bench:
         aligned = aligned_rows(n, dtype)
         if self.args.tune:
             best = None
-            for pol, cfg in tune_configs(n, dtype, aligned, not aligned and gs.shift_enabled()):
+            for pol, cfg in tune_configs(n, dtype, aligned, not aligned):
                 ms, ok, worst, _ = time_xgemm(pol)
                 self.tune_records.append({"case": case, "config": cfg.key, "block_m": cfg.block_m,
                                           "warps": cfg.warps, "ctas": cfg.ctas, "elems_per_thread":
@@ -285,15 +280,6 @@ class Bench:
 
         ms, ok, worst, pol = time_xgemm()
         record("xgemm", ms, ok, f"  max|err| {worst:.2e}  policy: {pol.summary()}")
-        if self.args.shift and not aligned and not gs.shift_enabled():
-            # the shift variant of the same pick beside the default (XGEMM_SOFTMAX_SHIFT=1 for the
-            # capture; the launcher cache keys on it)
-            os.environ[gs.SHIFT_ENV] = "1"
-            try:
-                ms, ok, worst, _ = time_xgemm()
-            finally:
-                del os.environ[gs.SHIFT_ENV]
-            record("xgemm-shift", ms, ok, f"  max|err| {worst:.2e}")
 
         if "torch" in self.peers:
             ys = [None] * n_in

@@ -149,11 +149,10 @@ SHIFT_PAIRS = [("float16", "float16"), ("bfloat16", "bfloat16"), ("float32", "fl
 
 @pytest.mark.parametrize("dt_in,dt_out", SHIFT_PAIRS)
 @pytest.mark.parametrize("cols", [1, 3, 7, 9, 100, 1000, 1001, 1536, 3000, 4095, 4097, 8191, 16383])
-def test_shift_variant_odd_rows(monkeypatch, dt_in, dt_out, cols):
-    """XGEMM_SOFTMAX_SHIFT=1: contiguous rows of odd length (every shift of a row in its 16-byte
+def test_shift_variant_odd_rows(dt_in, dt_out, cols):
+    """The shift variant: contiguous rows of odd length (every shift of a row in its 16-byte
     chunk across 37 rows), specials in the head, middle and tail, an output inside a sentinel
     buffer: right values, nothing written outside the rows."""
-    monkeypatch.setenv(gs.SHIFT_ENV, "1")
     rows = 37
     x = randn(rows, cols, "float32", seed=6)
     x[5] = -float("inf")

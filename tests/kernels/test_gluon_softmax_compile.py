@@ -432,14 +432,11 @@ def test_run_launch_arguments(monkeypatch):
     assert args[4:] == (6, 1, 7, 1)
     with pytest.raises(Exception, match="compact"):
         go((3, 5, 64), (640, 64, 1), (320, 64, 1))                   # (3, 5) rows do not collapse
-    # XGEMM_SOFTMAX_SHIFT=1: odd rows on 16-byte bases with strides equal modulo vec take the shift
-    # variant; a misaligned base or strides that differ modulo vec keep the element-wise one
-    monkeypatch.setenv(gs.SHIFT_ENV, "1")
+    # odd rows on 16-byte bases with strides equal modulo vec take the shift variant; a misaligned
+    # base or strides that differ modulo vec keep the element-wise one
     assert go((37, 1001), (1001, 1), (1001, 1))[1] == "shifted"
     assert go((1, 999), (999, 1), (999, 1))[1] == "shifted"
     assert go((37, 1001), (1001, 1), (1001, 1), xptr=4100)[1] is False
     assert go((37, 1001), (1002, 1), (1001, 1))[1] is False
     assert go((37, 1001), (1005, 1), (1001, 1))[1] == "shifted"        # 1005 - 1001 = vec (fp32)
     assert go((37, 1000), (1000, 1), (1000, 1))[1] is True
-    monkeypatch.delenv(gs.SHIFT_ENV)
-    assert go((37, 1001), (1001, 1), (1001, 1))[1] is False

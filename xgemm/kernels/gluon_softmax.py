@@ -14,7 +14,7 @@ Contract
             or, for aligned bases whose row strides are equal modulo 16 bytes / itemsize (an odd
             row length, contiguous), the shift variant (Config.shift: whole 16-byte chunks as
             vectors, the partial first and last chunk of each row element by element; BLOCK_N
-            <= 16384; off unless XGEMM_SOFTMAX_SHIFT=1 until measured on the H200).
+            <= 16384).
   arch      sm_90 / sm_90a (Hopper), cubins built by triton >= 3.8 (xgemm/runtime/gluon_cache.py) and
             launched by xgemm/runtime/launch.py (ctypes on libcuda); triton is not needed at run time.
   limits    1 <= cols <= MAX_COLS (2**19): a row lives in registers, split across a cluster of
@@ -65,7 +65,7 @@ each candidate's GB/s: docs/performance.md, "xgemm/kernels/gluon_softmax.py"):
     BLOCK_N        CTAS  warps  BLOCK_M           online  elems/thread
     16 ... 1024    1     4      1024 / BLOCK_N    0       8
     2048           1     8      4                 0       32
-    4096           1     16     8                 0       64
+    4096           1     4      2                 0       64
     8192           1     16     2                 0       32
     16384          1     16     1                 0       32
     32768          2     4      1                 3       128
@@ -77,12 +77,13 @@ Why: single-CTA rows run at copy speed; short rows want many small CTAs per SM (
 them). In a cluster every row pays cluster barriers, so fewer warps (more CTAs resident per SM to
 overlap them) and the one-exchange kernel win; online=2 drops the cluster barriers between the
 partials and the combine, online=3 measured faster again at 64K and 256K. 2048, 8192, 32768,
-131072 and 524288 take their neighbours' rule, not swept.
+131072 and 524288 take their neighbours' rule, not swept. BLOCK_N 4096 was re-picked on 16-bit
+rows of 3000 and 4096 (2026-12-02, 0.5 GiB): 2 rows of 4 warps at 4120-4198 GB/s, at copy speed,
+against 2881-3454 for the 8-row, 16-warp config picked on fp32.
 VEC is 16 bytes / input itemsize (4 for fp32, 8 for 16-bit): one 128-bit access per chunk.
 """
 from __future__ import annotations
 
-import os
 from collections import namedtuple
 from typing import Dict, List, Optional, Tuple
 
@@ -104,7 +105,7 @@ _ITEMSIZE = ITEMSIZE
 
 # BLOCK_N -> (ctas, warps, block_m, online). Entries for BLOCK_N <= 2048 are computed (rows per CTA).
 _TABLE: Dict[int, Tuple[int, int, int, int]] = {
-    4096: (1, 16, 8, 0),
+    4096: (1, 4, 2, 0),
     8192: (1, 16, 2, 0),
     16384: (1, 16, 1, 0),
     32768: (2, 4, 1, 3),
@@ -239,15 +240,6 @@ def _shifted(cfg: Config, shifted: bool) -> Config:
     """The shift variant of an unaligned config where it has one (one CTA per row block, the
     two-reduction kernel); the config itself otherwise."""
     return cfg._replace(shift=1) if shifted and cfg.align == 1 and cfg.ctas == 1 and cfg.online == 0 else cfg
-
-
-# The shift variant is off until it is validated on the H200 (issue 20): rows that are not 16-byte
-# multiples take the element-wise variant unless XGEMM_SOFTMAX_SHIFT=1.
-SHIFT_ENV = "XGEMM_SOFTMAX_SHIFT"
-
-
-def shift_enabled() -> bool:
-    return os.environ.get(SHIFT_ENV) == "1"
 
 
 def _fit(cfg: Config) -> Config:
@@ -669,7 +661,7 @@ class GluonSoftmax:
         vec = 16 // _ITEMSIZE[problem.x.dtype]
         based = problem.x.alignment >= 16                   # XLA buffers: >= 16-byte bases
         aligned = based and problem.cols % vec == 0
-        cfg = self._config(policy, problem.x.dtype, problem.out_dtype, aligned, based and shift_enabled())
+        cfg = self._config(policy, problem.x.dtype, problem.out_dtype, aligned, based)
         entry = gluon_cache.lookup(cfg.key)
         if entry is None:
             raise ValueError(f"{NAME}: no cache entry {cfg.key}")
@@ -734,7 +726,7 @@ class GluonSoftmax:
         vec = 16 // x.itemsize
         based = not ((x.ptr | out.ptr) & 15)
         aligned = based and not ((cols | xs | ys) & (vec - 1))
-        shifted = based and not aligned and not ((xs - ys) & (vec - 1)) and shift_enabled()
+        shifted = based and not aligned and not ((xs - ys) & (vec - 1))
         lkey = (policy.tile, policy.warps, policy.ctas_per_row, policy.notes, x.dtype, out.dtype, aligned,
                 shifted, x.device.index)
         prepared = self._launchers.get(lkey)
