@@ -6,9 +6,9 @@
 # device tool brings back only a few files from $OUT).
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
-# "tests decode model softmax epilogue fp8 grouped"), TESTS (tests/gpu), MODEL_SUBSET (core),
+# "tests decode model softmax epilogue fp8 grouped fuzz"), TESTS (tests/gpu), MODEL_SUBSET (core),
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
-# SWITCHES (exported for the benchmarks; default "XGEMM_FUSED_EPILOGUE=1 XGEMM_FP8_KERNEL=1", "" for none).
+# FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer; default "XGEMM_FUSED_EPILOGUE=1 XGEMM_FP8_KERNEL=1", "" for none).
 set -u
 OUT=${OUT:-/tmp/xgemm-perf}
 source benchmarks/gpu/device-call.sh      # LOGS, summary.txt, the bundle, the cache; pack_logs
@@ -24,7 +24,7 @@ stage() {
   timeout "$max" "$@" > "$LOGS/$name.log" 2>&1
   echo "== $name: rc $?, done at $((SECONDS - t0)) s (cap $max s)"
 }
-want() { case " ${STAGES:-tests decode model softmax epilogue fp8 grouped} " in *" $1 "*) return 0;; esac; return 1; }
+want() { case " ${STAGES:-tests decode model softmax epilogue fp8 grouped fuzz} " in *" $1 "*) return 0;; esac; return 1; }
 stage prebuild 240 python3 -c "from xgemm.runtime import cute_cache as c; print(len(c.prebuild(jobs=16)), 'CuTe classes')"
 tail -1 "$LOGS/prebuild.log"
 if want tests; then
@@ -44,11 +44,17 @@ if want model; then
 fi
 if want softmax; then
   stage softmax 90 python3 benchmarks/softmax.py --sizes "${SOFTMAX_SIZES:-1000,1536,3000,4095,4096}" \
-    --dtypes "${SOFTMAX_DTYPES:-float16,bfloat16}" --bytes 0.5 --tune --shift --out "$R" --name softmax-short-h200
+    --dtypes "${SOFTMAX_DTYPES:-float16,bfloat16}" --bytes 0.5 --tune --out "$R" --name softmax-short-h200
   tail -30 "$LOGS/softmax.log"
 fi
 for b in epilogue fp8 grouped; do
-  if want $b; then stage $b 100 python3 benchmarks/$b.py --out "$R"; tail -25 "$LOGS/$b.log"; fi
+  if want $b; then stage $b 130 python3 benchmarks/$b.py --out "$R"; tail -32 "$LOGS/$b.log"; fi
 done
+if want fuzz; then
+  # the switched-on code under the fuzzer's torch cases (FP8, fused epilogues), a short budget
+  stage fuzz $(( ${FUZZ_S:-60} + 60 )) python3 benchmarks/fuzz.py --cases 24000 --seed "${FUZZ_SEED:-3}" --workers 12 \
+    --frameworks torch --budget-s "${FUZZ_S:-60}" --json "$LOGS/fuzz.json"
+  tail -8 "$LOGS/fuzz.log"
+fi
 pack_logs
 echo "total $((SECONDS - t0)) s"
