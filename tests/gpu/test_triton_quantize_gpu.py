@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
                                  reason="needs a Hopper (sm_90) GPU")]
 
-SHAPES = [(1, 128), (300, 1024), (17, 16384), (64, 7168), (5, 1000)]
+SHAPES = [(1, 128), (300, 1024), (17, 16384), (64, 7168), (5, 1000), (127, 8)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{r}x{c}" for r, c in SHAPES])

@@ -211,7 +211,9 @@ def quantize(xp: Any, x: Any, block: Optional[Tuple[int, int]], dtype: Any, fmax
         if cp:
             mag = xp.concat([mag, xp.zeros((r + rp, cp), dtype=f32, device=device)], axis=1)
         amax = xp.max(xp.reshape(mag, ((r + rp) // br, br, (c + cp) // bc, bc)), axis=(1, 3))
-    scale = amax / fmax
+    # fmax as an array: torch divides by a Python scalar as a multiply by its rounded reciprocal,
+    # one ulp off the IEEE quotient that the quantize kernel computes
+    scale = amax / xp.asarray(fmax, dtype=f32, device=device)
     scale = xp.where(scale > 0, scale, xp.ones((), dtype=f32, device=device))   # all zeros (or underflow)
     full = scale if block is None else _expand(xp, scale, tuple(x.shape), block, device)
     q = xp.clip(x / full, -fmax, fmax)
