@@ -183,9 +183,14 @@ def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
     """The policy of a gated product act(A @ gate) * (A @ up), B = [gate | up] with 2H columns: never
     transposed (its epilogue pairs B's columns), tiled as the plain product over 2H columns, with a
     tile whose gate half (tile_n / 2 columns) divides H, else 128 wide when 64 divides H (the
-    kernel declines an H that no tile divides)."""
+    kernel declines an H that no tile divides). Never narrower than 128: a 64-wide tile's gate
+    half is 32 columns, 64 bytes of a row-major B, less than the 128-byte swizzled row its TMA box
+    fills (the H200 run of 2026-12-02: an illegal address at 1000 x 1536 x 264, tile 128 x 64)."""
     why, cfg = choose_config(m, 2 * h, k, l)
-    if h % (cfg.tile_n // 2) and cfg.tile_n != 128 and h % 64 == 0:
+    if cfg.tile_n < 128:
+        cfg = dataclasses.replace(cfg, tile_n=128)
+        why += "; tile_n 128: a gated tile's gate half fills a 128-byte row"
+    elif h % (cfg.tile_n // 2) and cfg.tile_n != 128 and h % 64 == 0:
         cfg = dataclasses.replace(cfg, tile_n=128)
         why += f"; tile_n 128: H = {h} is a multiple of 64"
     return cfg.policy(why)
