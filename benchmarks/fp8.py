@@ -11,6 +11,8 @@ Writes benchmarks/results/fp8-h200.{json,md} (or into --out DIR).
 Cases, e4m3 x e4m3 -> bf16, at 8192^3 and 16384 x 14336 x 4096 (M x N x K):
   tensor    scalar scales: xgemm.scaled_matmul vs torch._scaled_mm
   row       scale_a [M, 1], scale_b [1, N]: the same pair
+  ... fast-accum   tensor and row again with use_fast_accum=True on both sides (sums kept in the
+            wgmma accumulator, ~14 bits: what xgemm's FP8 classes serve)
   block     scale_a [M, K/128], scale_b [K/128, N/128]: xgemm, and torch._scaled_mm where this torch
             takes block scales (recorded as failed where it refuses them)
   bf16      cuBLAS's bf16 matmul of the same shape, for scale
@@ -90,6 +92,12 @@ def _time_shape(torch, m, n, k, args, log) -> list:
             sa, sb = sa.t().contiguous().t(), sb.t().contiguous().t()
         keep(f"torch._scaled_mm {recipe}", lambda a8=a8, b8=b8, sa=sa, sb=sb: torch._scaled_mm(
             a8, b8, sa, sb, out_dtype=torch.bfloat16), ref)
+        if recipe != "block":
+            # the FP8 classes keep their sums in the wgmma accumulator: the peer that does the same
+            keep(f"xgemm {recipe} fast-accum", lambda a8=a8, b8=b8, sa=sa, sb=sb: xgemm.scaled_matmul(
+                a8, b8, sa, sb, use_fast_accum=True), ref)
+            keep(f"torch._scaled_mm {recipe} fast-accum", lambda a8=a8, b8=b8, sa=sa, sb=sb: torch._scaled_mm(
+                a8, b8, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True), ref)
     b16 = torch.randn(k, n, device="cuda").bfloat16()
     keep("cuBLAS bf16", lambda: torch.matmul(x, b16), x.float() @ b16.float())
     records, _ = h.time_checked(f"{m}x{n}x{k}", (m, n, k), "float8_e4m3fn", 2 * m * n * k, "TFLOP/s", impls, out,

@@ -89,14 +89,18 @@ def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None) -> Any:
     return grouped.grouped_mm(x, w, offs, out_dtype=out_dtype)
 
 
-def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any = "bfloat16", bias: Any = None) -> Any:
+def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any = "bfloat16", bias: Any = None,
+                  use_fast_accum: bool = False) -> Any:
     """(a * scale_a) @ (b * scale_b) + bias in float32, cast to out_dtype; a, b fp8 (e4m3fn / e5m2);
     the scales' shapes select the recipe: tensor-wise (scalars), row-wise ([M, 1], [1, N]) or
-    block-wise ([M, K/128], [K/128, N/128]) (xgemm/fp8.py). Result in a's framework."""
+    block-wise ([M, K/128], [K/128, N/128]) (xgemm/fp8.py). use_fast_accum=True (as
+    torch._scaled_mm takes it) lets an FP8 kernel keep its sums in the tensor core's accumulator,
+    ~14 bits, for speed. Result in a's framework."""
     if prepare.torch_op_needed(a, b, scale_a, scale_b, bias):
         from xgemm.torch import fp8_ops
-        return fp8_ops.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
-    return fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
+        return fp8_ops.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias,
+                                     use_fast_accum=use_fast_accum)
+    return fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, use_fast_accum=use_fast_accum)
 
 
 def fp8_matmul(a: Any, b: Any, *, recipe: str = "tensor", out_dtype: Any = None, bias: Any = None,
@@ -151,7 +155,8 @@ def softmax(x: Any, axis: int = -1, *, out: Any = None) -> Any:
 # explain
 
 def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Optional[float] = None,
-            axis: int = -1, out: Any = None, bias: Any = None, activation: Optional[str] = None) -> policy.Plan:
+            axis: int = -1, out: Any = None, bias: Any = None, activation: Optional[str] = None,
+            use_fast_accum: bool = False) -> policy.Plan:
     """The plan a call would run: kernel, policy, why others declined, any copy made, the epilogue.
 
     explain(x) -> softmax, explain(a, b) -> matmul, explain(a, b, c, alpha=, beta=) -> gemm,
@@ -159,12 +164,12 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
     Printing the result gives a few readable lines. op="ragged_dot" | "grouped_mm" with
     (lhs, rhs, group_sizes) | (x, w, offs) returns those lines as a string (no kernel plans them yet),
     and so does op="scaled_matmul" with (a, b, scale_a, scale_b): where it runs, and the copies an
-    FP8 kernel would need.
+    FP8 kernel would need (use_fast_accum as scaled_matmul takes it).
     """
     if op in ("ragged_dot", "grouped_mm") and len(arrays) == 3:
         return grouped.explain(op, *arrays)
     if op == "scaled_matmul" and len(arrays) == 4:
-        return fp8.explain_scaled_matmul(*arrays)
+        return fp8.explain_scaled_matmul(*arrays, use_fast_accum=use_fast_accum)
     op = op or {1: "softmax", 2: "matmul", 3: "gemm"}.get(len(arrays))
     if op == "softmax" and len(arrays) == 1:
         return prepare.prepare_softmax("explain", arrays[0], axis, out, plan_only=True)

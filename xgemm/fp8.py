@@ -1,6 +1,7 @@
 """FP8 GEMM, eager: NumPy (ml_dtypes), torch and CuPy arrays; JAX arrays and tracers go to xgemm.jax.fp8.
 
-    scaled_matmul(a[M, K], b[K, N], scale_a, scale_b, *, out_dtype="bfloat16", bias=None) -> [M, N]
+    scaled_matmul(a[M, K], b[K, N], scale_a, scale_b, *, out_dtype="bfloat16", bias=None,
+                  use_fast_accum=False) -> [M, N]
     quantize_fp8(x, recipe="tensor", dtype="float8_e4m3fn") -> (x_fp8, scale)
     fp8_matmul(a[M, K], b[K, N], *, recipe="tensor", out_dtype=None, bias=None, grad_dtype=None) -> [M, N]
 
@@ -29,9 +30,14 @@ and gives inf for e5m2), and NaN stays NaN without spoiling its block's scale.
 The embedded default dequantizes in float32 and runs one matmul; it reads any layout. A Hopper
 FP8 wgmma kernel wants both operands K-major (a row-major, b column-major), and another layout
 will cost it a transposing copy: explain_scaled_matmul() says which. cute_gemm_sm90's FP8 classes
-take tensor- and row-wise products of K-major torch operands on the GPU (prepare_kernel: the
-scales as vectors in the epilogue; XGEMM_FP8_KERNEL=1 until validated on the H200); block-wise
-scales and everything else run the embedded default. quantize_fp8 is planned like any op
+take tensor- and row-wise products of K-major torch operands on the GPU when the call passes
+use_fast_accum=True (prepare_kernel: the scales as vectors in the epilogue; XGEMM_FP8_KERNEL=1
+until validated on the H200). They keep each tile's sum in the wgmma accumulator, which an FP8
+wgmma adds into with ~14 bits (the DeepSeek-V3 report; the H200 run of 2026-12-02 measured 2-5%
+of |ref| + 1 at K = 256-512), what torch._scaled_mm's use_fast_accum=True does too; the default
+call wants float32 accumulation, which needs the promoted mainloop (partial sums moved to
+float32 registers every 128 of K) that the block-wise recipe needs as well. Until it exists the
+default call, block-wise scales and everything else run the embedded default. quantize_fp8 is planned like any op
 (registry "quantize_fp8"): triton_quantize_sm90 takes the row and 1x128 recipes of 16-byte rows on
 the GPU in one pass (same switch), the embedded default the rest.
 Autograd and torch.compile: torch tensors go through the torch.library ops xgemm::scaled_matmul
@@ -51,7 +57,7 @@ from typing import Any, NamedTuple
 
 from xgemm import arrays, errors, prepare
 from xgemm.core import fp8_checks, policy
-from xgemm.core.problem import Epilogue, GemmProblem
+from xgemm.core.problem import ROW, Epilogue, GemmProblem, Operand
 from xgemm.core.quantize import QuantizeProblem
 
 
@@ -105,32 +111,36 @@ def check_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: A
 
 
 def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any = "bfloat16", bias: Any = None,
-                  fn: str = "scaled_matmul") -> Any:
+                  use_fast_accum: bool = False, fn: str = "scaled_matmul") -> Any:
     """(a * scale_a) @ (b * scale_b) + bias in float32, cast to out_dtype; the recipe from the scales'
-    shapes (module docstring). Result in a's framework."""
+    shapes (module docstring). use_fast_accum: the FP8 kernel may serve it (module docstring); JAX's
+    XLA dot chooses its own accumulation. Result in a's framework."""
     if arrays.framework_of(a) == "jax":
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias, fn=fn)
-    prepared = prepare_kernel(c, fn)
+    prepared = prepare_kernel(c, fn) if use_fast_accum else None
     return prepare.run(prepared) if prepared is not None else run_default(arrays.namespace(c.owner), c)
 
 
 def prepare_kernel(c: Checked, fn: str = "scaled_matmul") -> Any:
     """The Prepared call of a kernel that takes this FP8 product (tensor- or row-wise scales as
-    vectors of 1 / M and N values, K-major torch operands on a GPU), or None for the embedded
-    default. Planned like any GEMM: a GemmProblem with FP8 operands and its scales."""
+    vectors of M and N values, K-major torch operands on a GPU), or None for the embedded default.
+    Planned like any GEMM: a GemmProblem with FP8 operands and its scales."""
     planned = _plan_kernel(c, fn)
     if planned is None:
         return None
-    plan, operands = planned
+    plan, (va, vb, vbias) = planned
+    # a tensor-wise scale repeated into the vector the problem describes (M + N floats)
+    scales = [arrays.view(x.reshape(-1) if x.numel() == size else x.reshape(-1).expand(size).contiguous(), name, fn)
+              for x, name, size in ((c.scale_a, "scale_a", plan.problem.m), (c.scale_b, "scale_b", plan.problem.n))]
     result = sys.modules["torch"].empty((plan.problem.m, plan.problem.n), device=c.a.device,
                                         dtype=arrays.framework_dtype("torch", c.out_dtype))
-    return prepare.Prepared(plan, operands, arrays.view(result, "out", fn), lambda r: result)
+    return prepare.Prepared(plan, (va, vb, None, vbias, *scales), arrays.view(result, "out", fn), lambda r: result)
 
 
 def _plan_kernel(c: Checked, fn: str) -> Any:
-    """(plan, operands: a, b, None, bias, scale_m, scale_n) of a kernel that takes this product, or None."""
+    """(plan, (a, b, bias views)) of a kernel that takes this product, or None; allocates nothing."""
     if c.owner != "torch" or c.recipe.name not in ("tensor", "row"):
         return None                       # block-wise scales: the kernel's mainloop does not take them yet
     va = arrays.view(c.a, "a", fn)
@@ -138,16 +148,19 @@ def _plan_kernel(c: Checked, fn: str) -> Any:
         return None
     (m, k), n = c.a.shape, c.b.shape[1]
     vb = arrays.view(c.b, "b", fn)
-    scales = [arrays.view(x.reshape(-1), name, fn) for x, name in ((c.scale_a, "scale_a"), (c.scale_b, "scale_b"))]
     vbias = arrays.view(c.bias, "bias", fn) if c.bias is not None else None
+    # the kernel reads a scale per row of a and per column of b: a row-wise scale as it is, a
+    # tensor-wise one as the fresh compact vector prepare_kernel repeats it into
+    scales = tuple(arrays.operand(arrays.view(x.reshape(-1), name, fn)) if x.numel() == size
+                   else Operand((size,), (1,), "float32", ROW, 16)
+                   for x, name, size in ((c.scale_a, "scale_a", m), (c.scale_b, "scale_b", n)))
     problem = GemmProblem(m=m, n=n, k=k, batch=(), a=arrays.operand(va), b=arrays.operand(vb), c=None,
                           epilogue=Epilogue(out_dtype=c.out_dtype), framework="torch", device=va.device,
-                          bias=arrays.operand(vbias) if vbias is not None else None,
-                          scales=tuple(arrays.operand(v) for v in scales))
+                          bias=arrays.operand(vbias) if vbias is not None else None, scales=scales)
     plan = policy.choose("gemm", problem)
     if plan.kernel.name == "reference":
         return None
-    return plan, (va, vb, None, vbias, *scales)
+    return plan, (va, vb, vbias)
 
 
 def fp8_matmul(a: Any, b: Any, *, recipe: str = "tensor", out_dtype: Any = None, bias: Any = None,
@@ -218,18 +231,20 @@ def prepare_quantize(fn: str, owner: str, x: Any, recipe: str, block: Any, scale
                             lambda r: (q, scale))
 
 
-def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, fn: str = "explain") -> str:
+def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, use_fast_accum: bool = False,
+                          fn: str = "explain") -> str:
     """Where scaled_matmul runs, and what copies an FP8 wgmma kernel would need (K-major a and b)."""
     if arrays.framework_of(a) == "jax":
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.explain_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
     planned = _plan_kernel(c, fn)
-    if planned is not None:
-        plan = planned[0]
-        return (f"scaled_matmul {c.recipe.m}x{c.recipe.n}x{c.recipe.k}, {c.recipe.name}-wise scales; runs on "
-                f"{plan.kernel.name} ({plan.policy.summary()}), the scales applied in its epilogue")
-    return fp8_checks.kernel_needs(c.recipe, _unit_stride(c.a, 1), _unit_stride(c.b, 0))
+    kernel = (f"{planned[0].kernel.name} ({planned[0].policy.summary()}), the scales applied in its epilogue, "
+              f"its sums kept in the wgmma accumulator" if planned is not None else None)
+    if kernel and use_fast_accum:
+        return f"scaled_matmul {c.recipe.m}x{c.recipe.n}x{c.recipe.k}, {c.recipe.name}-wise scales; runs on {kernel}"
+    text = fp8_checks.kernel_needs(c.recipe, _unit_stride(c.a, 1), _unit_stride(c.b, 0))
+    return text + (f"; with use_fast_accum=True it runs on {kernel}" if kernel else "")
 
 
 def _unit_stride(x: Any, axis: int) -> bool:

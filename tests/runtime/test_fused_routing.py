@@ -88,9 +88,10 @@ F8 = getattr(torch, "float8_e4m3fn", None)
 
 @pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")
 def test_scaled_matmul_launches_the_fp8_class(monkeypatch):
-    """XGEMM_FP8_KERNEL=1: tensor- and row-wise products of K-major operands launch cute_gemm_sm90's
-    FP8 class with the scales as vectors (one value, or M and N); block-wise scales, a row-major b
-    and the switch off run the embedded default (no launch)."""
+    """XGEMM_FP8_KERNEL=1 and use_fast_accum=True: tensor- and row-wise products of K-major operands
+    launch cute_gemm_sm90's FP8 class with the scales as vectors of M and N values (a tensor-wise
+    scale repeated); block-wise scales, a row-major b, the default accumulation and the switch off
+    run the embedded default (no launch)."""
     a = torch.randn(256, 512).to(F8)
     b = torch.randn(384, 512).to(F8).t()                       # (K, N) column-major: K-major
     row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
@@ -98,21 +99,21 @@ def test_scaled_matmul_launches_the_fp8_class(monkeypatch):
     monkeypatch.setenv(K90.FP8_ENV, "1")
     for sa, sb in (row, tensor):
         with Fake(keep=True) as fake:
-            y = xgemm.scaled_matmul(a, b, sa, sb, bias=torch.randn(384))
+            y = xgemm.scaled_matmul(a, b, sa, sb, bias=torch.randn(384), use_fast_accum=True)
         (key, args), = _cute_calls(fake)
         assert key[1] == "sm_90a" and key[3] == "float8_e4m3fn"
         assert key[-1] == K90.Epi("n", "float32", None, True, True)
-        assert tuple(args[5].shape) == (sa.numel(),) and tuple(args[6].shape) == (sb.numel(),)
-        assert args[5].data_ptr() == sa.data_ptr() and args[6].data_ptr() == sb.data_ptr()
+        assert tuple(args[5].shape) == (256,) and tuple(args[6].shape) == (384,)
+        assert torch.equal(args[5], sa.reshape(-1).expand(256)) and torch.equal(args[6], sb.reshape(-1).expand(384))
         assert args[2].data_ptr() == y.data_ptr() and y.dtype == torch.bfloat16
     block = (torch.rand(256, 4) + 0.5, torch.rand(4, 3) + 0.5)
-    for args in ((a, b) + block, (a, b.contiguous()) + row):
+    for args, fast in (((a, b) + block, True), ((a, b.contiguous()) + row, True), ((a, b) + row, False)):
         with Fake(keep=True) as fake:
-            xgemm.scaled_matmul(*args)
+            xgemm.scaled_matmul(*args, use_fast_accum=fast)
         assert not _cute_calls(fake)
     monkeypatch.delenv(K90.FP8_ENV)
     with Fake(keep=True) as fake:
-        xgemm.scaled_matmul(a, b, *row)
+        xgemm.scaled_matmul(a, b, *row, use_fast_accum=True)
     assert not _cute_calls(fake)
 
 
@@ -145,12 +146,18 @@ def test_explain_scaled_matmul_names_the_fp8_class(monkeypatch):
     a, b = torch.randn(256, 512).to(F8), torch.randn(384, 512).to(F8).t()
     row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
     monkeypatch.setenv(K90.FP8_ENV, "1")
-    with Fake(keep=True) as fake:
-        text = str(xgemm.explain(a, b, *row, op="scaled_matmul"))
-    assert "runs on cute_gemm_sm90" in text and not fake.calls, text
+    tensor = (torch.tensor(0.5), torch.tensor(2.0))
+    for scales in (row, tensor):
+        with Fake(keep=True) as fake:
+            text = str(xgemm.explain(a, b, *scales, op="scaled_matmul", use_fast_accum=True))
+            default = str(xgemm.explain(a, b, *scales, op="scaled_matmul"))
+        assert text.startswith("scaled_matmul 256x384x512") and "runs on cute_gemm_sm90" in text, text
+        assert not fake.calls
+        assert "runs on the embedded default" in default and "use_fast_accum=True it runs on cute_gemm_sm90" in default
     monkeypatch.delenv(K90.FP8_ENV)
     with Fake(keep=True):
-        assert "embedded default" in str(xgemm.explain(a, b, *row, op="scaled_matmul"))
+        text = str(xgemm.explain(a, b, *row, op="scaled_matmul", use_fast_accum=True))
+    assert "embedded default" in text and "cute_gemm_sm90" not in text
 
 
 def test_the_reference_refuses_a_fused_epilogue():

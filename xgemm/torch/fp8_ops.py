@@ -28,28 +28,29 @@ from xgemm.core import fp8_checks
 
 @torch.library.custom_op("xgemm::scaled_matmul", mutates_args=())
 def scaled_matmul_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                     bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
-    return fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
+                     bias: Optional[torch.Tensor], out_dtype: torch.dtype, use_fast_accum: bool = False) -> torch.Tensor:
+    return fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, use_fast_accum=use_fast_accum)
 
 
 @scaled_matmul_op.register_fake
-def _scaled_matmul_fake(a, b, scale_a, scale_b, bias, out_dtype):
+def _scaled_matmul_fake(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum=False):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
 def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any = "bfloat16",
-                  bias: Any = None) -> torch.Tensor:
+                  bias: Any = None, use_fast_accum: bool = False) -> torch.Tensor:
     """xgemm.fp8.scaled_matmul through the op (checked eagerly first; inside a torch.compile trace
     the op checks at run time)."""
     if torch.compiler.is_compiling():
-        return scaled_matmul_op(a, b, scale_a, scale_b, bias, getattr(torch, arrays.requested_dtype(out_dtype)))
+        return scaled_matmul_op(a, b, scale_a, scale_b, bias, getattr(torch, arrays.requested_dtype(out_dtype)),
+                                use_fast_accum)
     c = fp8.check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad
                                        for x in (c.a, c.b, c.scale_a, c.scale_b, c.bias)):
         raise errors.DTypeError("scaled_matmul: an input requires grad, but torch would cast a gradient to fp8; "
                                 "the torch op has no backward yet: call it under torch.no_grad(), or use "
                                 "xgemm.jax.scaled_matmul for dequantized-operand gradients")
-    return scaled_matmul_op(c.a, c.b, c.scale_a, c.scale_b, c.bias, getattr(torch, c.out_dtype))
+    return scaled_matmul_op(c.a, c.b, c.scale_a, c.scale_b, c.bias, getattr(torch, c.out_dtype), use_fast_accum)
 
 
 @torch.library.custom_op("xgemm::fp8_matmul", mutates_args=())
