@@ -8,7 +8,8 @@
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
 # "tests decode model softmax epilogue fp8 grouped fuzz"), TESTS (tests/gpu), MODEL_SUBSET (core),
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
-# FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer; default "XGEMM_FUSED_EPILOGUE=1 XGEMM_FP8_KERNEL=1", "" for none).
+# FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer: code still switched
+# off, docs/development.md; default none, e.g. "XGEMM_DECODE=1").
 set -u
 OUT=${OUT:-/tmp/xgemm-perf}
 source benchmarks/gpu/device-call.sh      # LOGS, summary.txt, the bundle, the cache; pack_logs
@@ -34,7 +35,7 @@ fi
 R=$LOGS/results; mkdir -p "$R"
 # the benchmarks measure the code still switched off (docs/development.md) with it on; their own
 # checks of every timed output say whether it is right
-switches=${SWITCHES-XGEMM_FUSED_EPILOGUE=1 XGEMM_FP8_KERNEL=1}
+switches=${SWITCHES-}
 [ -n "$switches" ] && export $switches && echo "switched on for the benchmarks: $switches"
 if want decode; then stage decode 120 python3 benchmarks/decode.py --out "$R"; tail -25 "$LOGS/decode.log"; fi
 if want model; then

@@ -31,8 +31,7 @@ The embedded default dequantizes in float32 and runs one matmul; it reads any la
 FP8 wgmma kernel wants both operands K-major (a row-major, b column-major), and another layout
 will cost it a transposing copy: explain_scaled_matmul() says which. cute_gemm_sm90's FP8 classes
 take tensor- and row-wise products of K-major torch operands on the GPU when the call passes
-use_fast_accum=True (prepare_kernel: the scales as vectors in the epilogue; XGEMM_FP8_KERNEL=1
-until validated on the H200). They keep each tile's sum in the wgmma accumulator, which an FP8
+use_fast_accum=True (prepare_kernel: the scales as vectors in the epilogue). They keep each tile's sum in the wgmma accumulator, which an FP8
 wgmma adds into with ~14 bits (the DeepSeek-V3 report; the H200 run of 2026-12-02 measured 2-5%
 of |ref| + 1 at K = 256-512), what torch._scaled_mm's use_fast_accum=True does too; the default
 call wants float32 accumulation, which needs the promoted mainloop (partial sums moved to
@@ -218,7 +217,7 @@ def quantize_fp8(x: Any, recipe: str = "tensor", dtype: Any = "float8_e4m3fn", *
 
 def prepare_quantize(fn: str, owner: str, x: Any, recipe: str, block: Any, scale_shape: tuple, dt: str) -> Any:
     """quantize_fp8 planned like any op (registry "quantize_fp8"): a one-pass kernel on the GPU for
-    the row and 1x128 recipes (triton_quantize_sm90, XGEMM_FP8_KERNEL=1 until validated), else
+    the row and 1x128 recipes (triton_quantize_sm90), else
     the embedded default (core/fp8_checks.quantize in the owner's ops)."""
     vx = arrays.view(x, "x", fn)
     problem = QuantizeProblem(arrays.operand(vx), recipe, block, scale_shape, dt, owner, vx.device)

@@ -1,8 +1,8 @@
 """cute_gemm_sm90's fused epilogue classes (Epi: bias along N or M, then an activation) and its FP8
 classes (e4m3 / e5m2 A and B, per-row and per-column float32 scales) on an H200, called through
-the compiled class itself (the API does not route to them yet): D = act(A @ B + bias) against
-core/epilogues.apply in float64, D = (A @ B) * alpha * scale_a[row] * scale_b[col] against the
-float64 product of the FP8 values, outputs NaN-poisoned, ragged shapes so that tiles overhang D
+the compiled class itself and through the API (xgemm.gemm / gated / scaled_matmul):
+D = act(A @ B + bias) against core/epilogues.apply in float64, D = (A @ B) * alpha * scale_a[row]
+* scale_b[col] against the float64 product of the FP8 values, outputs NaN-poisoned, ragged shapes so that tiles overhang D
 and the vector indices are clamped, the transposed run's bias along the kernel's M.
 
 The cases are plain data (EPI_CASES) so that tests/gpu/prebuild_classes.py can compile their
@@ -176,51 +176,40 @@ GATED_API = [(1000, 1536, 264), (4096, 4096, 1024)]
 
 def api_items() -> list:
     """(module, class key) of every class the API tests below launch: their calls recorded on CPU
-    tensors dressed as an H200 (tests/fake_cuda.py) with both switches on."""
-    import os
-
+    tensors dressed as an H200 (tests/fake_cuda.py)."""
     import xgemm
     from fake_cuda import Fake
-    from xgemm.kernels import cute_gemm_sm90 as k90
-    saved = {v: os.environ.get(v) for v in (k90.FUSED_ENV, k90.FP8_ENV)}
-    os.environ.update({k90.FUSED_ENV: "1", k90.FP8_ENV: "1"})
-    try:
-        with Fake(keep=True) as fake:
-            for m, n, k in API_SHAPES:
-                for act in API_ACTS:
-                    xgemm.gemm(torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, n, dtype=torch.bfloat16),
-                               bias=torch.empty(n, dtype=torch.bfloat16), activation=act,
-                               out=torch.empty(m, n, dtype=torch.bfloat16))
-            # benchmarks/epilogue.py's fused products (bias + gelu_tanh, SwiGLU), compiled ahead too
-            xgemm.gemm(torch.empty(8192, 4096, dtype=torch.bfloat16), torch.empty(4096, 14336, dtype=torch.bfloat16),
-                       bias=torch.empty(14336, dtype=torch.bfloat16), activation="gelu_tanh")
-            xgemm.gated(torch.empty(8192, 4096, dtype=torch.bfloat16), torch.empty(4096, 28672, dtype=torch.bfloat16),
-                        activation="swiglu")
-            for m, h, k in GATED_API:
-                xgemm.gated(torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, 2 * h, dtype=torch.bfloat16),
-                            bias=torch.empty(2 * h, dtype=torch.bfloat16), activation="swiglu")
-            m, n, k = FP8_API
-            a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
-            for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.tensor(1.0), torch.tensor(1.0))):
-                xgemm.scaled_matmul(a8, b8, sa, sb, bias=torch.empty(n), use_fast_accum=True)
-    finally:
-        for var, value in saved.items():
-            os.environ.pop(var, None) if value is None else os.environ.__setitem__(var, value)
+    with Fake(keep=True) as fake:
+        for m, n, k in API_SHAPES:
+            for act in API_ACTS:
+                xgemm.gemm(torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, n, dtype=torch.bfloat16),
+                           bias=torch.empty(n, dtype=torch.bfloat16), activation=act,
+                           out=torch.empty(m, n, dtype=torch.bfloat16))
+        # benchmarks/epilogue.py's fused products (bias + gelu_tanh, SwiGLU), compiled ahead too
+        xgemm.gemm(torch.empty(8192, 4096, dtype=torch.bfloat16), torch.empty(4096, 14336, dtype=torch.bfloat16),
+                   bias=torch.empty(14336, dtype=torch.bfloat16), activation="gelu_tanh")
+        xgemm.gated(torch.empty(8192, 4096, dtype=torch.bfloat16), torch.empty(4096, 28672, dtype=torch.bfloat16),
+                    activation="swiglu")
+        for m, h, k in GATED_API:
+            xgemm.gated(torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, 2 * h, dtype=torch.bfloat16),
+                        bias=torch.empty(2 * h, dtype=torch.bfloat16), activation="swiglu")
+        m, n, k = FP8_API
+        a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
+        for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.tensor(1.0), torch.tensor(1.0))):
+            xgemm.scaled_matmul(a8, b8, sa, sb, bias=torch.empty(n), use_fast_accum=True)
     return [(f"xgemm.kernels.{key[0]}", key) for kind, key, _ in fake.calls if kind == "cute"]
 
 
 @pytest.mark.parametrize("mnk", API_SHAPES)
 @pytest.mark.parametrize("act", API_ACTS)
-def test_gemm_api_fuses(monkeypatch, mnk, act):
+def test_gemm_api_fuses(mnk, act):
     import xgemm
     from xgemm.core import epilogues
-    from xgemm.kernels import cute_gemm_sm90 as k90
     m, n, k = mnk
     g = torch.Generator(device="cuda").manual_seed(m + n + k)
     a = (torch.rand(m, k, device="cuda", generator=g) * 4 - 2).bfloat16()
     b = (torch.rand(k, n, device="cuda", generator=g) * 4 - 2).bfloat16()
     bias = torch.randn(n, device="cuda", generator=g).bfloat16()
-    monkeypatch.setenv(k90.FUSED_ENV, "1")
     plan = xgemm.explain(a, b, bias=bias, activation=act)
     assert plan.kernel_name == "cute_gemm_sm90" and "fused" in plan.epilogue, plan
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -233,7 +222,7 @@ def test_gemm_api_fuses(monkeypatch, mnk, act):
 
 
 @pytest.mark.parametrize("recipe", ["tensor", "row"])
-def test_scaled_matmul_api_runs_the_fp8_class(monkeypatch, recipe):
+def test_scaled_matmul_api_runs_the_fp8_class(recipe):
     import xgemm
     from xgemm import fp8
     from xgemm.kernels import cute_gemm_sm90 as k90
@@ -246,7 +235,6 @@ def test_scaled_matmul_api_runs_the_fp8_class(monkeypatch, recipe):
     else:
         sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(1.5, device="cuda")
     bias = torch.randn(n, device="cuda")
-    monkeypatch.setenv(k90.FP8_ENV, "1")
     checked = fp8.check_scaled_matmul(a8, b8, sa, sb, bias=bias)
     assert fp8.prepare_kernel(checked).plan.kernel.name == k90.NAME
     y = xgemm.scaled_matmul(a8, b8, sa, sb, bias=bias, use_fast_accum=True)
@@ -284,23 +272,28 @@ def test_gated_class(case):
     fn(a, b, d, None, bias, None, None, 1.0, 0.0, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     pre = a.double() @ b.double() + (bias.double() if bias is not None else 0.0)
-    ref = epilogues.apply(torch, pre[:, :h], act) * pre[:, h:]
+    gate = epilogues.apply(torch, pre[:, :h], act)
+    ref = gate * pre[:, h:]
     assert not torch.isnan(d).any(), f"{name}: {int(torch.isnan(d).sum())} elements unwritten"
-    err = ((d.double() - ref).abs() / (ref.abs() + 1.0)).max().item()
-    assert err <= 2 * TOL[out], f"{name}: max rel err {err:.3g} > {2 * TOL[out]}"
+    # D's rounding, and the float32 sums of gate and up carried through the product (the
+    # activations' slopes are at most ~1.1): an fp32 D of a product of two K-deep sums misses
+    # 2e-5 of |ref| + 1 where |up| is large against |ref| (5.1e-5 on the H200, 2026-12-02)
+    mag = a.double().abs() @ b.double().abs()
+    acc = 2 * k * 2.0 ** -24
+    bound = 2 * TOL[out] * (ref.abs() + 1.0) + acc * (1.1 * mag[:, :h] * pre[:, h:].abs() + gate.abs() * mag[:, h:])
+    excess = ((d.double() - ref).abs() / bound).max().item()
+    assert excess <= 1.0, f"{name}: error {excess:.3g} x the bound"
 
 
 @pytest.mark.parametrize("mhk", GATED_API)
-def test_gated_api_fuses(monkeypatch, mhk):
+def test_gated_api_fuses(mhk):
     import xgemm
     from xgemm.core import epilogues
-    from xgemm.kernels import cute_gemm_sm90 as k90
     m, h, k = mhk
     g = torch.Generator(device="cuda").manual_seed(m + h)
     a = (torch.rand(m, k, device="cuda", generator=g) * 4 - 2).bfloat16()
     b = (torch.rand(k, 2 * h, device="cuda", generator=g) * 4 - 2).bfloat16()
     bias = torch.randn(2 * h, device="cuda", generator=g).bfloat16()
-    monkeypatch.setenv(k90.FUSED_ENV, "1")
     plan = xgemm.explain(a, b, bias=bias, activation="swiglu", op="gated")
     assert plan.kernel_name == "cute_gemm_sm90" and "fused" in plan.epilogue, plan
     y = xgemm.gated(a, b, bias=bias, activation="swiglu")

@@ -1,4 +1,4 @@
-"""triton_quantize_sm90 on an H200 (XGEMM_FP8_KERNEL=1): xgemm.quantize_fp8's row and 1x128 recipes
+"""triton_quantize_sm90 on an H200: xgemm.quantize_fp8's row and 1x128 recipes
 through the kernel, bit for bit the embedded default's q and scales (core/fp8_checks.quantize in
 torch ops on the same GPU), for every x dtype and both FP8 types, with NaN, +-inf, all-zero rows
 and values far beyond the FP8 range."""
@@ -18,7 +18,7 @@ SHAPES = [(1, 128), (300, 1024), (17, 16384), (64, 7168), (5, 1000), (127, 8)]
 @pytest.mark.parametrize("recipe", ["row", "block_1x128"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
-def test_bit_exact_with_the_default(monkeypatch, shape, recipe, dtype, fp8):
+def test_bit_exact_with_the_default(shape, recipe, dtype, fp8):
     import xgemm
     from xgemm import arrays
     from xgemm.core import fp8_checks
@@ -34,7 +34,6 @@ def test_bit_exact_with_the_default(monkeypatch, shape, recipe, dtype, fp8):
         x[3, 0] = -1e30 if dtype == "float32" else -6e4
         x[4, : cols // 2] = 1e-30 if dtype == "float32" else 1e-7        # tiny values: scales, not zeros
     x = x.to(getattr(torch, dtype))
-    monkeypatch.setenv(tq.ENABLE, "1")
     from xgemm import fp8 as xfp8
     block, scale_shape = fp8_checks.quantize_block("test", recipe, x.shape)
     plan = xfp8.prepare_quantize("test", "torch", x, recipe, block, tuple(scale_shape), fp8).plan

@@ -103,7 +103,7 @@ def _problem(m, n, k, *, b_major=ROW, beta=0.0, dtype="bfloat16"):
 
 def test_supports_is_off_until_enabled_then_declines_what_it_cannot_run(monkeypatch):
     monkeypatch.delenv(gv.ENABLE, raising=False)
-    assert "not yet validated" in gv.KERNEL.supports(_problem(1, 4096, 4096))
+    assert "slower than cuBLAS" in gv.KERNEL.supports(_problem(1, 4096, 4096))
     monkeypatch.setenv(gv.ENABLE, "1")
     monkeypatch.setattr(gluon_cache, "available", lambda key, arch=None: None)
     assert gv.KERNEL.supports(_problem(1, 4096, 4096)) is None

@@ -2,7 +2,7 @@
 round-to-nearest-even FP8 conversion), its entries and policy, what supports() declines, and the
 routing of xgemm.quantize_fp8 (launch recorded, tests/fake_cuda.py). Triton's interpreter rounds
 FP8 wrongly (126.85 -> 64 in e4m3), so the values are checked on the H200 only
-(tests/gpu/test_triton_quantize_gpu.py); until then the kernel is off (XGEMM_FP8_KERNEL=1)."""
+(tests/gpu/test_triton_quantize_gpu.py)."""
 from __future__ import annotations
 
 import re
@@ -57,32 +57,40 @@ def _problem(rows, cols, *, dtype="bfloat16", recipe="row", strides=None, alignm
     return QuantizeProblem(x, recipe, block, (rows, 1), "float8_e4m3fn", "torch", Device("cuda", 0, (9, 0)))
 
 
-def test_supports_is_off_until_enabled_then_declines_what_it_cannot_run(monkeypatch):
-    monkeypatch.delenv(tq.ENABLE, raising=False)
-    assert "not yet validated" in tq.KERNEL.supports(_problem(64, 4096))
-    monkeypatch.setenv(tq.ENABLE, "1")
+def test_supports_declines_what_it_cannot_run(monkeypatch):
     monkeypatch.setattr(gluon_cache, "available", lambda key, arch=None: None)
     assert tq.KERNEL.supports(_problem(64, 4096)) is None
     assert tq.KERNEL.supports(_problem(64, 4096, recipe="block_1x128")) is None
     assert "row and 1x128" in tq.KERNEL.supports(_problem(64, 4096, recipe="tensor"))
     assert "16384" in tq.KERNEL.supports(_problem(4, 16392))
+    assert tq.KERNEL.supports(_problem(127, 8, dtype="bfloat16")) is None        # cols: 16 bytes of x
     assert "16-byte" in tq.KERNEL.supports(_problem(64, 4100))
     assert "16-byte" in tq.KERNEL.supports(_problem(64, 4096, strides=(4100, 1)))
     assert "16-byte" in tq.KERNEL.supports(_problem(64, 4096, alignment=8))
     assert "float64" in tq.KERNEL.supports(_problem(64, 4096, dtype="float64"))
 
 
-def test_quantize_fp8_launches_the_kernel_when_enabled(built, monkeypatch):
-    """On a (fake) H200 with XGEMM_FP8_KERNEL=1: one launch of the row / 1x128 cubin, grid = rows /
-    BLOCK_M, q and the scales fresh arrays of the recipe's shapes; the tensor recipe and the switch
-    off run the embedded default (no launch)."""
+def test_compile_promises_only_what_supports_checks(monkeypatch):
+    """C and the row stride are promised multiples of 16 bytes of x (vec elements), what
+    supports() checks, not of 16: q's rows are C bytes, and a promise of 16 misaligned the q
+    stores of 8- and 1000-column rows on the H200."""
+    monkeypatch.setattr(gluon_cache, "available", lambda key, arch=None: None)
+    for dt, vec in (("float32", 4), ("float16", 8), ("bfloat16", 8)):
+        attrs = tq.gluon_compile_args(tq.choose(1024, dt, "float8_e4m3fn", "row").key, "sm_90a")[3]
+        assert attrs[(4,)] == [["tt.divisibility", vec]] and attrs[(5,)] == [["tt.divisibility", vec]], attrs
+        assert tq.KERNEL.supports(_problem(3, vec, dtype=dt)) is None
+
+
+def test_quantize_fp8_launches_the_kernel(built):
+    """On a (fake) H200: one launch of the row / 1x128 cubin, grid = rows / BLOCK_M, q and the
+    scales fresh arrays of the recipe's shapes; the tensor recipe runs the embedded default (no
+    launch)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("cuda.bindings")
     from fake_cuda import Fake
 
     import xgemm
     x = torch.randn(300, 1024, dtype=torch.bfloat16)
-    monkeypatch.setenv(tq.ENABLE, "1")
     for recipe, scale_shape in (("row", (300, 1)), ("block_1x128", (300, 8))):
         with Fake(keep=True) as fake:
             q, s = xgemm.quantize_fp8(x, recipe)
@@ -94,7 +102,3 @@ def test_quantize_fp8_launches_the_kernel_when_enabled(built, monkeypatch):
     with Fake(keep=True) as fake:
         q, s = xgemm.quantize_fp8(x, "tensor")
     assert not fake.calls and s.shape == ()
-    monkeypatch.delenv(tq.ENABLE)
-    with Fake(keep=True) as fake:
-        xgemm.quantize_fp8(x, "row")
-    assert not fake.calls

@@ -1,7 +1,6 @@
-"""xgemm.gemm(bias=, activation=) on a (fake) H200: with XGEMM_FUSED_EPILOGUE=1 an eager fp16/bf16
-call is planned with its epilogue and launches one cute_gemm_sm90 Epi class (bias along N, or
-along the kernel's M in the transposed run) with the bias tensor itself; without it, under
-autograd, or where no kernel fuses, the product launches a plain class and the epilogue is
+"""xgemm.gemm(bias=, activation=) on a (fake) H200: an eager fp16/bf16 call is planned with its
+epilogue and launches one cute_gemm_sm90 Epi class (bias along N, or along the kernel's M in the
+transposed run) with the bias tensor itself; under autograd, or where no kernel fuses, the product launches a plain class and the epilogue is
 composed. Launches are recorded, not run (tests/fake_cuda.py); the GPU run of the Epi classes is
 tests/gpu/test_cute_epilogue_gpu.py."""
 from __future__ import annotations
@@ -23,8 +22,7 @@ def _cute_calls(fake):
 
 
 @pytest.mark.parametrize("mnk,swapped", [((512, 384, 256), False), ((4096, 4096, 4096), True)])
-def test_fused_call_launches_the_epi_class(monkeypatch, mnk, swapped):
-    monkeypatch.setenv(K90.FUSED_ENV, "1")
+def test_fused_call_launches_the_epi_class(mnk, swapped):
     m, n, k = mnk
     a, b = torch.randn(m, k, dtype=BF16), torch.randn(k, n, dtype=BF16)
     bias = torch.randn(n, dtype=torch.float32)
@@ -42,8 +40,7 @@ def test_fused_call_launches_the_epi_class(monkeypatch, mnk, swapped):
     assert d.data_ptr() == y.data_ptr() and y.shape == (m, n) and y.dtype == BF16
 
 
-def test_c_and_out_cross_with_the_epilogue(monkeypatch):
-    monkeypatch.setenv(K90.FUSED_ENV, "1")
+def test_c_and_out_cross_with_the_epilogue():
     a, b = torch.randn(256, 128, dtype=BF16), torch.randn(128, 192, dtype=BF16)
     c, bias = torch.randn(256, 192, dtype=torch.float32), torch.randn(192, dtype=BF16)
     out = torch.empty(256, 192, dtype=torch.float32)
@@ -61,17 +58,12 @@ def _composed(fake):
     return len(key) == 12 and args[2].dtype == torch.float32
 
 
-def test_composed_without_the_switch_under_autograd_and_where_no_kernel_fuses(monkeypatch):
+def test_composed_under_autograd_and_where_no_kernel_fuses():
     a, b, bias = torch.randn(512, 256, dtype=BF16), torch.randn(256, 384, dtype=BF16), torch.randn(384, dtype=BF16)
-    monkeypatch.delenv(K90.FUSED_ENV, raising=False)
     with Fake(keep=True) as fake:
-        plan = xgemm.explain(a, b, bias=bias, activation="silu")
+        plan = xgemm.explain(a.requires_grad_(), b, bias=bias, activation="silu")
         xgemm.gemm(a, b, bias=bias, activation="silu")
     assert _composed(fake) and "composed after the product" in plan.epilogue
-    monkeypatch.setenv(K90.FUSED_ENV, "1")
-    with Fake(keep=True) as fake:
-        xgemm.gemm(a.requires_grad_(), b, bias=bias, activation="silu")
-    assert _composed(fake)
     # skinny M goes to gluon_splitk_sm90, which fuses nothing: the fused plan skips it
     with Fake(keep=True):
         plan = xgemm.explain(torch.randn(16, 4096, dtype=BF16), torch.randn(4096, 1024, dtype=BF16),
@@ -87,16 +79,15 @@ F8 = getattr(torch, "float8_e4m3fn", None)
 
 
 @pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")
-def test_scaled_matmul_launches_the_fp8_class(monkeypatch):
-    """XGEMM_FP8_KERNEL=1 and use_fast_accum=True: tensor- and row-wise products of K-major operands
-    launch cute_gemm_sm90's FP8 class with the scales as vectors of M and N values (a tensor-wise
-    scale repeated); block-wise scales, a row-major b, the default accumulation and the switch off
-    run the embedded default (no launch)."""
+def test_scaled_matmul_launches_the_fp8_class():
+    """use_fast_accum=True: tensor- and row-wise products of K-major operands launch
+    cute_gemm_sm90's FP8 class with the scales as vectors of M and N values (a tensor-wise scale
+    repeated); block-wise scales, a row-major b and the default accumulation run the embedded
+    default (no launch)."""
     a = torch.randn(256, 512).to(F8)
     b = torch.randn(384, 512).to(F8).t()                       # (K, N) column-major: K-major
     row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
     tensor = (torch.tensor(0.5), torch.tensor(2.0))
-    monkeypatch.setenv(K90.FP8_ENV, "1")
     for sa, sb in (row, tensor):
         with Fake(keep=True) as fake:
             y = xgemm.scaled_matmul(a, b, sa, sb, bias=torch.randn(384), use_fast_accum=True)
@@ -111,18 +102,13 @@ def test_scaled_matmul_launches_the_fp8_class(monkeypatch):
         with Fake(keep=True) as fake:
             xgemm.scaled_matmul(*args, use_fast_accum=fast)
         assert not _cute_calls(fake)
-    monkeypatch.delenv(K90.FP8_ENV)
-    with Fake(keep=True) as fake:
-        xgemm.scaled_matmul(a, b, *row, use_fast_accum=True)
-    assert not _cute_calls(fake)
 
 
 @pytest.mark.parametrize("mh", [(512, 1536), (4096, 4096)])
-def test_gated_call_launches_the_gated_class(monkeypatch, mh):
+def test_gated_call_launches_the_gated_class(mh):
     """xgemm.gated with the switch on: one gated Epi class (untransposed, B = [gate | up] whole,
     D half as wide) with the [gate | up] bias; an H that is no multiple of the tile's gate columns
     composes."""
-    monkeypatch.setenv(K90.FUSED_ENV, "1")
     m, h = mh
     a, b = torch.randn(m, 1024, dtype=BF16), torch.randn(1024, 2 * h, dtype=BF16)
     bias = torch.randn(2 * h, dtype=BF16)
@@ -142,10 +128,9 @@ def test_gated_call_launches_the_gated_class(monkeypatch, mh):
 
 
 @pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")
-def test_explain_scaled_matmul_names_the_fp8_class(monkeypatch):
+def test_explain_scaled_matmul_names_the_fp8_class():
     a, b = torch.randn(256, 512).to(F8), torch.randn(384, 512).to(F8).t()
     row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
-    monkeypatch.setenv(K90.FP8_ENV, "1")
     tensor = (torch.tensor(0.5), torch.tensor(2.0))
     for scales in (row, tensor):
         with Fake(keep=True) as fake:
@@ -154,9 +139,9 @@ def test_explain_scaled_matmul_names_the_fp8_class(monkeypatch):
         assert text.startswith("scaled_matmul 256x384x512") and "runs on cute_gemm_sm90" in text, text
         assert not fake.calls
         assert "runs on the embedded default" in default and "use_fast_accum=True it runs on cute_gemm_sm90" in default
-    monkeypatch.delenv(K90.FP8_ENV)
+    # a row-major b: no FP8 class takes it
     with Fake(keep=True):
-        text = str(xgemm.explain(a, b, *row, op="scaled_matmul", use_fast_accum=True))
+        text = str(xgemm.explain(a, b.contiguous(), *row, op="scaled_matmul", use_fast_accum=True))
     assert "embedded default" in text and "cute_gemm_sm90" not in text
 
 

@@ -14,9 +14,6 @@ from xgemm import errors
 
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
-# The FP8 kernels (cute_gemm_sm90's FP8 classes, triton_quantize_sm90) wait for their first H200
-# run behind one switch: their supports() decline unless it is "1"
-KERNEL_SWITCH = "XGEMM_FP8_KERNEL"
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 BLOCK = 128
 QUANTIZE_RECIPES = ("tensor", "row", "col", "block_1x128", "block_128x128")

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Tuple
 
 TABLE: Dict[str, Tuple[str, ...]] = {
     "gemm": (
-        "triton_gemv_sm90",     # decode, M <= 16: narrow strips of B over all of K (off until validated)
+        "triton_gemv_sm90",     # decode, M <= 16: narrow strips of B over all of K (off: slower than cuBLAS so far)
         "gluon_splitk_sm90",    # skinny M (<= 64), K >= 1024: K split over a cluster; declines the rest
         "cute_gemm_sm90",       # fp16/bf16 TMA + wgmma, persistent: every big problem
         "gluon_matmul_sm90",    # slower than cute_gemm_sm90 where both accept; reached when it declines
@@ -26,7 +26,7 @@ TABLE: Dict[str, Tuple[str, ...]] = {
         "reference",
     ),
     "quantize_fp8": (
-        "triton_quantize_sm90",  # row and 1x128 recipes in one pass (off until validated)
+        "triton_quantize_sm90",  # row and 1x128 recipes in one pass
         "reference",
     ),
 }

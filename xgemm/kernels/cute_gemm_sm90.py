@@ -57,7 +57,6 @@ Adapted from CUTLASS's CuTe-DSL Hopper examples (dense_gemm_persistent.py) and q
 import dataclasses
 import functools
 import math
-import os
 from typing import Optional, Tuple
 
 from xgemm.core import fp8_checks
@@ -931,13 +930,6 @@ def build_for_key(key: Tuple):
     return _builder(spec, key[12] if len(key) > 12 else None)
 
 
-# The fused epilogue and FP8 classes wait for their first H200 run (tests/gpu/test_cute_epilogue_gpu.py):
-# until then supports() declines them unless XGEMM_FUSED_EPILOGUE=1 / XGEMM_FP8_KERNEL=1, and
-# xgemm.gemm composes / xgemm.scaled_matmul runs its embedded default.
-FUSED_ENV = "XGEMM_FUSED_EPILOGUE"
-FP8_ENV = fp8_checks.KERNEL_SWITCH
-
-
 class _Sm90Kernel:
     name = NAME
     ops = ("gemm",)
@@ -946,13 +938,10 @@ class _Sm90Kernel:
 
     def _fused_why(self, problem) -> Optional[str]:
         """None when the fused epilogue of a problem has a class here (checked after the rest)."""
-        env = FP8_ENV if problem.scales is not None else FUSED_ENV
-        if os.environ.get(env) != "1":
-            return f"{'FP8 classes' if env == FP8_ENV else 'fused epilogues'} are off until validated on the H200 " \
-                   f"({env}=1 turns them on)"
         for name, vec, extent in zip(("scale_a", "scale_b"), problem.scales or (), (problem.m, problem.n)):
-            if vec.dtype != "float32" or vec.shape not in ((extent,), (1,)) or (vec.shape[0] > 1 and vec.strides != (1,)):
-                return f"{name} (shape {vec.shape}, {vec.dtype}) is not a contiguous float32 vector of {extent} or 1"
+            # the class checks a scale per row of A / column of B (a tensor-wise one: repeated by the caller)
+            if vec.dtype != "float32" or vec.shape != (extent,) or (extent > 1 and vec.strides != (1,)):
+                return f"{name} (shape {vec.shape}, {vec.dtype}) is not a contiguous float32 vector of {extent}"
         gated = problem.epilogue.activation in GATED
         width = 2 * problem.n if gated else problem.n          # a gated bias covers [gate | up]
         bias = problem.bias
@@ -967,6 +956,9 @@ class _Sm90Kernel:
             ep, half = problem.epilogue, Config.from_policy(self.policy(problem)).tile_n // 2
             if problem.batch or ep.reads_c or ep.alpha != 1.0 or problem.b.shape[-1] != 2 * problem.n:
                 return "a gated class takes an unbatched [gate | up] B, no C and no alpha"
+            if half < 64:
+                # a narrower gate half is less than the 128-byte swizzled row its TMA box fills
+                return f"the tile's gate half is {half} columns; a gated class needs 64 or more"
             if problem.n % half:
                 return f"H = {problem.n} is not a multiple of the tile's {half} gate columns"
         return None

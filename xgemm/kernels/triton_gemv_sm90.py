@@ -10,8 +10,9 @@ Contract
             vector loads). Tails of M and of the last N / K block are masked loads and stores.
   arch      sm_90a cubins built by triton >= 3.8 (xgemm/runtime/gluon_cache.py), launched without
             triton (runtime/launch.py eagerly, ffi/ under jit).
-  status    not yet validated on the H200 (issue 20): supports() declines unless XGEMM_DECODE=1,
-            so gluon_splitk_sm90 keeps serving decode until the GPU tests and the sweep pass.
+  status    correct on the H200 (its GPU tests pass) but slower than cuBLAS there (0.52-0.69x with
+            B row-major, 0.92x column-major, 2026-12-02): supports() declines unless
+            XGEMM_DECODE=1, so gluon_splitk_sm90 keeps serving decode.
 
 Why
   A decode product streams B once (1 x 8192 x 28672 bf16: 470 MB) past a few rows of A; its time
@@ -149,7 +150,7 @@ class TritonGemvSm90(PointerGemm):
 
     def supports(self, problem) -> Optional[str]:
         if os.environ.get(ENABLE) != "1":
-            return f"not yet validated on the H200 (issue 20); {ENABLE}=1 enables it"
+            return f"slower than cuBLAS on the H200 so far (issue 20); {ENABLE}=1 enables it"
         why = sm90_half_gemm_reason(problem)
         if why:
             return why

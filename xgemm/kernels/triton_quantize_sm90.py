@@ -12,7 +12,8 @@ Contract
             stride multiples of 16 bytes (16-byte loads); q and scale fresh and compact.
   limits    cols <= 16384: a row (BLOCK_C = cols rounded up to a power of two) is held in registers.
   arch      sm_90a cubins (xgemm/runtime/gluon_cache.py), launched without triton.
-  status    not yet validated on the H200 (issue 21): supports() declines unless XGEMM_FP8_KERNEL=1.
+  status    validated on the H200 (2026-12-02): bit-exact with the reference on every dtype pair,
+            recipe and the shapes of tests/gpu/test_triton_quantize_gpu.py.
 
 Why
   The embedded default is several framework ops (abs, max, divide, clamp, cast): 140 GB/s on the
@@ -20,7 +21,6 @@ Why
 """
 from __future__ import annotations
 
-import os
 from collections import namedtuple
 from typing import List, Optional
 
@@ -35,7 +35,6 @@ IN_DTYPES = ("float32", "float16", "bfloat16")
 OUT_DTYPES = fp8_checks.FP8_DTYPES
 MAX_COLS = 16384
 SEGMENT = 128                          # the 1x128 recipe's block
-ENABLE = fp8_checks.KERNEL_SWITCH      # the FP8 kernels' one switch
 _OUT_SHORT = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 _OUT_LONG = {v: k for k, v in _OUT_SHORT.items()}
 
@@ -149,8 +148,6 @@ class TritonQuantizeSm90:
     backend = "gluon"           # built and launched through the Gluon kernels' cubin cache
 
     def supports(self, problem) -> Optional[str]:
-        if os.environ.get(ENABLE) != "1":
-            return f"not yet validated on the H200 (issue 21); {ENABLE}=1 enables it"
         dev, x = problem.device, problem.x
         if dev.kind != "cuda" or dev.arch != (9, 0):
             return "needs a Hopper GPU (sm_90)"
