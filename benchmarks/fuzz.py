@@ -610,6 +610,11 @@ def run_case(case: Dict[str, Any], seed: int = 0) -> Optional[str]:
         return f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
 
 
+# A fault that leaves the process's CUDA context unusable: every later call in this worker fails too
+_STICKY = ("misaligned address", "illegal memory access", "an illegal address", "unspecified launch failure",
+           "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED")
+
+
 def reproducer(case: Dict[str, Any], seed: int) -> str:
     return f"python benchmarks/fuzz.py --case '{json.dumps(case)}' --seed {seed}"
 
@@ -627,6 +632,7 @@ def fuzz(cases: int, seed: int, frameworks: Tuple[str, ...], log=print, budget_s
     with part_file, rewrite the report there every 25 cases (a killed run keeps what it did)."""
     counts, fails, seconds = Counter(), Counter(), Counter()
     failures: List[Dict[str, Any]] = []
+    lost: List[int] = []
     t0 = time.perf_counter()
     ran = 0
     for i in range(cases):
@@ -643,15 +649,23 @@ def fuzz(cases: int, seed: int, frameworks: Tuple[str, ...], log=print, budget_s
             fails[klass(case)] += 1
             failures.append(dict(case=case, seed=case_seed, why=why))
             log(f"FAIL {klass(case)}: {why}\n  {reproducer(case, case_seed)}")
+            if any(s in why for s in _STICKY):
+                # the context is gone: later cases would fail for this one's sake (the 2026-12-02
+                # run counted 5400 such failures behind one misaligned store), so the worker stops
+                lost.append(case_seed)
+                log(f"worker with seed {seed} stops: its CUDA context is lost after case {case_seed}")
         if part_file and (ran % 25 == 0 or why is not None):
-            _write_part(part_file, ran, seed, t0, counts, seconds, fails, failures)
-    report = _write_part(part_file, ran, seed, t0, counts, seconds, fails, failures)
+            _write_part(part_file, ran, seed, t0, counts, seconds, fails, failures, lost)
+        if lost:
+            break
+    report = _write_part(part_file, ran, seed, t0, counts, seconds, fails, failures, lost)
     return report
 
 
-def _write_part(part_file, ran, seed, t0, counts, seconds, fails, failures) -> Dict[str, Any]:
+def _write_part(part_file, ran, seed, t0, counts, seconds, fails, failures, lost=()) -> Dict[str, Any]:
     report = dict(cases=ran, seed=seed, seconds=time.perf_counter() - t0, counts=dict(counts),
-                  seconds_by_class=dict(seconds), failures_by_class=dict(fails), failures=failures)
+                  seconds_by_class=dict(seconds), failures_by_class=dict(fails), failures=failures,
+                  context_lost=list(lost))
     if part_file:
         tmp = f"{part_file}.tmp"
         Path(tmp).write_text(json.dumps(report))
@@ -660,13 +674,14 @@ def _write_part(part_file, ran, seed, t0, counts, seconds, fails, failures) -> D
 
 
 def _merge(parts: List[Dict[str, Any]]) -> Dict[str, Any]:
-    counts, fails, seconds, failures = Counter(), Counter(), Counter(), []
+    counts, fails, seconds, failures, lost = Counter(), Counter(), Counter(), [], []
     for p in parts:
         counts.update(p["counts"])
         seconds.update(p["seconds_by_class"])
         fails.update(p["failures_by_class"])
         failures += p["failures"]
-    return dict(cases=sum(p["cases"] for p in parts), seeds=[p["seed"] for p in parts],
+        lost += p.get("context_lost", [])
+    return dict(cases=sum(p["cases"] for p in parts), seeds=[p["seed"] for p in parts], context_lost=lost,
                 seconds=max(p["seconds"] for p in parts), counts=dict(sorted(counts.items())),
                 seconds_by_class={k: round(v, 3) for k, v in sorted(seconds.items())},
                 failures_by_class=dict(sorted(fails.items())), failures=failures)
@@ -757,6 +772,9 @@ def main(argv=None) -> int:
 
 def _finish(report: Dict[str, Any], json_path: Optional[str]) -> int:
     print(f"{report['cases']} cases in {report['seconds']:.0f} s, {len(report['failures'])} failures")
+    if report.get("context_lost"):
+        print(f"{len(report['context_lost'])} worker(s) stopped early, their CUDA context lost after a sticky fault "
+              f"(cases {', '.join(map(str, report['context_lost']))})")
     print(f"{'class':34} {'cases':>7} {'failed':>7} {'ms/case':>8}")
     for k, n in report["counts"].items():
         ms = 1000 * report["seconds_by_class"][k] / n

@@ -24,6 +24,7 @@ def test_cases_are_drawn_the_same_for_a_seed_and_cover_the_space():
     assert {c["fw"] for c in cases if c["op"] in ("scaled_matmul", "quantize")} == {"torch"}
     fp8 = [c for c in cases if c["op"] == "scaled_matmul"]
     assert {c["recipe"] for c in fp8} == {"tensor", "row", "block"} and {c["b_major"] for c in fp8} == {"col", "row"}
+    assert {c["fast"] for c in fp8} == {False, True}
     assert len({c["recipe"] for c in cases if c["op"] == "quantize"}) >= 3
     gemm = [c for c in cases if c["op"] == "gemm"]
     assert any(0 in (c["m"], c["n"], c["k"]) for c in gemm) and any(c["batch"] for c in gemm)
@@ -79,3 +80,23 @@ def test_the_fp8_checks_catch_wrong_results(monkeypatch):
     monkeypatch.setattr(xgemm, "scaled_matmul", lambda *a, **k: real_sm(*a, **k) * 1.02)
     monkeypatch.setattr(xgemm, "quantize_fp8", lambda *a: (lambda q, s: (q, s * 1.0001))(*real_q(*a)))
     assert "wrong" in fuzz.run_case(sm, 3) and "scale" in fuzz.run_case(qz, 3)
+
+
+def test_a_sticky_cuda_fault_stops_the_worker(monkeypatch):
+    """After a fault that leaves the CUDA context unusable, every later case of that process would
+    fail too: the worker stops and says so, instead of counting them (5400 on 2026-12-02)."""
+    whys = iter(["raised AcceleratorError: CUDA error: misaligned address", None, None])
+    monkeypatch.setattr(fuzz, "run_case", lambda case, seed: next(whys))
+    report = fuzz._merge([fuzz.fuzz(3, 1, ("torch",), log=lambda *a: None)])
+    assert report["cases"] == 1 and len(report["failures"]) == 1 and report["context_lost"] == [1_000_003]
+    whys = iter(["3 wrong, first at (0, 0)", None, None])
+    assert fuzz.fuzz(3, 1, ("torch",), log=lambda *a: None)["cases"] == 3     # a wrong value: go on
+
+
+def test_a_float16_result_past_its_range_may_be_inf():
+    """scaled_matmul with e5m2 operands reaches past float16's range: an exact -69493 rounds to -inf."""
+    import numpy as np
+    ref, tol = np.array([-69492.9, 60000.0]), np.array([687.0, 687.0])
+    assert fuzz._compare(fuzz._saturated(np.array([-np.inf, 60001.0]), ref, tol, "float16"), ref, tol) is None
+    assert fuzz._compare(fuzz._saturated(np.array([np.inf, 60001.0]), ref, tol, "float16"), ref, tol)
+    assert fuzz._compare(fuzz._saturated(np.array([-np.inf, np.inf]), ref, tol, "float16"), ref, tol)
