@@ -48,7 +48,8 @@ def test_config_keys_entries_and_policy(built):
         for recipe in ("row", "block_1x128"):
             cfg = tq.choose(cols, "bfloat16", "float8_e4m3fn", recipe)
             assert cfg.key in keys and cfg.block_c >= cols and cfg.seg == (cfg.block_c if recipe == "row" else 128)
-            assert cfg.block_m * cfg.block_c * 2 <= 32768 or cfg.block_m == 1      # ~32 KB of x a program
+            # 32 values of x a thread (48-56 registers: many programs an SM)
+            assert cfg.block_m * cfg.block_c == 32 * cfg.warps * tq.ELEMS_PER_THREAD, cfg
 
 
 def _problem(rows, cols, *, dtype="bfloat16", recipe="row", strides=None, alignment=16):

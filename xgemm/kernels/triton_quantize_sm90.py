@@ -61,14 +61,19 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_c block_m seg warps"
         assert SEGMENT <= self.block_c <= MAX_COLS and self.seg in (SEGMENT, self.block_c), self
 
 
+ELEMS_PER_THREAD = 32
+
+
 def choose(cols: int, in_dtype: str, out_dtype: str, recipe: str) -> Config:
-    """BLOCK_C = cols rounded up to a power of two (>= 128); rows per program so that a program
-    moves ~32 KB of x (many programs per SM, as the short-row softmax runs); 4 warps up to 4096
-    columns, 8 beyond. A first model, to be tuned on the H200 (issue 21)."""
+    """BLOCK_C = cols rounded up to a power of two (>= 128); 32 values of x a thread: 4 warps up
+    to 4096 columns (more rows a program below), 8 at 8192, 16 at 16384. The first model gave a
+    thread 64-128 values, 111-196 registers and 2 programs an SM, and ran at 0.31-0.45x copy on
+    the H200 (2026-12-02); at 32 values ptxas gives 48-56 registers (no spills), ~9 programs an
+    SM. To be confirmed on the H200 (issue 21)."""
     block_c = max(SEGMENT, 1 << (cols - 1).bit_length())
-    block_m = max(1, (32768 // ITEMSIZE[in_dtype]) // block_c)
-    return Config(in_dtype, out_dtype, block_c, min(block_m, 16), block_c if recipe == "row" else SEGMENT,
-                  4 if block_c <= 4096 else 8)
+    warps = min(16, max(4, block_c // (32 * ELEMS_PER_THREAD)))
+    block_m = max(1, 32 * warps * ELEMS_PER_THREAD // block_c)
+    return Config(in_dtype, out_dtype, block_c, block_m, block_c if recipe == "row" else SEGMENT, warps)
 
 
 # ----------------------------------------------------------------------------------------------
