@@ -175,7 +175,7 @@ CUTE_KEY = ("xgemm-test-faults", "sm_90a", 1)
 
 
 def _cute_paths(key=CUTE_KEY, build=None):
-    stem = cute_cache.cute_dir(cute_cache._source_of(build) if build else None) / cute_cache.key_hash(key)
+    stem = cute_cache.cute_dir(cute_cache.source_of(build) if build else None) / cute_cache.key_hash(key)
     return stem.with_suffix(".so"), stem.with_suffix(".o")
 
 

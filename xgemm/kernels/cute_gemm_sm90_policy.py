@@ -3,7 +3,7 @@ that picks among a row's candidates, and the transposed run for row-major A and 
 
 Its own file so that re-tuning the policy does not change the kernel's source, whose hash names
 the disk cache of compiled classes (xgemm/runtime/cute_cache.fingerprint): a policy edit keeps
-every compiled class. What a Config means on the device is the kernel's (cute_gemm_sm90.py).
+every compiled class. What a Config means on the device is the kernel's (cute_gemm_sm90_build.py).
 """
 from __future__ import annotations
 

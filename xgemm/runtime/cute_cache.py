@@ -123,7 +123,7 @@ def _package_version(module: str, rel: str, pattern: str) -> str:
 _fingerprints: Dict[str, str] = {}
 
 
-def _source_of(build: Callable) -> Optional[str]:
+def source_of(build: Callable) -> Optional[str]:
     """The file that defines `build` (a kernel module): its source is part of the disk key."""
     fn = build
     while hasattr(fn, "func"):              # functools.partial
@@ -299,7 +299,7 @@ def _build_in_memory(key: tuple, build: Callable[[], Any]) -> Any:
 def _from_disk_or_build(key: tuple, build: Callable[[], Any]) -> Optional[Any]:
     """The function from disk, else built and exported; None when the cache directory cannot be
     created (read-only, or a file in the way): the caller builds in memory."""
-    directory = cute_dir(_source_of(build))
+    directory = cute_dir(source_of(build))
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -348,7 +348,7 @@ def cute_eager(key: tuple, build: Callable[[], Any]) -> Any:
     if fn is not None:
         return fn
     if disk_enabled() and os.environ.get("XGEMM_TVM_ABI", "1") != "0":
-        so = cute_dir(_source_of(build)) / f"{key_hash(key)}.so"
+        so = cute_dir(source_of(build)) / f"{key_hash(key)}.so"
         if not so.exists():
             cute(key, build)             # compiles (or loads the .o) and links the .so when it can
         if so.exists():
@@ -386,7 +386,7 @@ def clear_memory() -> None:
 # ------------------------------------------------------------------------------------------
 def on_disk(key: tuple, build: Optional[Callable] = None) -> bool:
     """Is the class in the disk cache (its object, or the shared library linked from it)?"""
-    stem = cute_dir(_source_of(build) if build else None) / key_hash(key)
+    stem = cute_dir(source_of(build) if build else None) / key_hash(key)
     return stem.with_suffix(".o").exists() or stem.with_suffix(".so").exists()
 
 

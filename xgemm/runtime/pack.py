@@ -1,8 +1,8 @@
 """The disk cache's directories the installed sources use, packed into one tarball to carry.
 
 `python -m xgemm build-cache --pack FILE` writes FILE (.tar.xz) with, relative to the cache root
-($XGEMM_CACHE_DIR or ~/.cache/xgemm): cute/<fingerprint> of each prebuilt CuTe kernel module (the
-fingerprint covers the kernel's source, so every edit starts a new directory) and each Gluon
+($XGEMM_CACHE_DIR or ~/.cache/xgemm): cute/<fingerprint> of each prebuilt CuTe kernel (the
+fingerprint covers the file that defines its build, so every edit of it starts a new directory) and each Gluon
 kernel's <kernel>-<source hash>-triton<version> directories. Directories of older sources stay
 on disk but out of the tarball: a cache used across many kernel edits holds hundreds of MB, and a
 GPU session carries 64 MiB. Extract it with `tar -xJf FILE -C DIR` and set XGEMM_CACHE_DIR=DIR.
@@ -24,9 +24,11 @@ def current_dirs() -> List[Path]:
     root = cache.root()
     dirs = []
     for name in registry.of_backend("cute"):
-        spec = importlib.util.find_spec(registry.module_name(name))
-        if spec is not None and spec.origin is not None:
-            dirs.append(cute_cache.cute_dir(spec.origin))
+        # the directory is named by the file that defines the kernel's build (cute_gemm_sm90 keeps
+        # it in cute_gemm_sm90_build.py), else by the kernel module's own file
+        module = importlib.import_module(registry.module_name(name))
+        build = getattr(module, "build", None)
+        dirs.append(cute_cache.cute_dir(cute_cache.source_of(build) if build is not None else module.__file__))
     gluon_root = gluon_cache.cache_root()
     for kernel in registry.of_backend("gluon"):
         try:

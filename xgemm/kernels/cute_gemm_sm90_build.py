@@ -1,0 +1,855 @@
+"""cute_gemm_sm90's compiled classes (CuTe-DSL): the device code, build() and the compile-class
+machinery (class_key, compiled). The kernel protocol, what the API sees, is cute_gemm_sm90.py.
+This file alone names the disk cache of compiled classes (runtime/cute_cache.fingerprint hashes the
+file that defines build), so an edit of the protocol or of the policy keeps every compiled class.
+
+Design
+  Warp-specialized persistent kernel: warpgroup 0..W-1 run wgmma + the epilogue, the last
+  warpgroup is the TMA producer (one warp issues loads). A/B arrive through a multistage
+  mbarrier pipeline (PipelineTmaAsync); in a 2x1 / 1x2 cluster the operand shared by the cluster
+  is multicast by TMA. Two schedules:
+    cooperative  both consumer warpgroups split one tile along M (tile 128xN or 256xN);
+    pingpong     each consumer warpgroup owns its own 128xN tile and the two alternate, so one's
+                 epilogue overlaps the other's mainloop (ordered by named barriers).
+  Cluster tiles are handed out statically (each cluster takes every grid-th one) in swizzled
+  bands for L2 reuse, numbered without padding (Sm90Gemm._tile_of).
+  Launched with programmatic dependent launch (griddepcontrol), so a GEMM's prologue overlaps
+  the previous kernel's tail in the stream.
+  The epilogue walks the tile in epi subtiles: acc -> alpha*acc (+ beta*C, C fetched by TMA into
+  shared memory ahead of use) -> out dtype -> stmatrix to shared memory -> TMA store. It walks
+  them along D's contiguous dimension (along N for a row-major D, down M for a column-major one),
+  so each two consecutive 64x32 stores fill the same 128-byte lines (docs/performance.md,
+  "xgemm/kernels/cute_gemm_sm90.py": what each order measured).
+  alpha == 1 (every matmul) compiles a class of its own whose epilogue skips the multiply, which
+  pays where the epilogue is the critical path (short K). A bias / activation class adds, per
+  accumulator element, its coordinate in the tile (an identity tensor partitioned like the
+  registers), one cached load of the bias and the activation's few instructions.
+  A gated class (Epi.gated) computes act(gate) * up of B = [gate | up] (N = 2H): each B tile of
+  tile_n columns is gate columns [j * tile_n / 2, (j + 1) * tile_n / 2) and the same up columns, one
+  TMA box over B viewed as ((tile_n / 2, 2, H / (tile_n / 2)), K) (the gate / up halves H apart),
+  and its epilogue writes a D tile of tile_n / 2 columns from the two halves of the accumulator.
+  A policy may run the transposed problem D^T = B^T @ A^T (+ C^T) on the operands' transposed
+  views (SWAP_NOTE; what the policy does for row-major A and B on its wave-aware rows).
+  Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
+  see class_key); shapes and strides are symbolic (cute.sym_int / sym_int64 with 16-byte
+  divisibility), so one compiled object serves every shape of its class.
+Adapted from CUTLASS's CuTe-DSL Hopper examples (dense_gemm_persistent.py) and quack's GemmSm90
+(pingpong schedule, epilogue C pipeline).
+"""
+# (no `from __future__ import annotations`: the DSL evaluates the device code's annotations)
+
+import dataclasses
+import functools
+import math
+from typing import Optional, Tuple
+
+from xgemm.core import fp8_checks
+from xgemm.core.dtypes import ITEMSIZE
+from xgemm.core.epilogues import ACTIVATIONS
+from xgemm.core.problem import COL, ROW
+from xgemm.kernels.cute_gemm_sm90_policy import Config
+from xgemm.runtime import cute_cache
+
+
+@dataclasses.dataclass(frozen=True)
+class Epi:
+    """A fused epilogue class, part of the compile class (class_key):
+    D = act(acc * scale_m[row] * scale_n[col] + bias[col or row]), in float32.
+    scale_m / scale_n: float32 vectors over D's rows / columns (FP8's per-row scales of A and per-
+    column scales of B; not with C); bias along "n" (D's columns) or "m" (its rows: the transposed
+    run), of bias_dtype; then activation."""
+    bias: Optional[str] = None
+    bias_dtype: Optional[str] = None
+    activation: Optional[str] = None
+    scale_m: bool = False
+    scale_n: bool = False
+    gated: bool = False
+
+    def check(self) -> None:
+        assert self.bias in (None, "n", "m") and (self.bias is None) == (self.bias_dtype is None), self
+        assert self.bias_dtype in (None, "float16", "bfloat16", "float32"), self
+        assert self.activation in (None,) + ACTIVATIONS, self
+        assert self.bias or self.activation or self.scale_m or self.scale_n, f"{self}: an empty epilogue is no class"
+        # gated: B holds [gate | up] (N = 2H), D = act(gate + bias[:H]) * (up + bias[H:]), H wide
+        assert not self.gated or (self.activation in ("relu", "gelu", "gelu_tanh", "silu") and self.bias != "m"
+                                  and not (self.scale_m or self.scale_n)), self
+
+NAME = "cute_gemm_sm90"
+_AB_DTYPES = ("float16", "bfloat16")
+_FP8_DTYPES = fp8_checks.FP8_DTYPES
+_OUT_DTYPES = ("float16", "bfloat16", "float32")
+_ITEMSIZE = ITEMSIZE
+SMEM_BYTES = 232448          # sm_90 opt-in shared memory per block (227 KB)
+
+
+# ----------------------------------------------------------------------------------------------
+# Device code (imported only when a CUDA problem reaches this kernel, or a compile-only test)
+# ----------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _device():
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float16, Float32, Int32, const_expr
+    from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+    from cutlass.memory import SmemAllocator
+    from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+    from cutlass.tensor_utils import LayoutEnum
+
+    # Named barrier ids; 0 is __syncthreads.
+    BAR_EPI, BAR_MMA0, BAR_EPI0 = 1, 2, 4      # BAR_MMA0 + wg, BAR_EPI0 + wg for wg in (0, 1)
+
+    def activate(x, activation: str, fast_tanh: bool):
+        """core/epilogues.apply for one float32 value, as torch.nn.functional defines it (NaN in,
+        NaN out; relu(-inf) = 0). exp2 on the SFU (ex2.approx, ~2 ulp); tanh on the SFU
+        (tanh.approx, ~5e-4 relative) only for a bfloat16 D, whose rounding is 8x coarser."""
+        if const_expr(activation in ("relu", "relu2")):
+            r = cutlass.select_(x < Float32(0.0), Float32(0.0), x)
+            return r * r if const_expr(activation == "relu2") else r
+        if const_expr(activation == "gelu"):
+            return 0.5 * x * (1.0 + cute.math.erf(x * 0.7071067811865476))
+        if const_expr(activation == "gelu_tanh"):
+            t = cute.math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x), fastmath=fast_tanh)
+            return 0.5 * x * (1.0 + t)
+        sig = 1.0 / (1.0 + cute.math.exp2(x * -1.4426950408889634, fastmath=True))
+        if const_expr(activation == "silu"):
+            return x * sig
+        return sig                                        # sigmoid
+
+    class Sm90Gemm:
+        def __init__(self, cfg: Config, max_active_clusters: int, has_c: bool, unit_alpha: bool,
+                     epi: Optional[Epi] = None):
+            cfg.check()
+            if epi is not None:
+                epi.check()
+            self.cfg = cfg
+            self.has_c = has_c
+            self.unit_alpha = unit_alpha     # alpha == 1: the epilogue does not scale (Design)
+            self.bias_mode = epi.bias if epi is not None else None
+            self.activation = epi.activation if epi is not None else None
+            self.scale_m = epi is not None and epi.scale_m
+            self.scale_n = epi is not None and epi.scale_n
+            self.gated = epi is not None and epi.gated
+            assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
+            # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
+            self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
+            # the scales multiply the product only: alpha * acc + beta * C would scale C too
+            assert not (has_c and (self.scale_m or self.scale_n)), "scale vectors with C"
+            self.epi_ops = epi is not None
+            self.max_active_clusters = max_active_clusters
+            self.pingpong = cfg.pingpong
+            self.cluster_shape_mnk = (cfg.cluster_m, cfg.cluster_n, 1)
+            self.tile_shape_mnk = (cfg.tile_m, cfg.tile_n, 64)
+            # cooperative: 2 warpgroups split M; pingpong: 1 warpgroup per tile, 2 tiles in flight
+            self.atom_layout_mnk = (1, 1, 1) if cfg.pingpong else (2, 1, 1)
+            self.mma_warp_groups = 2
+            self.threads_per_cta = (self.mma_warp_groups + 1) * 128
+            self.load_warp_id = self.mma_warp_groups * 4
+            self.num_epi_threads = 128 if cfg.pingpong else 256
+            self.mma_threads_per_tile = 128 if cfg.pingpong else 256
+            acc_regs = cfg.tile_m * cfg.tile_n // (128 * math.prod(self.atom_layout_mnk))
+            # setmaxnreg budgets: 2 x 128 x mma + 128 x load <= 64K registers
+            self.regs_load, self.regs_mma = (24, 240) if acc_regs >= 208 else (40, 232)
+            self.num_mcast_a = cfg.cluster_n      # A tile is shared by the CTAs along N
+            self.num_mcast_b = cfg.cluster_m      # B tile is shared by the CTAs along M
+            # epilogue subtile: 64 rows per warpgroup, 32 columns
+            self.epi_tile = (64 if cfg.pingpong else 128, 32)
+
+        # -------------------------------------------------------------------- host-side setup
+        def _stages(self, d_dtype, c_dtype):
+            tm, tn, tk = self.tile_shape_mnk
+            epi_elems = self.epi_tile[0] * self.epi_tile[1]
+            epi_tiles = tm * tn // epi_elems
+            epi_stage = min(epi_tiles, 2)
+            c_stage = min(epi_tiles, 4) if c_dtype is not None else 0
+            d_bytes = epi_elems * d_dtype.width // 8
+            c_bytes = epi_elems * c_dtype.width // 8 if c_dtype is not None else 0
+            ab_bytes = (tm * self.a_dtype.width + tn * self.b_dtype.width) * tk // 8
+            reserve = 1024 + 1024          # mbarriers + alignment padding
+            room = SMEM_BYTES - reserve - epi_stage * d_bytes - c_stage * c_bytes
+            ab_stage = room // ab_bytes
+            if self.cfg.stages:
+                ab_stage = min(ab_stage, self.cfg.stages)
+            ab_stage = min(ab_stage, 8)
+            left = room - ab_stage * ab_bytes
+            epi_stage = min(epi_stage + left // d_bytes, max(epi_tiles, 2), 4)
+            assert ab_stage >= 2, f"shared memory holds only {ab_stage} A/B stages"
+            return ab_stage, epi_stage, c_stage
+
+        @cute.jit
+        def launch(self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor,
+                   mC: Optional[cute.Tensor], mBias: Optional[cute.Tensor], mScaleM: Optional[cute.Tensor],
+                   mScaleN: Optional[cute.Tensor], alpha: Float32, beta: Float32, stream: cuda.CUstream):
+            """mA (M, K, L), mB (N, K, L), mD / mC (M, N, L), in CuTe's GEMM order; mBias (N,) or
+            (M,) by Epi.bias; mScaleM (M,), mScaleN (N,) float32 (Epi)."""
+            self.a_dtype = mA.element_type
+            self.b_dtype = mB.element_type
+            if const_expr(self.gated):
+                mB = self._gated_view(mB)
+            self.d_dtype = mD.element_type
+            self.c_dtype = mC.element_type if const_expr(self.has_c) else None
+            self.a_layout = LayoutEnum.from_tensor(mA)
+            self.b_layout = LayoutEnum.from_tensor(mB)
+            self.d_layout = LayoutEnum.from_tensor(mD)
+            self.c_layout = LayoutEnum.from_tensor(mC) if const_expr(self.has_c) else None
+            # the epilogue walks a tile's subtiles along D's contiguous dimension, so that
+            # consecutive TMA stores fill the same 128-byte lines (module docstring, Design)
+            self.epi_walk_m = self.d_layout.is_m_major_c()
+
+            self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+                self.a_dtype, self.b_dtype,
+                self.a_layout.sm90_mma_major_mode(), self.b_layout.sm90_mma_major_mode(),
+                Float32, self.atom_layout_mnk, tiler_mn=(64, self.tile_shape_mnk[1]))
+            # K tile: 4 MMA K steps, 128 bytes of a row (64 for 16-bit types, 128 for FP8)
+            self.tile_shape_mnk = (*self.tile_shape_mnk[:2], cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4)
+            self.ab_stage, self.epi_stage, self.c_stage = self._stages(self.d_dtype, self.c_dtype)
+            self.cluster_layout_mnk = cute.make_layout(self.cluster_shape_mnk)
+
+            a_smem_staged = sm90_utils.make_smem_layout_a(
+                self.a_layout, self.tile_shape_mnk, self.a_dtype, self.ab_stage)
+            b_smem_staged = sm90_utils.make_smem_layout_b(
+                self.b_layout, self.tile_shape_mnk, self.b_dtype, self.ab_stage)
+            d_smem_staged = sm90_utils.make_smem_layout_epi(
+                self.d_dtype, self.d_layout, self.epi_tile, self.epi_stage)
+            c_smem_staged = None
+            if const_expr(self.has_c):
+                c_smem_staged = sm90_utils.make_smem_layout_epi(
+                    self.c_dtype, self.c_layout, self.epi_tile, self.c_stage)
+
+            a_smem = cute.slice_(a_smem_staged, (None, None, 0))
+            b_smem = cute.slice_(b_smem_staged, (None, None, 0))
+            tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp() if const_expr(self.num_mcast_a == 1)
+                else cpasync.CopyBulkTensorTileG2SMulticastOp(),
+                mA, a_smem, (self.tile_shape_mnk[0], self.tile_shape_mnk[2]),
+                num_multicast=self.num_mcast_a)
+            tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp() if const_expr(self.num_mcast_b == 1)
+                else cpasync.CopyBulkTensorTileG2SMulticastOp(),
+                mB, b_smem, (self.tile_shape_mnk[1], self.tile_shape_mnk[2]),
+                num_multicast=self.num_mcast_b)
+            self.tma_bytes = cute.size_in_bytes(self.a_dtype, a_smem) + cute.size_in_bytes(
+                self.b_dtype, b_smem)
+            tma_atom_d, tma_d = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mD,
+                cute.slice_(d_smem_staged, (None, None, 0)), self.epi_tile)
+            tma_atom_c, tma_c = None, None
+            self.c_bytes = 0
+            if const_expr(self.has_c):
+                c_smem = cute.slice_(c_smem_staged, (None, None, 0))
+                tma_atom_c, tma_c = cpasync.make_tiled_tma_atom(
+                    cpasync.CopyBulkTensorTileG2SOp(), mC, c_smem, self.epi_tile)
+                self.c_bytes = cute.size_in_bytes(self.c_dtype, c_smem)
+
+            # persistent grid: one cluster per (max active) cluster slot, cluster tiles strided
+            # over it (see _tile_of)
+            tiles_m = (mD.shape[0] + self.tile_shape_mnk[0] - 1) // self.tile_shape_mnk[0]
+            tiles_n = (mD.shape[1] + self.d_tile_n - 1) // self.d_tile_n
+            cluster_tiles = ((tiles_m + self.cfg.cluster_m - 1) // self.cfg.cluster_m
+                             * ((tiles_n + self.cfg.cluster_n - 1) // self.cfg.cluster_n) * mD.shape[2])
+            grid = (self.cfg.cluster_m, self.cfg.cluster_n,
+                    cutlass.min(cluster_tiles, self.max_active_clusters))
+
+            c_elems = cute.cosize(c_smem_staged) if const_expr(self.has_c) else 0
+            c_type = self.c_dtype if const_expr(self.has_c) else Float32
+
+            @cute.struct
+            class SharedStorage:
+                ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
+                c_mbar: cute.struct.MemRange[cutlass.Int64, max(self.c_stage, 1) * 2]
+                sD: cute.struct.Align[
+                    cute.struct.MemRange[self.d_dtype, cute.cosize(d_smem_staged)], 1024]
+                sC: cute.struct.Align[cute.struct.MemRange[c_type, c_elems], 1024]
+                sA: cute.struct.Align[
+                    cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem_staged)], 1024]
+                sB: cute.struct.Align[
+                    cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem_staged)], 1024]
+
+            self.shared_storage = SharedStorage
+            self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
+                        tma_atom_c, tma_c, mBias, mScaleM, mScaleN, alpha, beta, self.cluster_layout_mnk,
+                        a_smem_staged,
+                        b_smem_staged, d_smem_staged, c_smem_staged).launch(
+                grid=grid, block=[self.threads_per_cta, 1, 1], cluster=self.cluster_shape_mnk,
+                min_blocks_per_mp=1, stream=stream, use_pdl=True)
+
+        def _gated_view(self, mB):
+            """B (2H, K, L) = [gate | up] seen as ((tile_n / 2, 2, H / (tile_n / 2)), K, L): a tile of
+            tile_n along the first mode is tile_n / 2 gate columns and the same up columns."""
+            half = self.cfg.tile_n // 2
+            h = mB.shape[0] // 2
+            s_n, s_k, s_l = mB.layout.stride
+            return cute.make_tensor(mB.iterator, cute.make_layout(
+                ((half, 2, h // half), mB.shape[1], mB.shape[2]),
+                stride=((s_n, s_n * h, s_n * half), s_k, s_l)))
+
+        def _schedule(self, gD_mnl):
+            """What _tile_of needs, computed once per thread before the tile loops: the cluster-
+            tile count and the runtime divisors as FastDivmod (a multiply and a shift per use; a
+            32-bit division by a runtime value is ~25 instructions with a reciprocal, and every
+            consumer warp runs _tile_of once per tile, on the path to its next mainloop)."""
+            G = self.cfg.swizzle
+            cm, cn = self.cluster_shape_mnk[0], self.cluster_shape_mnk[1]
+            ncm = (cute.size(gD_mnl, mode=[2]) + cm - 1) // cm
+            ncn = (cute.size(gD_mnl, mode=[3]) + cn - 1) // cn
+            per_batch = ncm * ncn
+            total = per_batch * cute.size(gD_mnl, mode=[4])
+            n_fast, n_slow = (ncn, ncm) if const_expr(self.cfg.raster_m) else (ncm, ncn)
+            per_batch_d = cute.fast_divmod_create_divisor_v2(per_batch)
+            if const_expr(G == 1):
+                return total, per_batch_d, cute.fast_divmod_create_divisor_v2(n_slow), None, None
+            last_band = (n_fast - 1) // G                 # bands of G along fast; the last narrower
+            last_width_d = cute.fast_divmod_create_divisor_v2(n_fast - last_band * G)
+            return total, per_batch_d, cute.fast_divmod_create_divisor_v2(G * n_slow), last_width_d, last_band
+
+        def _tile_of(self, work, sched):
+            """(m, n, l) tile of this CTA for cluster work index `work`, and whether it exists.
+
+            Cluster tiles are numbered in bands of `swizzle` clusters along the fast dimension
+            (M when raster_m is off: a band of A rows sweeps across N; N when it is on), the
+            last band as wide as what is left. cutlass's PersistentTileSchedulerParams rounds
+            the fast dimension up to whole bands instead and runs the padding as real (empty)
+            tiles: 7 of 24 cluster rows at M = 4224 with bands of 8.
+            """
+            G = self.cfg.swizzle
+            cm, cn = self.cluster_shape_mnk[0], self.cluster_shape_mnk[1]
+            total, per_batch_d, slow_or_band_d, last_width_d, last_band = sched
+            valid = work < total
+            l, r = divmod(work, per_batch_d)
+            if const_expr(G == 1):
+                fast, slow = divmod(r, slow_or_band_d)
+            else:
+                band, in_band = divmod(r, slow_or_band_d)
+                slow_full = in_band // G                    # a full band: G wide
+                slow_last, within_last = divmod(in_band, last_width_d)
+                is_last = band == last_band
+                slow = Int32(cutlass.select_(is_last, slow_last, slow_full))
+                within = Int32(cutlass.select_(is_last, within_last, in_band - slow_full * G))
+                fast = band * G + within
+            c_m, c_n = (slow, fast) if const_expr(self.cfg.raster_m) else (fast, slow)
+            bidx, bidy, _ = cute.arch.block_idx()
+            return (c_m * cm + bidx % cm, c_n * cn + bidy % cn, l), valid
+
+        def _epilogue_ops(self, tRS_rD, tRS_cD, vectors, tc, epi_idx, epi_tiles_mn, size_rD, up=None):
+            """* the scales, + bias, then the activation (gated: times the up half's value, up =
+            (accumulator fragments, first index)), on one epilogue subtile's float32 registers (Epi;
+            traced inline: epi_idx, epi_tiles_mn and size_rD are Python ints)."""
+            mBias, mScaleM, mScaleN = vectors
+            if const_expr(self.epi_walk_m):
+                sub_m, sub_n = epi_idx % epi_tiles_mn[0], epi_idx // epi_tiles_mn[0]
+            else:
+                sub_m, sub_n = epi_idx // epi_tiles_mn[1], epi_idx % epi_tiles_mn[1]
+            row0 = tc[0] * self.tile_shape_mnk[0] + sub_m * self.epi_tile[0]
+            col0 = tc[1] * self.d_tile_n + sub_n * self.epi_tile[1]
+
+            def at(vec, i):
+                # registers past D's edge hold values TMA never stores: clamp their index
+                return vec[cutlass.min(i, vec.shape[0] - 1)].to(Float32)
+
+            for v in range(size_rD):            # a Python loop: unrolled as the kernel is traced
+                x = tRS_rD[v]
+                coord = tRS_cD[v]
+                if const_expr(self.scale_m):
+                    x = x * at(mScaleM, row0 + coord[0])
+                if const_expr(self.scale_n):
+                    x = x * at(mScaleN, col0 + coord[1])
+                if const_expr(self.bias_mode == "n"):
+                    x = x + at(mBias, col0 + coord[1])
+                if const_expr(self.bias_mode == "m"):
+                    x = x + at(mBias, row0 + coord[0])
+                if const_expr(self.activation is not None):
+                    x = activate(x, self.activation, self.d_dtype.width == 16 and self.d_dtype != Float16)
+                if const_expr(self.gated):
+                    u = up[0][up[1] + v]
+                    if const_expr(self.bias_mode == "n"):
+                        u = u + at(mBias, mBias.shape[0] // 2 + col0 + coord[1])
+                    x = x * u
+                tRS_rD[v] = x
+
+        # ----------------------------------------------------------------------- the kernel
+        @cute.kernel
+        def kernel(self, tiled_mma: cute.TiledMma, tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor,
+                   tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor, tma_atom_d: cute.CopyAtom,
+                   mD_mnl: cute.Tensor, tma_atom_c: Optional[cute.CopyAtom],
+                   mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
+                   mScaleM: Optional[cute.Tensor], mScaleN: Optional[cute.Tensor], alpha: Float32,
+                   beta: Float32, cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
+                   b_smem_staged: cute.ComposedLayout, d_smem_staged: cute.ComposedLayout,
+                   c_smem_staged: Optional[cute.ComposedLayout]):
+            tidx, _, _ = cute.arch.thread_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp_idx == self.load_warp_id:
+                cpasync.prefetch_descriptor(tma_atom_a)
+                cpasync.prefetch_descriptor(tma_atom_b)
+                cpasync.prefetch_descriptor(tma_atom_d)
+                if const_expr(self.has_c):
+                    cpasync.prefetch_descriptor(tma_atom_c)
+
+            cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            cluster_coord = cluster_layout_mnk.get_flat_coord(cta_rank)
+            a_mcast_mask = cute.make_layout_image_mask(cluster_layout_mnk, cluster_coord, mode=1)
+            b_mcast_mask = cute.make_layout_image_mask(cluster_layout_mnk, cluster_coord, mode=0)
+            a_mcast_mask = a_mcast_mask if const_expr(self.num_mcast_a > 1) else 0
+            b_mcast_mask = b_mcast_mask if const_expr(self.num_mcast_b > 1) else 0
+
+            smem = SmemAllocator()
+            storage = smem.allocate(self.shared_storage)
+
+            # A/B pipeline: full = TMA bytes landed; empty = one arrive per consumer warp from
+            # every CTA whose multicast writes into this CTA's buffers.
+            mcast_size = self.num_mcast_a + self.num_mcast_b - 1
+            ab_pipeline = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.ab_mbar.data_ptr(), num_stages=self.ab_stage,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                consumer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, mcast_size * self.mma_threads_per_tile // 32),
+                tx_count=self.tma_bytes,
+                cta_layout_vmnk=cute.make_layout((1, *cluster_layout_mnk.shape)),
+                defer_sync=True)
+            c_pipeline = None
+            if const_expr(self.has_c):
+                # C subtiles: the epilogue's first warp issues TMA loads ahead of use; every
+                # epilogue warp releases a stage after reading it.
+                c_pipeline = pipeline.PipelineTmaAsync.create(
+                    barrier_storage=storage.c_mbar.data_ptr(), num_stages=self.c_stage,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                    consumer_group=pipeline.CooperativeGroup(
+                        pipeline.Agent.Thread, self.num_epi_threads // 32),
+                    tx_count=self.c_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+                    defer_sync=True)
+            pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mnk[:2], is_relaxed=True)
+
+            sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
+            sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
+            sD = storage.sD.get_tensor(d_smem_staged.outer, swizzle=d_smem_staged.inner)
+            sC = None
+            if const_expr(self.has_c):
+                sC = storage.sC.get_tensor(c_smem_staged.outer, swizzle=c_smem_staged.inner)
+
+            # (bM, bK, RestM, RestK, L), (bN, bK, RestN, RestK, L), (bM, bN, RestM, RestN, L)
+            gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.tile_shape_mnk, (None, 0, None)),
+                                     (None, None, None))
+            gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.tile_shape_mnk, (0, None, None)),
+                                     (None, None, None))
+            gD_mnl = cute.local_tile(mD_mnl, (self.tile_shape_mnk[0], self.d_tile_n), (None, None, None))
+            gC_mnl = None
+            if const_expr(self.has_c):
+                gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.tile_shape_mnk, (None, None, 0)),
+                                         (None, None, None))
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_atom_a, cluster_coord[1],
+                cute.make_layout(cute.slice_(cluster_layout_mnk, (0, None, 0)).shape),
+                cute.group_modes(sA, 0, 2), cute.group_modes(gA_mkl, 0, 2))
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_atom_b, cluster_coord[0],
+                cute.make_layout(cute.slice_(cluster_layout_mnk, (None, 0, 0)).shape),
+                cute.group_modes(sB, 0, 2), cute.group_modes(gB_nkl, 0, 2))
+            k_tile_cnt = cute.size(gA_mkl, mode=[3])
+            sched = self._schedule(gD_mnl)
+
+            pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mnk[:2])
+            # Programmatic dependent launch: everything above (barrier init, descriptor
+            # prefetch) may overlap the previous kernel's tail; no global memory is touched
+            # before the previous grid has finished and flushed.
+            cute.arch.griddepcontrol_wait()
+
+            # ------------------------------------------------------------ producer warpgroup
+            if warp_idx >= self.load_warp_id:
+                cute.arch.setmaxregister_decrease(self.regs_load)
+                if warp_idx == self.load_warp_id:
+                    work = cute.arch.block_idx()[2]
+                    tc, valid = self._tile_of(work, sched)
+                    prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                        self.ab_stage)
+                    while valid:
+                        tAgA_k = tAgA[(None, tc[0], None, tc[2])]
+                        tBgB_k = tBgB[(None, tc[1], None, tc[2])]
+                        for k_tile in cutlass.range(k_tile_cnt, unroll=1):
+                            ab_pipeline.producer_acquire(prod)
+                            bar = ab_pipeline.producer_get_barrier(prod)
+                            cute.copy(tma_atom_a, tAgA_k[(None, k_tile)], tAsA[(None, prod.index)],
+                                      tma_bar_ptr=bar, mcast_mask=a_mcast_mask)
+                            cute.copy(tma_atom_b, tBgB_k[(None, k_tile)], tBsB[(None, prod.index)],
+                                      tma_bar_ptr=bar, mcast_mask=b_mcast_mask)
+                            ab_pipeline.producer_commit(prod)
+                            prod.advance()
+                        work += cute.arch.grid_dim()[2]
+                        tc, valid = self._tile_of(work, sched)
+                    ab_pipeline.producer_tail(prod)
+
+            # ------------------------------------------------------------ consumer warpgroups
+            if warp_idx < self.load_warp_id:
+                cute.arch.setmaxregister_increase(self.regs_mma)
+                wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+                mma_slice = 0 if const_expr(self.pingpong) else wg_idx * 128
+                epi_tidx = tidx % 128 if const_expr(self.pingpong) else tidx
+                is_tma_warp = warp_idx % 4 == 0 if const_expr(self.pingpong) else warp_idx == 0
+                thr_mma = tiled_mma.get_slice(mma_slice)
+                tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+                tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+                acc = cute.make_rmem_tensor(
+                    thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
+                num_k_blocks = cute.size(tCrA, mode=[2])
+
+                # epilogue partitions: registers -> smem (stmatrix / st.shared), smem -> registers
+                copy_atom_c = cute.make_copy_atom(
+                    warp.StMatrix8x8x16bOp(self.d_layout.is_m_major_c(), 4), Float16)
+                tiled_copy_c_atom = cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma)
+                tiled_copy_r2s = cute.make_tiled_copy_S(
+                    sm90_utils.get_smem_store_op(self.d_layout, self.d_dtype, Float32),
+                    tiled_copy_c_atom)
+                thr_copy_r2s = tiled_copy_r2s.get_slice(epi_tidx)
+                tRS_sD = thr_copy_r2s.partition_D(sD)
+                tRS_rAcc = tiled_copy_r2s.retile(acc)
+                rD_shape = cute.shape(thr_copy_r2s.partition_S(sD))
+                tRS_rD = cute.make_rmem_tensor(rD_shape[:3], Float32)
+                tRS_rD_out = cute.make_rmem_tensor(rD_shape[:3], self.d_dtype)
+                size_rD = cute.size(tRS_rD)
+                # each register's (m, n) in its epilogue subtile: the bias index (Epi)
+                tRS_cD = None
+                if const_expr(self.epi_ops):
+                    tRS_cD = thr_copy_r2s.partition_S(cute.make_identity_tensor(self.epi_tile))
+                tiled_copy_s2r = None
+                tSR_sC = None
+                tRS_rC = None
+                tSR_rC = None
+                if const_expr(self.has_c):
+                    if const_expr(self.c_dtype.width == 16):
+                        s2r_atom = cute.make_copy_atom(
+                            warp.LdMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), self.c_dtype)
+                    else:
+                        s2r_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.c_dtype)
+                    tiled_copy_s2r = cute.make_tiled_copy_S(s2r_atom, tiled_copy_c_atom)
+                    thr_copy_s2r = tiled_copy_s2r.get_slice(epi_tidx)
+                    tSR_sC = thr_copy_s2r.partition_S(sC)
+                    tRS_rC = cute.make_rmem_tensor(tRS_rD.layout, self.c_dtype)
+                    tSR_rC = thr_copy_s2r.retile(tRS_rC)
+
+                epi_barrier = pipeline.NamedBarrier(barrier_id=BAR_EPI,
+                                                    num_threads=self.num_epi_threads)
+                store_pipeline = pipeline.PipelineTmaStore.create(
+                    num_stages=self.epi_stage,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                             self.num_epi_threads))
+                epi_tiles_mn = (self.tile_shape_mnk[0] // self.epi_tile[0],
+                                self.d_tile_n // self.epi_tile[1])
+                acc_tiles_n = self.tile_shape_mnk[1] // self.epi_tile[1]     # = epi_tiles_mn[1] unless gated
+                epi_tile_num = epi_tiles_mn[0] * epi_tiles_mn[1]
+                # subtile i of the walk; the accumulator fragments of subtile (m, n) are the
+                # (m * N/epi_n + n)-th size_rD of tRS_rAcc
+                epi_tile_layout = cute.make_layout(
+                    epi_tiles_mn, stride=(1, epi_tiles_mn[0]) if const_expr(self.epi_walk_m)
+                    else (epi_tiles_mn[1], 1))
+
+                work = cute.arch.block_idx()[2]
+                work_stride = cute.arch.grid_dim()[2]
+                tiles_done = Int32(0)        # by this warpgroup (pingpong) or CTA: epilogue buffers
+                ab_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                       self.ab_stage)
+                c_read = None
+                c_write = None
+                if const_expr(self.has_c):
+                    c_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                          self.c_stage)
+                    c_write = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                           self.c_stage)
+                if const_expr(self.pingpong):
+                    if wg_idx == 0:
+                        # warpgroup 0 starts first in both the mainloop and the epilogue order
+                        cute.arch.barrier_arrive(barrier_id=BAR_MMA0, number_of_threads=256)
+                        cute.arch.barrier_arrive(barrier_id=BAR_EPI0, number_of_threads=256)
+                    else:
+                        # warpgroup 1 takes every other tile: skip warpgroup 0's first one
+                        ab_read.advance(k_tile_cnt)
+                        if const_expr(self.has_c):
+                            c_read.advance(epi_tile_num)
+                            c_write.advance(epi_tile_num)
+                        work += work_stride
+                tc, valid = self._tile_of(work, sched)
+
+                while valid:
+                    if const_expr(self.pingpong):
+                        cute.arch.barrier(barrier_id=BAR_MMA0 + wg_idx, number_of_threads=256)
+                    # ---------------------------------------------------------- mainloop
+                    ab_release = ab_read.clone()
+                    if const_expr(self.cfg.zero_init):
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)   # k-tile 0 overwrites
+                    else:
+                        acc.fill(0.0)
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                    warpgroup.fence()
+                    # first k-tile: issue, keep one wgmma batch in flight from here on
+                    ab_pipeline.consumer_wait(ab_read)
+                    for kb in cutlass.range_constexpr(num_k_blocks):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, ab_read.index)],
+                                  tCrB[(None, None, kb, ab_read.index)], acc)
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                    warpgroup.commit_group()
+                    ab_read.advance()
+                    for k_tile in cutlass.range(1, k_tile_cnt, unroll=1):
+                        ab_pipeline.consumer_wait(ab_read)
+                        for kb in cutlass.range_constexpr(num_k_blocks):
+                            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, ab_read.index)],
+                                      tCrB[(None, None, kb, ab_read.index)], acc)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)       # the previous k-tile's wgmmas are done
+                        ab_pipeline.consumer_release(ab_release)
+                        ab_release.advance()
+                        ab_read.advance()
+                    if const_expr(self.pingpong):
+                        # the other warpgroup may start issuing its mainloop now
+                        cute.arch.barrier_arrive(barrier_id=BAR_MMA0 + 1 - wg_idx,
+                                                 number_of_threads=256)
+                    warpgroup.wait_group(0)
+                    ab_pipeline.consumer_release(ab_release)
+                    ab_release.advance()
+
+                    # ---------------------------------------------------------- epilogue
+                    if const_expr(self.pingpong):
+                        cute.arch.barrier(barrier_id=BAR_EPI0 + wg_idx, number_of_threads=256)
+                    gD = gD_mnl[(None, None, *tc)]
+                    bSG_sD, bSG_gD = cpasync.tma_partition(
+                        tma_atom_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2),
+                        cute.zipped_divide(gD, self.epi_tile))
+                    bGS_sC = None
+                    bGS_gC = None
+                    if const_expr(self.has_c):
+                        gC = gC_mnl[(None, None, *tc)]
+                        bGS_sC, bGS_gC = cpasync.tma_partition(
+                            tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2),
+                            cute.zipped_divide(gC, self.epi_tile))
+                        for i in cutlass.range_constexpr(min(self.c_stage, epi_tile_num)):
+                            if is_tma_warp:
+                                c_pipeline.producer_acquire(c_write)
+                                cute.copy(tma_atom_c,
+                                          bGS_gC[(None, epi_tile_layout.get_hier_coord(i))],
+                                          bGS_sC[(None, c_write.index)],
+                                          tma_bar_ptr=c_pipeline.producer_get_barrier(c_write))
+                                c_pipeline.producer_commit(c_write)
+                            c_write.advance()
+                    num_prev = tiles_done * epi_tile_num
+                    for epi_idx in cutlass.range_constexpr(epi_tile_num):
+                        if const_expr(self.epi_walk_m):
+                            acc_first = ((epi_idx % epi_tiles_mn[0]) * acc_tiles_n
+                                         + epi_idx // epi_tiles_mn[0]) * size_rD
+                        else:
+                            acc_first = (epi_idx // epi_tiles_mn[1] * acc_tiles_n + epi_idx % epi_tiles_mn[1]) * size_rD
+                        for v in cutlass.range_constexpr(size_rD):
+                            tRS_rD[v] = tRS_rAcc[acc_first + v]
+                        if const_expr(self.has_c):
+                            c_pipeline.consumer_wait(c_read)
+                            cute.copy(tiled_copy_s2r, tSR_sC[(None, None, None, c_read.index)],
+                                      tSR_rC)
+                            # generic-proxy reads must be ordered before the TMA refill
+                            cute.arch.fence_view_async_shared()
+                            cute.arch.sync_warp()
+                            c_pipeline.consumer_release(c_read)
+                            c_read.advance()
+                            if const_expr(epi_idx + self.c_stage < epi_tile_num):
+                                if is_tma_warp:
+                                    c_pipeline.producer_acquire(c_write)
+                                    cute.copy(tma_atom_c,
+                                              bGS_gC[(None, epi_tile_layout.get_hier_coord(
+                                                  epi_idx + self.c_stage))],
+                                              bGS_sC[(None, c_write.index)],
+                                              tma_bar_ptr=c_pipeline.producer_get_barrier(c_write))
+                                    c_pipeline.producer_commit(c_write)
+                                c_write.advance()
+                            if const_expr(self.unit_alpha):
+                                tRS_rD.store(tRS_rD.load() + tRS_rC.load().to(Float32) * beta)
+                            else:
+                                tRS_rD.store(tRS_rD.load() * alpha
+                                             + tRS_rC.load().to(Float32) * beta)
+                        elif const_expr(not self.unit_alpha):
+                            tRS_rD.store(tRS_rD.load() * alpha)
+                        if const_expr(self.epi_ops):
+                            # gated: the up half's fragments lie d_tile_n / epi_n subtiles further on
+                            up = (tRS_rAcc, acc_first + epi_tiles_mn[1] * size_rD) if const_expr(self.gated) else None
+                            self._epilogue_ops(tRS_rD, tRS_cD, (mBias, mScaleM, mScaleN), tc, epi_idx,
+                                               epi_tiles_mn, size_rD, up)
+                        tRS_rD_out.store(tRS_rD.load().to(self.d_dtype))
+                        epi_buffer = (num_prev + epi_idx) % self.epi_stage
+                        cute.copy(tiled_copy_r2s, tRS_rD_out,
+                                  tRS_sD[(None, None, None, epi_buffer)])
+                        # st.shared / stmatrix writes must be visible to the TMA (async proxy)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        epi_barrier.arrive_and_wait()
+                        if is_tma_warp:
+                            cute.copy(tma_atom_d, bSG_sD[(None, epi_buffer)],
+                                      bSG_gD[(None, epi_tile_layout.get_hier_coord(epi_idx))])
+                            store_pipeline.producer_commit()
+                            store_pipeline.producer_acquire()
+                        epi_barrier.arrive_and_wait()
+
+                    if const_expr(self.pingpong):
+                        # both warpgroups share sD/sC: drain the stores before handing over
+                        if is_tma_warp:
+                            store_pipeline.producer_tail()
+                        cute.arch.barrier_arrive(barrier_id=BAR_EPI0 + 1 - wg_idx,
+                                                 number_of_threads=256)
+                        # skip the other warpgroup's tile in the shared pipelines
+                        ab_read.advance(k_tile_cnt)
+                        if const_expr(self.has_c):
+                            c_read.advance(epi_tile_num)
+                            c_write.advance(epi_tile_num)
+                        work += 2 * work_stride
+                    else:
+                        work += work_stride
+                    tiles_done += 1
+                    tc, valid = self._tile_of(work, sched)
+
+                # the next kernel in the stream may start its prologue (it waits for our end)
+                cute.arch.griddepcontrol_launch_dependents()
+                if const_expr(not self.pingpong):
+                    if is_tma_warp:
+                        store_pipeline.producer_tail()
+
+    # ---------------------------------------------------------------- entry points (compiled)
+    # Tensors cross the FFI boundary in the caller's order: A (L, M, K) | (M, K), B (L, K, N) |
+    # (K, N), D / C (L, M, N) | (M, N). They are relabelled into CuTe's (M, K, L) / (N, K, L) /
+    # (M, N, L) at trace time, so the host passes framework arrays untouched. An operand that is
+    # the same for every batch (the API hands it over with batch stride 0) crosses as a 2-D
+    # matrix and gets a stride-0 L mode here: TMA never sees a zero stride.
+    def _mk(t, order):
+        return cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
+
+    def _batch_len(d):
+        return d.shape[0] if const_expr(cute.rank(d) == 3) else 1
+
+    def _to_mkl(t, d):   # (L, X, Y) -> (X, Y, L); (X, Y) -> (X, Y, L) with stride 0 (broadcast)
+        if const_expr(cute.rank(t) == 3):
+            return _mk(t, [1, 2, 0])
+        return cute.make_tensor(t.iterator, cute.make_layout(
+            (*t.shape, _batch_len(d)), stride=(*t.layout.stride, 0)))
+
+    def _b_to_nkl(t, d):  # (L, K, N) -> (N, K, L); (K, N) -> (N, K, L) with stride 0
+        if const_expr(cute.rank(t) == 3):
+            return _mk(t, [2, 1, 0])
+        return cute.make_tensor(t.iterator, cute.make_layout(
+            (t.shape[1], t.shape[0], _batch_len(d)),
+            stride=(t.layout.stride[1], t.layout.stride[0], 0)))
+
+    @cute.jit
+    def gemm_noc(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
+                 alpha: Float32, stream: cuda.CUstream):
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, None, None, alpha, Float32(0.0),
+                  stream)
+
+    @cute.jit
+    def gemm_c(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
+               c: cute.Tensor, alpha: Float32, beta: Float32, stream: cuda.CUstream):
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), None, None, None, alpha, beta,
+                  stream)
+
+    @cute.jit
+    def gemm_epi(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: Optional[cute.Tensor],
+                 bias: Optional[cute.Tensor], scale_m: Optional[cute.Tensor], scale_n: Optional[cute.Tensor],
+                 alpha: Float32, beta: Float32, stream: cuda.CUstream):
+        # an Epi class: every optional operand in the signature, None where the class has none
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d) if const_expr(c is not None) else None,
+                  bias, scale_m, scale_n, alpha, beta, stream)
+
+    return cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi)
+
+
+_CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32",
+               "float8_e4m3fn": "Float8E4M3FN", "float8_e5m2": "Float8E5M2"}
+
+
+def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
+          c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
+          max_clusters: int, arch: str = "sm_90a", extra_options: str = "", *, epi: Optional[Epi] = None):
+    """cute.compile one kernel class against fake tensors with symbolic shapes and strides.
+
+    Majorness words are the API's: ROW = last dim contiguous. unit_alpha: a class for alpha == 1
+    whose epilogue does not scale (the alpha argument is then ignored; module docstring). `batched` says,
+    for A, B, D and C, whether that operand crosses as (L, rows, cols) (else (rows, cols); D
+    decides whether the problem is batched at all). ab: float16 | bfloat16, or an FP8 type
+    (float8_e4m3fn | float8_e5m2; wgmma reads FP8 K-major only: A row-major, B column-major).
+    epi: a fused epilogue class (Epi). Returns the TVM-FFI function f(a, b, d[, c], alpha[, beta],
+    stream), or for an Epi class f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream) with
+    None for what the class lacks.
+    """
+    if _ITEMSIZE[ab] == 1 and (a_major, b_major) != (ROW, COL):
+        raise ValueError(f"{NAME}: FP8 operands must be K-major (A row-major, B column-major), got {a_major}/{b_major}")
+    cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi) = _device()
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    def dt(name):
+        return getattr(cutlass, _CUTE_DTYPE[name])
+
+    def fake(dtype: str, rows, cols, major: str, batch):
+        """A (L, rows, cols) or (rows, cols) fake tensor; unit stride on the major side."""
+        align = 16 // _ITEMSIZE[dtype]
+        ld = cute.sym_int64(divisibility=align)
+        inner = (ld, 1) if major == ROW else (1, ld)
+        if batch is None:
+            return make_fake_tensor(dt(dtype), (rows, cols), inner, assumed_align=16)
+        return make_fake_tensor(dt(dtype), (batch, rows, cols),
+                                (cute.sym_int64(divisibility=align), *inner), assumed_align=16)
+
+    a_b, b_b, d_b, c_b = batched
+    m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    l = cute.sym_int() if d_b else None
+    gated = epi is not None and epi.gated
+    n_b = cute.sym_int() if gated else n          # a gated B is [gate | up]: 2 N columns
+    fa = fake(ab, m, k, a_major, l if a_b else None)
+    fb = fake(ab, k, n_b, b_major, l if b_b else None)
+    fd = fake(out, m, n, d_major, l)
+    op = Sm90Gemm(cfg, max_clusters, c is not None, unit_alpha, epi)
+    stream = make_fake_stream()
+    opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
+    fc = fake(c[0], m, n, c[1], l if c_b else None) if c is not None else None
+    if epi is not None:
+        # vectors: one element per D row or column, any alignment (read element by element)
+        def vec(dtype: str, extent):
+            return make_fake_tensor(dt(dtype), (extent,), (1,), assumed_align=_ITEMSIZE[dtype])
+        bias = vec(epi.bias_dtype, n_b if epi.bias == "n" else m) if epi.bias else None
+        return cute.compile(gemm_epi, op, fa, fb, fd, fc, bias, vec("float32", m) if epi.scale_m else None,
+                            vec("float32", n) if epi.scale_n else None, 1.0, 0.0, stream, options=opts)
+    if c is None:
+        return cute.compile(gemm_noc, op, fa, fb, fd, 1.0, stream, options=opts)
+    return cute.compile(gemm_c, op, fa, fb, fd, fc, 1.0, 0.0, stream, options=opts)
+
+
+def max_clusters(sm_count: int, cfg: Config) -> int:
+    # Hopper SMs come in TPC pairs inside a GPC, so every SM can host a 2-CTA cluster.
+    return sm_count // (cfg.cluster_m * cfg.cluster_n)
+
+
+def compile_cached(key: Tuple, build_fn):
+    """The one call site of the compile cache (memory -> disk -> build)."""
+    return cute_cache.cute(key, build_fn)
+
+
+def class_key(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
+              c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
+              max_clusters_: int, arch: str, epi: Optional[Epi] = None) -> Tuple:
+    """The compile class: everything build() specializes on, and nothing shape-dependent (a fused
+    epilogue's Epi last, only when there is one)."""
+    return (NAME, arch, cfg, ab, out, a_major, b_major, d_major, c, unit_alpha, batched, max_clusters_) + (
+        (epi,) if epi is not None else ())
+
+
+def _builder(spec, epi):
+    return functools.partial(build, *spec, epi=epi) if epi is not None else functools.partial(build, *spec)
+
+
+def compiled(*spec, epi: Optional[Epi] = None):
+    """The compiled function for build(*spec, epi=epi) (same arguments as class_key)."""
+    return compile_cached(class_key(*spec, epi), _builder(spec, epi))
+
+
+def compiled_eager(*spec, epi: Optional[Epi] = None):
+    """compiled(), as eager calls take it (xgemm.runtime.cute_cache.cute_eager: ctypes, no tvm_ffi import)."""
+    return cute_cache.cute_eager(class_key(*spec, epi), _builder(spec, epi))
+
+
+def build_for_key(key: Tuple):
+    """The build callable for a class_key (xgemm.runtime.cute_cache.warm compiles keys in worker processes)."""
+    assert key[0] == NAME, key
+    spec = key[2:12] + (key[1],)
+    return _builder(spec, key[12] if len(key) > 12 else None)
+
