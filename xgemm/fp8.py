@@ -34,9 +34,11 @@ take tensor- and row-wise products of K-major torch operands on the GPU when the
 use_fast_accum=True (prepare_kernel: the scales as vectors in the epilogue). They keep each tile's sum in the wgmma accumulator, which an FP8
 wgmma adds into with ~14 bits (the DeepSeek-V3 report; the H200 run of 2026-12-02 measured 2-5%
 of |ref| + 1 at K = 256-512), what torch._scaled_mm's use_fast_accum=True does too; the default
-call wants float32 accumulation, which needs the promoted mainloop (partial sums moved to
-float32 registers every 128 of K) that the block-wise recipe needs as well. Until it exists the
-default call, block-wise scales and everything else run the embedded default. quantize_fp8 is planned like any op
+call wants float32 accumulation: classes that add each 128-deep k-tile's sum into float32
+registers (Epi.promote) are built and compile-tested, and serve the default call (and the fast
+one) with XGEMM_FP8_PROMOTE=1 until an H200 run validates them. Without it the default call,
+block-wise scales (which will take the same mainloop) and everything else run the embedded
+default. quantize_fp8 is planned like any op
 (registry "quantize_fp8"): triton_quantize_sm90 takes the row and 1x128 recipes of 16-byte rows on
 the GPU in one pass (same switch), the embedded default the rest.
 Autograd and torch.compile: torch tensors go through the torch.library ops xgemm::scaled_matmul
@@ -118,7 +120,7 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias, fn=fn)
-    prepared = prepare_kernel(c, fn) if use_fast_accum else None
+    prepared = prepare_kernel(c, fn) if use_fast_accum or fp8_checks.promoting_kernels() else None
     return prepare.run(prepared) if prepared is not None else run_default(arrays.namespace(c.owner), c)
 
 
@@ -238,9 +240,11 @@ def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, use_fas
         return jax_fp8.explain_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
     planned = _plan_kernel(c, fn)
+    promoted = fp8_checks.promoting_kernels()
     kernel = (f"{planned[0].kernel.name} ({planned[0].policy.summary()}), the scales applied in its epilogue, "
-              f"its sums kept in the wgmma accumulator" if planned is not None else None)
-    if kernel and use_fast_accum:
+              + ("its k-tile sums added in float32" if promoted else "its sums kept in the wgmma accumulator")
+              if planned is not None else None)
+    if kernel and (use_fast_accum or promoted):
         return f"scaled_matmul {c.recipe.m}x{c.recipe.n}x{c.recipe.k}, {c.recipe.name}-wise scales; runs on {kernel}"
     text = fp8_checks.kernel_needs(c.recipe, _unit_stride(c.a, 1), _unit_stride(c.b, 0))
     return text + (f"; with use_fast_accum=True it runs on {kernel}" if kernel else "")

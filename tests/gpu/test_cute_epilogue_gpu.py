@@ -105,10 +105,25 @@ def _fp8_spec(case):
     return spec, (k90.Epi(scale_m=True, scale_n=True) if rowwise else None)
 
 
+# A promoting FP8 class against the same class without promotion, over a long K (4096) where the
+# wgmma accumulator's ~14 bits show: cooperative 128x128, per-row / per-column scales, fp32 D
+PROMOTE = (512, 512, 4096, (128, 128, 1, 1, False, True, 8))
+
+
+def _promote_spec(promote: bool):
+    from xgemm.core.problem import COL, ROW
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    cfg = k90.Config(*PROMOTE[3])
+    spec = (cfg, "float8_e4m3fn", "float32", ROW, COL, ROW, None, True, (False,) * 4, k90.max_clusters(132, cfg),
+            "sm_90a")
+    return spec, k90.Epi(scale_m=True, scale_n=True, promote=promote)
+
+
 def epilogue_items() -> list:
     """(module, class key) of every case, for tests/gpu/prebuild_classes.py."""
     from xgemm.kernels import cute_gemm_sm90 as k90
-    specs = list(map(_spec, EPI_CASES)) + list(map(_fp8_spec, FP8_CASES)) + list(map(_gated_spec, GATED_CASES))
+    specs = (list(map(_spec, EPI_CASES)) + list(map(_fp8_spec, FP8_CASES)) + list(map(_gated_spec, GATED_CASES))
+             + [_promote_spec(True), _promote_spec(False)])
     return [("xgemm.kernels.cute_gemm_sm90", k90.class_key(*spec, epi)) for spec, epi in specs]
 
 
@@ -170,6 +185,70 @@ def test_fp8_class(case):
 # ---------------------------------------------------------------------------------------------
 API_SHAPES = [(1000, 1032, 264), (4096, 4096, 4096), (333, 264, 136)]     # the second: the transposed run
 API_ACTS = ["gelu_tanh", "silu", None]
+def test_promoted_fp8_class_adds_in_float32():
+    """Epi.promote adds each 128-deep k-tile's wgmma sum into float32 registers: within 4 wgmma
+    steps of 2**-13 of sum |a||b| (the k-tile's own truncation) where the fast class is allowed
+    K / 32 of them, and at least 2x more accurate than the fast class on the same operands."""
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    m, n, k, _ = PROMOTE
+    g = torch.Generator(device="cuda").manual_seed(11)
+    a8 = (torch.randn(m, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
+    b8 = (torch.randn(n, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(m, device="cuda", generator=g) + 0.5, torch.rand(n, device="cuda", generator=g) + 0.5
+    scale = sa.double()[:, None] * sb.double()[None, :]
+    ref = (a8.double() @ b8.double()) * scale
+    mag = (a8.double().abs() @ b8.double().abs()) * scale
+    stream = torch.cuda.current_stream().cuda_stream
+    errs = {}
+    for promote in (True, False):
+        d = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+        spec, epi = _promote_spec(promote)
+        k90.compiled(*spec, epi=epi)(a8, b8, d, None, None, sa, sb, 1.0, 0.0, stream)
+        torch.cuda.synchronize()
+        assert not torch.isnan(d).any()
+        errs[promote] = (d.double() - ref).abs()
+    bound = TOL["float32"] * (ref.abs() + 1.0) + 4 * 2.0 ** -13 * mag
+    assert (errs[True] / bound).max().item() <= 1.0, (errs[True] / bound).max().item()
+    assert 2 * errs[True].max().item() <= errs[False].max().item(), (errs[True].max().item(), errs[False].max().item())
+
+
+PROMOTE_API = (777, 1040, 1024)      # a shape of its own: plans are cached per problem
+
+
+def _promoted_api_call(call):
+    """call(m, n, k) with XGEMM_FP8_PROMOTE=1, the switch restored after."""
+    import os
+
+    from xgemm.core import fp8_checks
+    saved = os.environ.get(fp8_checks.PROMOTE_SWITCH)
+    os.environ[fp8_checks.PROMOTE_SWITCH] = "1"
+    try:
+        return call(*PROMOTE_API)
+    finally:
+        os.environ.pop(fp8_checks.PROMOTE_SWITCH) if saved is None else os.environ.__setitem__(
+            fp8_checks.PROMOTE_SWITCH, saved)
+
+
+def test_scaled_matmul_default_call_runs_the_promoted_class():
+    """XGEMM_FP8_PROMOTE=1: the default call (float32 accumulation) runs the promoting class, within
+    the bound of test_promoted_fp8_class_adds_in_float32 of the float64 product."""
+    import xgemm
+    m, n, k = PROMOTE_API
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a8 = (torch.randn(m, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
+    b8 = (torch.randn(n, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(m, 1, device="cuda", generator=g) + 0.5, torch.rand(1, n, device="cuda", generator=g) + 0.5
+    bias = torch.randn(n, device="cuda", generator=g)
+    text = _promoted_api_call(lambda *_: str(xgemm.explain(a8, b8, sa, sb, op="scaled_matmul")))
+    assert "runs on cute_gemm_sm90" in text and "float32" in text, text
+    y = _promoted_api_call(lambda *_: xgemm.scaled_matmul(a8, b8, sa, sb, bias=bias))
+    torch.cuda.synchronize()
+    scale = sa.double() * sb.double()
+    ref = (a8.double() @ b8.double()) * scale + bias.double()
+    bound = TOL["bfloat16"] * (ref.abs() + 1.0) + 4 * 2.0 ** -13 * (a8.double().abs() @ b8.double().abs()) * scale
+    assert not torch.isnan(y).any() and ((y.double() - ref).abs() / bound).max().item() <= 1.0
+
+
 FP8_API = (1000, 1040, 512)
 GATED_API = [(1000, 1536, 264), (4096, 4096, 1024)]
 
@@ -197,6 +276,17 @@ def api_items() -> list:
         a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
         for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.tensor(1.0), torch.tensor(1.0))):
             xgemm.scaled_matmul(a8, b8, sa, sb, bias=torch.empty(n), use_fast_accum=True)
+        _promoted_api_call(lambda m, n, k: xgemm.scaled_matmul(
+            torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t(),
+            torch.ones(m, 1), torch.ones(1, n), bias=torch.empty(n)))
+        # benchmarks/fp8.py's products, both accumulations (its promoted run: SWITCHES=XGEMM_FP8_PROMOTE=1)
+        for m, n, k in ((8192, 8192, 8192), (16384, 14336, 4096)):
+            def bench(*_, m=m, n=n, k=k, fast=True):
+                a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
+                for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.tensor(1.0), torch.tensor(1.0))):
+                    xgemm.scaled_matmul(a8, b8, sa, sb, use_fast_accum=fast)
+            bench()
+            _promoted_api_call(bench)
     return [(f"xgemm.kernels.{key[0]}", key) for kind, key, _ in fake.calls if kind == "cute"]
 
 

@@ -225,6 +225,11 @@ def ptx(tmp_path_factory):
         "pp_fp8_rowwise": K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "float8_e5m2", "float32", ROW,
                                     COL, ROW, None, False, nob, 132, "sm_90a", opts,
                                     epi=K90.Epi(scale_m=True, scale_n=True)),
+        # the same, its k-tile sums promoted into float32 registers (cooperative 128x128: 64
+        # accumulator registers a thread, twice)
+        "coop_fp8_promote": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
+                                      COL, ROW, None, True, nob, 66, "sm_90a", opts,
+                                      epi=K90.Epi(scale_m=True, scale_n=True, promote=True)),
         # gated (SwiGLU): B = [gate | up] through a 4-D TMA view, D half as wide
         "pp_gated_silu": K90.build(K90.Config(128, 128, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
                                    ROW, None, True, nob, 66, "sm_90a", opts,
@@ -295,6 +300,22 @@ def test_ptx_sm90_fp8(ptx):
         assert _count(text, r"cp\.async\.bulk\.tensor") >= 2 and "ld.local" not in text and "st.local" not in text
     with pytest.raises(ValueError, match="K-major"):
         K90.build(K90.Config(), "float8_e4m3fn", "bfloat16", ROW, ROW, ROW, None, True, (False,) * 4, 66)
+
+
+@needs_dsl
+def test_ptx_sm90_fp8_promote(ptx):
+    """A promoting FP8 class waits for each k-tile's wgmmas (wait_group 0 in the mainloop, where the
+    fast class keeps one batch in flight: wait_group 1) and adds the accumulator into float32
+    registers: 64 adds a k-tile for a 128x128 cooperative tile, and no spills."""
+    promote, fast = ptx["coop_fp8_promote"][1], ptx["pp_fp8_rowwise"][1]
+    assert _count(promote, r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3") >= 4
+    assert _count(promote, r"wgmma\.wait_group\.sync\.aligned\s+1;") == 0
+    assert _count(fast, r"wgmma\.wait_group\.sync\.aligned\s+1;") >= 1
+    assert _count(promote, r"\badd\.(rn\.)?f32\b") >= 2 * 64           # the loop's and the final one
+    assert "ld.local" not in promote and "st.local" not in promote
+    with pytest.raises(AssertionError, match="accumulator registers"):
+        K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
+                  True, (False,) * 4, 66, epi=K90.Epi(scale_m=True, scale_n=True, promote=True))
 
 
 @needs_dsl

@@ -128,6 +128,27 @@ def test_gated_call_launches_the_gated_class(mh):
 
 
 @pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")
+def test_promoting_fp8_classes_serve_the_default_accumulation(monkeypatch):
+    """XGEMM_FP8_PROMOTE=1 (until an H200 run validates them): scaled_matmul's default call launches
+    the FP8 class that adds each k-tile's sum in float32 (Epi.promote) on a cooperative 128x128
+    tile, and so does a use_fast_accum call; explain() says so."""
+    from xgemm.core import fp8_checks
+    a = torch.randn(256, 512).to(F8)
+    b = torch.randn(384, 512).to(F8).t()
+    row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
+    monkeypatch.setenv(fp8_checks.PROMOTE_SWITCH, "1")
+    for fast in (False, True):
+        with Fake(keep=True) as fake:
+            xgemm.scaled_matmul(a, b, *row, use_fast_accum=fast)
+        (key, args), = _cute_calls(fake)
+        assert key[-1] == K90.Epi(scale_m=True, scale_n=True, promote=True)
+        assert key[2].tile_m == 128 and key[2].tile_n == 128 and not key[2].pingpong
+    with Fake(keep=True):
+        text = str(xgemm.explain(a, b, *row, op="scaled_matmul"))
+    assert "runs on cute_gemm_sm90" in text and "k-tile sums added in float32" in text, text
+
+
+@pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")
 def test_explain_scaled_matmul_names_the_fp8_class():
     a, b = torch.randn(256, 512).to(F8), torch.randn(384, 512).to(F8).t()
     row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)

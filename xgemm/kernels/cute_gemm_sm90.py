@@ -27,6 +27,7 @@ import dataclasses
 import functools
 from typing import Optional, Tuple
 
+from xgemm.core import fp8_checks
 from xgemm.core.epilogues import ACTIVATIONS, GATED
 from xgemm.core.layout import unit_stride_dim
 from xgemm.core.problem import COL, ROW, Policy
@@ -37,7 +38,7 @@ from xgemm.kernels.cute_gemm_sm90_build import (  # noqa: F401 -- compile-class 
     _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, NAME, SMEM_BYTES, Epi, build, build_for_key, class_key,
     compile_cached, compiled, compiled_eager, max_clusters)
 from xgemm.kernels.cute_gemm_sm90_policy import (
-    POLICY_TABLE, SWAP_ROWS, Config, choose_gated_policy, choose_policy, swapped)
+    POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy, choose_gated_policy, choose_policy, swapped)
 from xgemm.kernels.cute_gemm_sm90_policy import (  # noqa: F401 -- the policy's model under this kernel's name too
     ROW_MARGIN, SWAP_MIN_K, SWAP_NOTE, WAVE_MARGIN, choose_config, row_of, slot_fill, wave_efficiency)
 from xgemm.runtime import cute_cache
@@ -138,7 +139,8 @@ class _Sm90Kernel:
             return None
         bias, scaled, act = problem.bias, problem.scales is not None, problem.epilogue.activation
         return Epi(("m" if swapped(policy) else "n") if bias is not None else None,
-                   bias.dtype if bias is not None else None, GATED.get(act, act), scaled, scaled, act in GATED)
+                   bias.dtype if bias is not None else None, GATED.get(act, act), scaled, scaled, act in GATED,
+                   promote=scaled and fp8_checks.promoting_kernels())
 
     def supports(self, problem) -> Optional[str]:
         dev = problem.device
@@ -181,6 +183,8 @@ class _Sm90Kernel:
     def policy(self, problem) -> Policy:
         if problem.epilogue.activation in GATED:
             return choose_gated_policy(problem.m, problem.n, problem.k, problem.batch_count)
+        if problem.scales is not None and fp8_checks.promoting_kernels():
+            return choose_fp8_promoted_policy(problem.m, problem.n, problem.k, problem.batch_count)
         return choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
                              problem.a.majorness, problem.b.majorness)
 

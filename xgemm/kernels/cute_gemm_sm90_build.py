@@ -57,13 +57,16 @@ class Epi:
     D = act(acc * scale_m[row] * scale_n[col] + bias[col or row]), in float32.
     scale_m / scale_n: float32 vectors over D's rows / columns (FP8's per-row scales of A and per-
     column scales of B; not with C); bias along "n" (D's columns) or "m" (its rows: the transposed
-    run), of bias_dtype; then activation."""
+    run), of bias_dtype; then activation. promote (FP8): each k-tile's wgmma sum is added into a
+    float32 register accumulator (an FP8 wgmma keeps ~14 bits of its own running sum), as
+    DeepSeek-V3 and CUTLASS's non-fast-accum FP8 kernels do."""
     bias: Optional[str] = None
     bias_dtype: Optional[str] = None
     activation: Optional[str] = None
     scale_m: bool = False
     scale_n: bool = False
     gated: bool = False
+    promote: bool = False
 
     def check(self) -> None:
         assert self.bias in (None, "n", "m") and (self.bias is None) == (self.bias_dtype is None), self
@@ -73,6 +76,7 @@ class Epi:
         # gated: B holds [gate | up] (N = 2H), D = act(gate + bias[:H]) * (up + bias[H:]), H wide
         assert not self.gated or (self.activation in ("relu", "gelu", "gelu_tanh", "silu") and self.bias != "m"
                                   and not (self.scale_m or self.scale_n)), self
+        assert not self.promote or (self.scale_m and self.scale_n and not self.gated), f"{self}: promote is FP8's"
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -132,6 +136,7 @@ def _device():
             self.scale_m = epi is not None and epi.scale_m
             self.scale_n = epi is not None and epi.scale_n
             self.gated = epi is not None and epi.gated
+            self.promote = epi is not None and epi.promote
             assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
             # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
             self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
@@ -150,6 +155,8 @@ def _device():
             self.num_epi_threads = 128 if cfg.pingpong else 256
             self.mma_threads_per_tile = 128 if cfg.pingpong else 256
             acc_regs = cfg.tile_m * cfg.tile_n // (128 * math.prod(self.atom_layout_mnk))
+            # a promoting class holds a second accumulator as large as the first
+            assert not self.promote or acc_regs <= 64, f"{cfg}: {acc_regs} accumulator registers a thread, twice"
             # setmaxnreg budgets: 2 x 128 x mma + 128 x load <= 64K registers
             self.regs_load, self.regs_mma = (24, 240) if acc_regs >= 208 else (40, 232)
             self.num_mcast_a = cfg.cluster_n      # A tile is shared by the CTAs along N
@@ -491,6 +498,10 @@ def _device():
                 tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
                 acc = cute.make_rmem_tensor(
                     thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
+                acc_main = None
+                if const_expr(self.promote):
+                    acc_main = cute.make_rmem_tensor(
+                        thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
                 num_k_blocks = cute.size(tCrA, mode=[2])
 
                 # epilogue partitions: registers -> smem (stmatrix / st.shared), smem -> registers
@@ -588,16 +599,35 @@ def _device():
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.commit_group()
                     ab_read.advance()
-                    for k_tile in cutlass.range(1, k_tile_cnt, unroll=1):
-                        ab_pipeline.consumer_wait(ab_read)
-                        for kb in cutlass.range_constexpr(num_k_blocks):
-                            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, ab_read.index)],
-                                      tCrB[(None, None, kb, ab_read.index)], acc)
-                        warpgroup.commit_group()
-                        warpgroup.wait_group(1)       # the previous k-tile's wgmmas are done
-                        ab_pipeline.consumer_release(ab_release)
-                        ab_release.advance()
-                        ab_read.advance()
+                    if const_expr(self.promote):
+                        # every k-tile's sum goes into float32 registers: wait for it, add it,
+                        # and let the next k-tile's first wgmma overwrite the accumulator
+                        acc_main.fill(0.0)
+                        for k_tile in cutlass.range(1, k_tile_cnt, unroll=1):
+                            ab_pipeline.consumer_wait(ab_read)
+                            warpgroup.wait_group(0)
+                            ab_pipeline.consumer_release(ab_release)
+                            ab_release.advance()
+                            acc_main.store(acc_main.load() + acc.load())
+                            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                            warpgroup.fence()
+                            for kb in cutlass.range_constexpr(num_k_blocks):
+                                cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, ab_read.index)],
+                                          tCrB[(None, None, kb, ab_read.index)], acc)
+                                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                            warpgroup.commit_group()
+                            ab_read.advance()
+                    else:
+                        for k_tile in cutlass.range(1, k_tile_cnt, unroll=1):
+                            ab_pipeline.consumer_wait(ab_read)
+                            for kb in cutlass.range_constexpr(num_k_blocks):
+                                cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, ab_read.index)],
+                                          tCrB[(None, None, kb, ab_read.index)], acc)
+                            warpgroup.commit_group()
+                            warpgroup.wait_group(1)       # the previous k-tile's wgmmas are done
+                            ab_pipeline.consumer_release(ab_release)
+                            ab_release.advance()
+                            ab_read.advance()
                     if const_expr(self.pingpong):
                         # the other warpgroup may start issuing its mainloop now
                         cute.arch.barrier_arrive(barrier_id=BAR_MMA0 + 1 - wg_idx,
@@ -605,6 +635,8 @@ def _device():
                     warpgroup.wait_group(0)
                     ab_pipeline.consumer_release(ab_release)
                     ab_release.advance()
+                    if const_expr(self.promote):
+                        acc.store(acc.load() + acc_main.load())    # the epilogue reads acc
 
                     # ---------------------------------------------------------- epilogue
                     if const_expr(self.pingpong):

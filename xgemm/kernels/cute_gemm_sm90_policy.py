@@ -196,6 +196,15 @@ def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
     return cfg.policy(why)
 
 
+def choose_fp8_promoted_policy(m: int, n: int, k: int, l: int) -> Policy:
+    """An FP8 class that promotes its k-tile sums holds two float32 accumulators: cooperative
+    128x128 tiles (64 registers each a thread, as CUTLASS's non-fast-accum FP8 kernels use), the
+    cluster, raster and swizzle of the plain product's row."""
+    why, cfg = choose_config(m, n, k, l)
+    cfg = dataclasses.replace(cfg, tile_m=128, tile_n=128, pingpong=False)
+    return cfg.policy(why + "; FP8 promoted: cooperative 128x128 (two float32 accumulators)")
+
+
 def choose_policy(m: int, n: int, k: int, l: int, a_major: str, b_major: str) -> Policy:
     """The policy for D = A @ B given the operands' majorness (ROW: last dim contiguous)."""
     if a_major == ROW and b_major == ROW and k >= SWAP_MIN_K and row_of(m, n, k, l) in SWAP_ROWS:
