@@ -21,7 +21,14 @@ fi
 if [ "${EXAMPLES:-1}" != 0 ]; then
   for f in examples/*.py; do timeout 120 python3 "$f" > "$LOGS/example-$(basename "$f" .py).log" 2>&1; stage "$f" $?; done
 fi
-sanitize() { bash benchmarks/sanitize.sh "$LOGS/sanitize" > "$LOGS/sanitize.log" 2>&1; stage sanitize $?; cat "$LOGS/sanitize.log"; }
+# sanitize [CAP_S]: benchmarks/sanitize.sh, stopped after CAP_S when given (beside the fuzzer, so
+# that the final wait and pack_logs still come before DEADLINE: a run that the device tool's
+# limit kills brings back no logs, as the 2026-12-02 racecheck did)
+sanitize() {
+  if [ -n "${1:-}" ]; then timeout "$1" bash benchmarks/sanitize.sh "$LOGS/sanitize" > "$LOGS/sanitize.log" 2>&1
+  else bash benchmarks/sanitize.sh "$LOGS/sanitize" > "$LOGS/sanitize.log" 2>&1; fi
+  stage sanitize $?; cat "$LOGS/sanitize.log"
+}
 # SAN_WITH_FUZZ=1: the sanitizers run beside the fuzzer (one process and its GPU work beside the
 # fuzzer's CPU-bound workers; neither is a timing)
 if [ "${SAN:-1}" != 0 ] && [ "${SAN_WITH_FUZZ:-0}" = 0 ]; then sanitize; fi
@@ -29,7 +36,7 @@ if [ "${SOAK:-1}" != 0 ]; then
   timeout 400 python3 benchmarks/soak.py --eager "${SOAK_EAGER:-1000000}" --jit "${SOAK_JIT:-100000}" \
     --json "$LOGS/soak.json" > "$LOGS/soak.log" 2>&1; stage soak $?; tail -4 "$LOGS/soak.log"
 fi
-if [ "${SAN:-1}" != 0 ] && [ "${SAN_WITH_FUZZ:-0}" = 1 ]; then sanitize & fi
+if [ "${SAN:-1}" != 0 ] && [ "${SAN_WITH_FUZZ:-0}" = 1 ]; then sanitize $(( ${DEADLINE:-570} - 20 - (SECONDS - t0) )) & fi
 if [ "${FUZZ_CASES:-20000}" != 0 ]; then
   budget=$(( ${DEADLINE:-570} - 90 - (SECONDS - t0) ))
   if [ "$budget" -gt 20 ]; then
