@@ -216,17 +216,19 @@ PROMOTE_API = (777, 1040, 1024)      # a shape of its own: plans are cached per 
 
 
 def _promoted_api_call(call):
-    """call(m, n, k) with XGEMM_FP8_PROMOTE=1, the switch restored after."""
+    """call(m, n, k) with XGEMM_FP8_PROMOTE=1, planned afresh, the switch restored after."""
     import os
 
-    from xgemm.core import fp8_checks
+    from xgemm.core import fp8_checks, policy
     saved = os.environ.get(fp8_checks.PROMOTE_SWITCH)
     os.environ[fp8_checks.PROMOTE_SWITCH] = "1"
+    policy.clear_plans()
     try:
         return call(*PROMOTE_API)
     finally:
         os.environ.pop(fp8_checks.PROMOTE_SWITCH) if saved is None else os.environ.__setitem__(
             fp8_checks.PROMOTE_SWITCH, saved)
+        policy.clear_plans()
 
 
 def test_scaled_matmul_default_call_runs_the_promoted_class():

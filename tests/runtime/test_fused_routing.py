@@ -131,12 +131,19 @@ def test_gated_call_launches_the_gated_class(mh):
 def test_promoting_fp8_classes_serve_the_default_accumulation(monkeypatch):
     """XGEMM_FP8_PROMOTE=1 (until an H200 run validates them): scaled_matmul's default call launches
     the FP8 class that adds each k-tile's sum in float32 (Epi.promote) on a cooperative 128x128
-    tile, and so does a use_fast_accum call; explain() says so."""
-    from xgemm.core import fp8_checks
+    tile, and so does a use_fast_accum call; explain() says so. The class follows the plan: a plan
+    cached before the switch changed keeps its own class until policy.clear_plans()."""
+    from xgemm.core import fp8_checks, policy
     a = torch.randn(256, 512).to(F8)
     b = torch.randn(384, 512).to(F8).t()
     row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
-    monkeypatch.setenv(fp8_checks.PROMOTE_SWITCH, "1")
+    with Fake(keep=True) as fake:             # one fake device: its plans stay cached across the calls
+        xgemm.scaled_matmul(a, b, *row, use_fast_accum=True)
+        monkeypatch.setenv(fp8_checks.PROMOTE_SWITCH, "1")
+        xgemm.scaled_matmul(a, b, *row, use_fast_accum=True)
+    (_, _), (key, _) = _cute_calls(fake)
+    assert key[-1] == K90.Epi(scale_m=True, scale_n=True) and key[2].pingpong           # the cached plan's class
+    policy.clear_plans()
     for fast in (False, True):
         with Fake(keep=True) as fake:
             xgemm.scaled_matmul(a, b, *row, use_fast_accum=fast)
@@ -146,6 +153,8 @@ def test_promoting_fp8_classes_serve_the_default_accumulation(monkeypatch):
     with Fake(keep=True):
         text = str(xgemm.explain(a, b, *row, op="scaled_matmul"))
     assert "runs on cute_gemm_sm90" in text and "k-tile sums added in float32" in text, text
+    monkeypatch.delenv(fp8_checks.PROMOTE_SWITCH)
+    policy.clear_plans()
 
 
 @pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")

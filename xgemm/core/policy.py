@@ -160,6 +160,12 @@ _plans: Dict[tuple, tuple] = {}
 _PLAN_CACHE_SIZE = 4096
 
 
+def clear_plans() -> None:
+    """Drop the cached plans: after a switch that supports() or policy() reads has changed
+    (docs/development.md), the next call of each problem plans again."""
+    _plans.clear()
+
+
 def choose(op: str, problem: Any) -> Plan:
     """The cached choice for this exact problem, or a fresh walk of the table."""
     key = (op, problem, forced_kernel())      # register() and snapshot() clear _plans

@@ -38,7 +38,8 @@ from xgemm.kernels.cute_gemm_sm90_build import (  # noqa: F401 -- compile-class 
     _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, NAME, SMEM_BYTES, Epi, build, build_for_key, class_key,
     compile_cached, compiled, compiled_eager, max_clusters)
 from xgemm.kernels.cute_gemm_sm90_policy import (
-    POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy, choose_gated_policy, choose_policy, swapped)
+    POLICY_TABLE, PROMOTE_NOTE, SWAP_ROWS, Config, choose_fp8_promoted_policy, choose_gated_policy, choose_policy,
+    swapped)
 from xgemm.kernels.cute_gemm_sm90_policy import (  # noqa: F401 -- the policy's model under this kernel's name too
     ROW_MARGIN, SWAP_MIN_K, SWAP_NOTE, WAVE_MARGIN, choose_config, row_of, slot_fill, wave_efficiency)
 from xgemm.runtime import cute_cache
@@ -140,7 +141,7 @@ class _Sm90Kernel:
         bias, scaled, act = problem.bias, problem.scales is not None, problem.epilogue.activation
         return Epi(("m" if swapped(policy) else "n") if bias is not None else None,
                    bias.dtype if bias is not None else None, GATED.get(act, act), scaled, scaled, act in GATED,
-                   promote=scaled and fp8_checks.promoting_kernels())
+                   promote=scaled and PROMOTE_NOTE in policy.notes)
 
     def supports(self, problem) -> Optional[str]:
         dev = problem.device

@@ -196,13 +196,19 @@ def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
     return cfg.policy(why)
 
 
+# The note that makes an FP8 plan promote its k-tile sums (Epi.promote follows the plan, so a plan
+# cached before a switch changed keeps the class it was planned for)
+PROMOTE_NOTE = "k-tile sums promoted to float32"
+
+
 def choose_fp8_promoted_policy(m: int, n: int, k: int, l: int) -> Policy:
     """An FP8 class that promotes its k-tile sums holds two float32 accumulators: cooperative
     128x128 tiles (64 registers each a thread, as CUTLASS's non-fast-accum FP8 kernels use), the
     cluster, raster and swizzle of the plain product's row."""
     why, cfg = choose_config(m, n, k, l)
     cfg = dataclasses.replace(cfg, tile_m=128, tile_n=128, pingpong=False)
-    return cfg.policy(why + "; FP8 promoted: cooperative 128x128 (two float32 accumulators)")
+    pol = cfg.policy(why + "; cooperative 128x128: two float32 accumulators")
+    return dataclasses.replace(pol, notes=pol.notes + (PROMOTE_NOTE,))
 
 
 def choose_policy(m: int, n: int, k: int, l: int, a_major: str, b_major: str) -> Policy:
