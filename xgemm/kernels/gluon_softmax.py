@@ -63,7 +63,7 @@ BLOCK_M * BLOCK_N / (CTAS * 32 * warps), the fp32 values a thread holds (~1.3 re
 Picked with benchmarks/softmax.py --tune (1 GiB fp32 inputs, CUDA-graph timing, outputs verified;
 each candidate's GB/s: docs/performance.md, "xgemm/kernels/gluon_softmax.py"):
     BLOCK_N        CTAS  warps  BLOCK_M           online  elems/thread
-    16 ... 1024    1     4      1024 / BLOCK_N    0       8
+    16 ... 1024    1     4      1024 / BLOCK_N    0       8      (fp32; 16-bit: 2048 / BLOCK_N, 16)
     2048           1     8      4                 0       32
     4096           1     4      2                 0       64
     8192           1     16     2                 0       32
@@ -117,11 +117,14 @@ _TABLE: Dict[int, Tuple[int, int, int, int]] = {
 _SHORT_ROW_ONLINE = 0
 
 
-def _short_row(block_n: int) -> Tuple[int, int]:
+def _short_row(block_n: int, itemsize: int) -> Tuple[int, int]:
     """(rows per CTA, warps) for BLOCK_N <= 2048: up to 1024 columns quack's geometry, small CTAs
-    of 4 warps and 1024 elements (many resident per SM, so one CTA's tail overlaps the others'
-    loads); 2048 keeps 8 warps and 8192 elements (not re-swept)."""
-    return (max(1, 1024 // block_n), 4) if block_n <= 1024 else (8192 // block_n, 8)
+    of 4 warps holding two 16-byte vectors of x a thread (many resident per SM, so one CTA's tail
+    overlaps the others' loads): 1024 fp32 or 2048 16-bit values. At N = 1000 the 16-bit rows ran
+    at 4200-4212 GB/s with two vectors a thread and at 3979-4010 with one (2026-12-02, --tune); fp32 was
+    swept at 256 and 1024. 2048 keeps 8 warps and 8192 elements (not re-swept)."""
+    per_cta = 2 * 128 * (16 // itemsize)
+    return (max(1, per_cta // block_n), 4) if block_n <= 1024 else (8192 // block_n, 8)
 
 
 def _next_pow2(n: int) -> int:
@@ -229,7 +232,7 @@ def pick_config(cols: int, in_dtype: str, out_dtype: str, aligned: bool, shifted
     if block_n in _TABLE:
         ctas, warps, block_m, online = _TABLE[block_n]
     elif block_n < min(_TABLE):
-        (block_m, warps), ctas, online = _short_row(block_n), 1, _SHORT_ROW_ONLINE
+        (block_m, warps), ctas, online = _short_row(block_n, _ITEMSIZE[in_dtype]), 1, _SHORT_ROW_ONLINE
     else:
         raise ValueError(f"{NAME}: cols={cols} exceeds MAX_COLS={MAX_COLS}")
     return _shifted(_fit(Config(in_dtype, out_dtype, block_n, block_m, warps, ctas, vec, vec if aligned else 1,
