@@ -281,6 +281,15 @@ def api_items() -> list:
         _promoted_api_call(lambda m, n, k: xgemm.scaled_matmul(
             torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t(),
             torch.ones(m, 1), torch.ones(1, n), bias=torch.empty(n)))
+        # examples/model_layers.py's products (reliability.sh runs the examples on the H200)
+        T, D, H = 256, 512, 1024
+        xgemm.gated(torch.empty(T, D, dtype=torch.bfloat16), torch.empty(D, 2 * H, dtype=torch.bfloat16),
+                    activation="swiglu")
+        xgemm.gemm(torch.empty(T, H, dtype=torch.bfloat16), torch.empty(H, D, dtype=torch.bfloat16),
+                   bias=torch.empty(D, dtype=torch.bfloat16), activation="gelu_tanh")
+        xgemm.scaled_matmul(torch.empty(T, D, dtype=torch.float8_e4m3fn),
+                            torch.empty(D, D, dtype=torch.float8_e4m3fn).t(), torch.ones(T, 1), torch.ones(1, D),
+                            use_fast_accum=True)
         # benchmarks/fp8.py's products, both accumulations (its promoted run: SWITCHES=XGEMM_FP8_PROMOTE=1)
         for m, n, k in ((8192, 8192, 8192), (16384, 14336, 4096)):
             def bench(*_, m=m, n=n, k=k, fast=True):
