@@ -31,16 +31,17 @@ The embedded default dequantizes in float32 and runs one matmul; it reads any la
 FP8 wgmma kernel wants both operands K-major (a row-major, b column-major), and another layout
 will cost it a transposing copy: explain_scaled_matmul() says which. cute_gemm_sm90's FP8 classes
 take tensor- and row-wise products of K-major torch operands on the GPU when the call passes
-use_fast_accum=True (prepare_kernel: the scales as vectors in the epilogue). They keep each tile's sum in the wgmma accumulator, which an FP8
-wgmma adds into with ~14 bits (the DeepSeek-V3 report; the H200 run of 2026-12-02 measured 2-5%
-of |ref| + 1 at K = 256-512), what torch._scaled_mm's use_fast_accum=True does too; the default
-call wants float32 accumulation: classes that add each 128-deep k-tile's sum into float32
-registers (Epi.promote) are built and compile-tested, and serve the default call (and the fast
-one) with XGEMM_FP8_PROMOTE=1 until an H200 run validates them. Without it the default call,
-block-wise scales (which will take the same mainloop) and everything else run the embedded
-default. quantize_fp8 is planned like any op
-(registry "quantize_fp8"): triton_quantize_sm90 takes the row and 1x128 recipes of 16-byte rows on
-the GPU in one pass (same switch), the embedded default the rest.
+use_fast_accum=True (prepare_kernel: the scales as vectors in the epilogue). They keep each
+tile's sum in the wgmma accumulator, which an FP8 wgmma adds into with ~14 bits (the DeepSeek-V3
+report; the H200 run of 2026-12-02 measured 2-5% of |ref| + 1 at K = 256-512), what
+torch._scaled_mm's use_fast_accum=True does too. The default call wants float32 accumulation:
+classes that add each 128-deep k-tile's sum into float32 registers (Epi.promote, a plan that
+carries fp8_checks.PROMOTE_NOTE) are built and compile-tested, and are planned for the default
+call (and the fast one) with XGEMM_FP8_PROMOTE=1 until an H200 run validates them. Without a
+promoting plan the default call, block-wise scales (which will take the same mainloop) and
+everything else run the embedded default. quantize_fp8 is planned like any op (registry
+"quantize_fp8"): triton_quantize_sm90 takes the row and 1x128 recipes of 16-byte rows on the GPU
+in one pass, the embedded default the rest.
 Autograd and torch.compile: torch tensors go through the torch.library ops xgemm::scaled_matmul
 and xgemm::fp8_matmul (torch/fp8_ops.py), routed by the public entry (api.py).
 
@@ -120,16 +121,17 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias, fn=fn)
-    prepared = prepare_kernel(c, fn) if use_fast_accum or fp8_checks.promoting_kernels() else None
+    prepared = prepare_kernel(c, fn, use_fast_accum) if use_fast_accum or fp8_checks.promoting_kernels() else None
     return prepare.run(prepared) if prepared is not None else run_default(arrays.namespace(c.owner), c)
 
 
-def prepare_kernel(c: Checked, fn: str = "scaled_matmul") -> Any:
+def prepare_kernel(c: Checked, fn: str = "scaled_matmul", use_fast_accum: bool = True) -> Any:
     """The Prepared call of a kernel that takes this FP8 product (tensor- or row-wise scales as
-    vectors of M and N values, K-major torch operands on a GPU), or None for the embedded default.
-    Planned like any GEMM: a GemmProblem with FP8 operands and its scales."""
+    vectors of M and N values, K-major torch operands on a GPU) with the accumulation the call
+    allows, or None for the embedded default. Planned like any GEMM: a GemmProblem with FP8
+    operands and its scales."""
     planned = _plan_kernel(c, fn)
-    if planned is None:
+    if planned is None or not _accumulates_as_asked(planned[0], use_fast_accum):
         return None
     plan, (va, vb, vbias) = planned
     # a tensor-wise scale repeated into the vector the problem describes (M + N floats)
@@ -138,6 +140,12 @@ def prepare_kernel(c: Checked, fn: str = "scaled_matmul") -> Any:
     result = sys.modules["torch"].empty((plan.problem.m, plan.problem.n), device=c.a.device,
                                         dtype=arrays.framework_dtype("torch", c.out_dtype))
     return prepare.Prepared(plan, (va, vb, None, vbias, *scales), arrays.view(result, "out", fn), lambda r: result)
+
+
+def _accumulates_as_asked(plan: Any, use_fast_accum: bool) -> bool:
+    """A plan's class keeps its sums in the wgmma accumulator unless the plan promotes them: only a
+    use_fast_accum call takes that (a plan cached before XGEMM_FP8_PROMOTE changed keeps its class)."""
+    return use_fast_accum or fp8_checks.PROMOTE_NOTE in plan.policy.notes
 
 
 def _plan_kernel(c: Checked, fn: str) -> Any:
@@ -240,11 +248,12 @@ def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, use_fas
         return jax_fp8.explain_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
     planned = _plan_kernel(c, fn)
-    promoted = fp8_checks.promoting_kernels()
-    kernel = (f"{planned[0].kernel.name} ({planned[0].policy.summary()}), the scales applied in its epilogue, "
+    plan = planned[0] if planned is not None else None
+    promoted = plan is not None and _accumulates_as_asked(plan, False)
+    kernel = (f"{plan.kernel.name} ({plan.policy.summary()}), the scales applied in its epilogue, "
               + ("its k-tile sums added in float32" if promoted else "its sums kept in the wgmma accumulator")
-              if planned is not None else None)
-    if kernel and (use_fast_accum or promoted):
+              if plan is not None else None)
+    if kernel and _accumulates_as_asked(plan, use_fast_accum):
         return f"scaled_matmul {c.recipe.m}x{c.recipe.n}x{c.recipe.k}, {c.recipe.name}-wise scales; runs on {kernel}"
     text = fp8_checks.kernel_needs(c.recipe, _unit_stride(c.a, 1), _unit_stride(c.b, 0))
     return text + (f"; with use_fast_accum=True it runs on {kernel}" if kernel else "")

@@ -141,6 +141,7 @@ def test_promoting_fp8_classes_serve_the_default_accumulation(monkeypatch):
         xgemm.scaled_matmul(a, b, *row, use_fast_accum=True)
         monkeypatch.setenv(fp8_checks.PROMOTE_SWITCH, "1")
         xgemm.scaled_matmul(a, b, *row, use_fast_accum=True)
+        xgemm.scaled_matmul(a, b, *row)       # float32 accumulation: not the cached fast class
     (_, _), (key, _) = _cute_calls(fake)
     assert key[-1] == K90.Epi(scale_m=True, scale_n=True) and key[2].pingpong           # the cached plan's class
     policy.clear_plans()

@@ -8,6 +8,7 @@ epilogues: one definition for every framework, so the eager and JAX paths cannot
 """
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 from xgemm import errors
@@ -17,12 +18,14 @@ FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 # The FP8 classes that promote each k-tile's sum into float32 registers (float32 accumulation, what
 # scaled_matmul's default asks) wait for their first H200 run behind this switch; with it on, every
-# FP8 class promotes, use_fast_accum or not
+# FP8 product is planned on them, use_fast_accum or not. A plan that promotes carries PROMOTE_NOTE:
+# the kernel builds its class from it, and a call that wants float32 accumulation checks it (a plan
+# cached before the switch changed keeps the class it was planned for)
 PROMOTE_SWITCH = "XGEMM_FP8_PROMOTE"
+PROMOTE_NOTE = "k-tile sums promoted to float32"
 
 
 def promoting_kernels() -> bool:
-    import os
     return os.environ.get(PROMOTE_SWITCH) == "1"
 BLOCK = 128
 QUANTIZE_RECIPES = ("tensor", "row", "col", "block_1x128", "block_128x128")

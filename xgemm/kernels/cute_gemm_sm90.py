@@ -28,6 +28,7 @@ import functools
 from typing import Optional, Tuple
 
 from xgemm.core import fp8_checks
+from xgemm.core.fp8_checks import PROMOTE_NOTE
 from xgemm.core.epilogues import ACTIVATIONS, GATED
 from xgemm.core.layout import unit_stride_dim
 from xgemm.core.problem import COL, ROW, Policy
@@ -35,10 +36,10 @@ from xgemm.kernels._common import xla_tensors, xla_views
 # The compiled classes live in their own module, which alone names their disk cache; the policy in
 # another: an edit here or there keeps every compiled class
 from xgemm.kernels.cute_gemm_sm90_build import (  # noqa: F401 -- compile-class machinery under this kernel's name
-    _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, NAME, SMEM_BYTES, Epi, build, build_for_key, class_key,
-    compile_cached, compiled, compiled_eager, max_clusters)
+    _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, NAME, Epi, build, build_for_key, class_key, compiled,
+    compiled_eager, max_clusters)
 from xgemm.kernels.cute_gemm_sm90_policy import (
-    POLICY_TABLE, PROMOTE_NOTE, SWAP_ROWS, Config, choose_fp8_promoted_policy, choose_gated_policy, choose_policy,
+    POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy, choose_gated_policy, choose_policy,
     swapped)
 from xgemm.kernels.cute_gemm_sm90_policy import (  # noqa: F401 -- the policy's model under this kernel's name too
     ROW_MARGIN, SWAP_MIN_K, SWAP_NOTE, WAVE_MARGIN, choose_config, row_of, slot_fill, wave_efficiency)
@@ -46,9 +47,6 @@ from xgemm.runtime import cute_cache
 from xgemm.runtime.calls import Arg, TvmFfiCall
 from xgemm.runtime.driver import sm_count
 from xgemm.runtime.roles import OUT, A, B, C
-
-
-
 
 
 def transposed(v):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from xgemm.core.fp8_checks import PROMOTE_NOTE
 from xgemm.core.problem import ROW, Policy
 
 
@@ -194,11 +195,6 @@ def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
         cfg = dataclasses.replace(cfg, tile_n=128)
         why += f"; tile_n 128: H = {h} is a multiple of 64"
     return cfg.policy(why)
-
-
-# The note that makes an FP8 plan promote its k-tile sums (Epi.promote follows the plan, so a plan
-# cached before a switch changed keeps the class it was planned for)
-PROMOTE_NOTE = "k-tile sums promoted to float32"
 
 
 def choose_fp8_promoted_policy(m: int, n: int, k: int, l: int) -> Policy:
