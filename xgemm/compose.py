@@ -4,8 +4,8 @@
     gated(a, b, bias=, activation="swiglu")             D = act(gate) * up of [gate | up] = A@B + bias
 
 Where a kernel fuses the epilogue (cute_gemm_sm90's Epi classes: bias + activation, or gated
-with a [gate | up] bias, eager fp16/bf16 on the GPU without autograd), the call is planned with it (a gated one with activation = the gated
-name) and that kernel writes D once. Otherwise the product runs through the usual kernels with a
+with a [gate | up] bias, eager fp16/bf16 on the GPU without autograd), the call is planned with
+it (a gated one with activation = the gated name) and that kernel writes D once. Otherwise the product runs through the usual kernels with a
 float32 result (float64 for float64 operands), the epilogue runs on it with the framework's own
 ops in that type (core/epilogues.py), and the result is cast once: the numerics of a fused fp32
 epilogue, at the cost of one more pass over D. The product is xgemm's (for torch under autograd
