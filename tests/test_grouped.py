@@ -289,8 +289,8 @@ def test_any_sizes_match_the_loop(data, fw):
 
 @pytest.mark.parametrize("fw", ["numpy", "torch", "jax"])
 def test_explain_names_the_default_and_its_cost(fw):
-    """explain(op="ragged_dot" | "grouped_mm") says what runs and that the default does E masked
-    products (E x the grouped FLOPs), so a user sees the cost before a grouped kernel lands."""
+    """explain(op="ragged_dot" | "grouped_mm") says what runs; on the CPU that is the default, with
+    its cost (E masked products: E x the grouped FLOPs) and why the grouped kernel declined."""
     import xgemm
     mod = {"numpy": np, "torch": pytest.importorskip("torch"), "jax": pytest.importorskip("jax.numpy")}[fw]
     x, w = mod.asarray(np.zeros((100, 32), np.float32)), mod.asarray(np.zeros((4, 32, 16), np.float32))
@@ -300,7 +300,8 @@ def test_explain_names_the_default_and_its_cost(fw):
     if fw == "jax":
         assert "jax.lax.ragged_dot" in text
     else:
-        assert "4 masked products" in text and "4 x the grouped product's" in text
+        assert "4 masked products" in text and "4 x the grouped FLOPs" in text
+        assert "declined triton_grouped_sm90: needs a CUDA device" in text
     xt, dy, offs = mod.asarray(np.zeros((32, 100), np.float32)), mod.asarray(np.zeros((100, 16), np.float32)), \
         mod.asarray(np.array([10, 60, 100], np.int32))
     assert "-> [3, 32, 16]" in xgemm.explain(xt, dy, offs, op="grouped_mm")

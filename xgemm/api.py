@@ -162,7 +162,7 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
     explain(x) -> softmax, explain(a, b) -> matmul, explain(a, b, c, alpha=, beta=) -> gemm,
     bias= / activation= as gemm() takes them; op="softmax"|"matmul"|"gemm"|"gated" overrides.
     Printing the result gives a few readable lines. op="ragged_dot" | "grouped_mm" with
-    (lhs, rhs, group_sizes) | (x, w, offs) returns those lines as a string (no kernel plans them yet),
+    (lhs, rhs, group_sizes) | (x, w, offs) returns those lines as a string (the grouped plan),
     and so does op="scaled_matmul" with (a, b, scale_a, scale_b): where it runs, and the copies an
     FP8 kernel would need (use_fast_accum as scaled_matmul takes it).
     """

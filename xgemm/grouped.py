@@ -11,16 +11,12 @@ cumsum(group_sizes) (= offs), each row times rhs[e]. Rows at or beyond ends[-1] 
 truncates the last groups at T. Sizes must be >= 0 (offsets non-decreasing): they are never read
 on the host, so this is not checked; other values give unspecified rows.
 
-The embedded default never reads the group sizes on the host (no device synchronization: CUDA-graph
-capturable, and a torch.compile trace of it has no data-dependent branch): each row's group is
-searchsorted(ends, arange(T), side='right') on the device, then for each group e the full product
-lhs @ rhs[e] is computed and its rows selected (`where`, so NaN/Inf in other groups' rows or unused
-experts never leak). Cost: E GEMMs of T x K x N (E times the useful flops) and, beyond the
-inputs and result, O(T·K + T·N + K·N) memory; the variable-K product likewise E GEMMs of
-M x T x N plus masked copies O(M·T + T·N). fp16/bf16 accumulate in float32, float64 in float64.
-It is a reference for CPU and a fallback; the GPU kernel (a persistent grouped GEMM with a
-device-side scheduler) plugs in at run_default(): a "grouped" op in core/registry.py and a
-GroupedProblem that policy.choose() walks, with this default as its `reference` kernel.
+run() plans a GroupedProblem (policy.choose("grouped", ...), core/registry.py): on Hopper the
+persistent Triton kernel (kernels/triton_grouped_sm90.py), whose TMA descriptors are made per group
+on the device; elsewhere, or for what it declines, the embedded default (kernels/reference.py), a
+masked product per group in the framework's own ops. Neither reads the group sizes on the host (no
+device synchronization: CUDA-graph capturable, and a torch.compile trace has no data-dependent
+branch). fp16/bf16 accumulate in float32, float64 in float64.
 
 Autograd and torch.compile: torch tensors that need them go through the torch.library op
 xgemm::grouped_mm (torch/grouped_ops.py, which calls back into this module's eager path); that
@@ -31,7 +27,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from xgemm import arrays, errors, prepare
-from xgemm.core import checks, grouped_checks
+from xgemm.core import checks, grouped_checks, policy
 
 
 class Checked(NamedTuple):
@@ -81,7 +77,7 @@ def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None, f
         from xgemm.jax import grouped as jax_grouped
         return jax_grouped.ragged_dot(c.a, c.b, c.index, preferred_element_type=c.out_dtype, fn=fn)
     xp = arrays.namespace(c.owner)
-    return run_default(xp, c, xp.cumulative_sum(c.index))
+    return run(c, xp.cumulative_sum(c.index))
 
 
 def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, fn: str = "grouped_mm") -> Any:
@@ -93,64 +89,40 @@ def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, fn: str = "g
     if c.owner == "jax":
         from xgemm.jax import grouped as jax_grouped
         return jax_grouped.grouped_mm(c.a, c.b, c.index, out_dtype=c.out_dtype, fn=fn)
-    return run_default(arrays.namespace(c.owner), c, c.index)
+    return run(c, c.index)
 
 
 def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None) -> str:
-    """What a ragged_dot / grouped_mm call runs, in words: its shape, and the embedded default's
-    cost (every group's product over all T rows or indices, masked: E times the grouped FLOPs)."""
+    """What a ragged_dot / grouped_mm call runs, in words: its problem, the kernel and policy, and
+    why the kernels before it declined."""
     c = (check_ragged_dot if op == "ragged_dot" else check_grouped_mm)(a, b, index, out_dtype, fn="explain")
     s = c.shape
-    what = (f"{s.groups} groups of the {s.rows} contraction indices: a [{s.m}, {s.rows}] @ b [{s.rows}, {s.n}] "
-            f"-> [{s.groups}, {s.m}, {s.n}]" if s.ragged_k else
-            f"{s.groups} groups of the {s.rows} rows: [{s.rows}, {s.k}] @ [{s.groups}, {s.k}, {s.n}] -> [{s.rows}, {s.n}]")
-    flops = 2 * s.m * s.k * s.n if not s.ragged_k else 2 * s.m * s.rows * s.n
-    runs = ("XLA's jax.lax.ragged_dot" + ("_general" if s.ragged_k else "") + f" ({flops / 1e9:.3g} GFLOP)"
-            if c.owner == "jax" else
-            f"the embedded default in {c.owner} ops, {s.groups} masked products of every "
-            f"{'index' if s.ragged_k else 'row'} ({s.groups} x the grouped product's {flops / 1e9:.3g} GFLOP)")
-    return (f"{op} {c.dtype}->{c.out_dtype} on {c.owner}: {what}\n"
-            f"  runs on: {runs}; no grouped kernel yet, no host read of the group sizes")
+    if c.owner == "jax":
+        return (f"{op} {grouped_checks.describe(s)} {c.dtype}->{c.out_dtype} on jax\n"
+                f"  runs on: XLA's jax.lax.ragged_dot{'_general' if s.ragged_k else ''}; no host read of the "
+                f"group sizes")
+    return f"{op}: " + str(_plan(c)[0])
 
 
-def run_default(xp: Any, c: Checked, ends: Any) -> Any:
-    """The embedded default on the owner framework's own ops; `ends` are the groups' end offsets,
-    on the device. Where a grouped kernel plugs in: plan a GroupedProblem and run the chosen kernel."""
-    acc = "float64" if c.dtype == "float64" else "float32"
-    acc_t, out_t = arrays.framework_dtype(c.owner, acc), arrays.framework_dtype(c.owner, c.out_dtype)
-    if c.shape.ragged_k:
-        return contract_groups(xp, c.a, c.b, ends, acc_t, out_t)
-    return multiply_groups(xp, c.a, c.b, ends, acc_t, out_t)
+def _plan(c: Checked):
+    """The plan of a checked eager call and the A, B views it was made from."""
+    va, vb = arrays.view(c.a, "a", "grouped"), arrays.view(c.b, "b", "grouped")
+    problem = grouped_checks.GroupedProblem(c.shape, arrays.operand(va), arrays.operand(vb), c.out_dtype, c.owner,
+                                            va.device)
+    return policy.choose("grouped", problem), va, vb
 
 
-def _group_of_rows(xp: Any, ends: Any, rows: int, device: Any) -> Any:
-    """Each row's group, on the device: E for rows at or beyond ends[-1] (they belong to none)."""
-    return xp.searchsorted(ends, xp.arange(rows, dtype=ends.dtype, device=device), side="right")
-
-
-def multiply_groups(xp: Any, lhs: Any, rhs: Any, ends: Any, acc: Any, out: Any) -> Any:
-    """out[t] = lhs[t] @ rhs[group of t], zero for rows in no group. Any strides."""
-    dev = lhs.device                 # not array_api_compat.device(): its lru_cache makes torch.compile warn
-    rows, groups, n = lhs.shape[0], rhs.shape[0], rhs.shape[2]
-    group = _group_of_rows(xp, ends, rows, dev)
-    lhs_acc = xp.astype(lhs, acc)
-    result = xp.zeros((rows, n), dtype=acc, device=dev)
-    for e in range(groups):          # select, not add: other groups' NaN/Inf never reach a row
-        result = xp.where((group == e)[:, None], xp.matmul(lhs_acc, xp.astype(rhs[e, ...], acc)), result)
-    return xp.astype(result, out)
-
-
-def contract_groups(xp: Any, a: Any, b: Any, ends: Any, acc: Any, out: Any) -> Any:
-    """out[e] = a[:, T_e] @ b[T_e, :] over the contraction indices T_e of group e; zeros for an
-    empty group and for indices in no group."""
-    dev = a.device
-    m, rows, n, groups = a.shape[0], a.shape[1], b.shape[1], ends.shape[0]
-    group = _group_of_rows(xp, ends, rows, dev)
-    a_acc, b_acc = xp.astype(a, acc), xp.astype(b, acc)
-    zero = xp.zeros((), dtype=acc, device=dev)
-    blocks = []
-    for e in range(groups):          # both sides masked: 0 * NaN would leak from the other one
-        mine = group == e
-        blocks.append(xp.matmul(xp.where(mine[None, :], a_acc, zero), xp.where(mine[:, None], b_acc, zero)))
-    result = xp.stack(blocks) if blocks else xp.zeros((0, m, n), dtype=acc, device=dev)
-    return xp.astype(result, out)
+def run(c: Checked, ends: Any) -> Any:
+    """Run the chosen kernel; `ends` are the groups' end offsets, on the device. An empty result
+    (or an empty contraction) goes to the embedded default, which makes the zeros."""
+    plan, va, vb = _plan(c)
+    if plan.kernel.name == "reference" or 0 in c.shape.out:
+        return policy.reference("grouped").run(plan.problem, plan.policy,
+                                               (va, vb, arrays.view(ends, "ends", "grouped")), None, 0)
+    xp = arrays.namespace(c.owner)
+    ends = xp.astype(ends, arrays.framework_dtype(c.owner, "int32"), copy=True)      # dense int32, as the kernel reads
+    out = arrays.empty(c.owner, c.shape.out, c.out_dtype, va.device, c.a)
+    views = (va, vb, arrays.view(ends, "ends", "grouped"))
+    plan.kernel.run(plan.problem, plan.policy, views, arrays.view(out, "out", "grouped"),
+                    arrays.current_stream(c.owner, va.device))
+    return out

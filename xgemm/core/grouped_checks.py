@@ -6,9 +6,11 @@ the device, so a check here cannot synchronize with the host (or concretize a JA
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple, Sequence, Tuple
 
 from xgemm import errors
+from xgemm.core.problem import Device, Operand
 
 INDEX_DTYPES = ("int32", "int64")
 
@@ -25,6 +27,29 @@ class GroupedShape(NamedTuple):
     ragged_k: bool
     out: Tuple[int, ...]
 
+
+def describe(s: GroupedShape) -> str:
+    """The product in words: its groups, its operands' shapes and the result's."""
+    what = (f"{s.groups} groups of the {s.rows} contraction indices, [{s.m}, {s.rows}] @ [{s.rows}, {s.n}]"
+            if s.ragged_k else f"{s.groups} groups of the {s.rows} rows, [{s.rows}, {s.k}] @ [{s.groups}, {s.k}, {s.n}]")
+    return what + " -> [" + ", ".join(map(str, s.out)) + "]"
+
+
+@dataclass(frozen=True)
+class GroupedProblem:
+    """What a grouped kernel sees (policy.choose("grouped", ...)): the shape, A and B as operands
+    (rows mode: A [T, K], B [E, K, N]; ragged_k: A [M, T], B [T, N]), the result's dtype and where
+    it lives. The group sizes are not part of it: they stay on the device."""
+    shape: GroupedShape
+    a: Operand
+    b: Operand
+    out_dtype: str
+    framework: str
+    device: Device
+
+    def summary(self) -> str:
+        return (f"grouped {describe(self.shape)} {self.a.dtype}->{self.out_dtype} A {self.a.majorness}/{self.a.alignment}B, "
+                f"B {self.b.majorness}/{self.b.alignment}B on {self.framework}:{self.device.kind}")
 
 
 def index_dtype(fn: str, name: str, dt: str) -> str:

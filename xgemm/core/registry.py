@@ -25,6 +25,10 @@ TABLE: Dict[str, Tuple[str, ...]] = {
         "gluon_softmax",        # rows split over a cluster of up to 16 CTAs
         "reference",
     ),
+    "grouped": (
+        "triton_grouped_sm90",  # persistent, TMA descriptors made per group on the device
+        "reference",
+    ),
     "quantize_fp8": (
         "triton_quantize_sm90",  # row and 1x128 recipes in one pass
         "reference",

@@ -9,13 +9,16 @@ expert-parallel sharding over a mesh axis.
 Rows beyond sum(group_sizes) are zeros; group sizes stay on the device (traced under jit: never
 concretized). xgemm/grouped.py's docstring has the full semantics.
 
-The forward is XLA's ragged_dot (the embedded default); the backward is
+Both products are one primitive, xgemm_grouped (a, b, sizes; static: the result dtype, the mode
+and the operands' majorness). Its cuda lowering plans a GroupedProblem as eager calls do and emits
+the chosen kernel's launch (kernels/triton_grouped_sm90.py on Hopper: ends = cumsum(sizes) on the
+device, then one custom call); elsewhere, or for a problem it declines, XLA's ragged_dot (the
+embedded default). The backward is
     dlhs = ragged_dot(dout, rhs^T, group_sizes)
-    drhs[e] = lhs_e^T @ dout_e  (the variable-K product: XLA's ragged_dot_general with the ragged
-                                 dimension contracted; zeros for an empty group)
+    drhs[e] = lhs_e^T @ dout_e  (the variable-K product; zeros for an empty group)
 and both call this module's custom_vjp functions, so reverse over reverse works (forward mode,
-jvp, does not, as for xgemm.jax.gemm). A GPU kernel replaces _multiply_groups / _contract_groups:
-a primitive with a cuda lowering there, the custom_vjp / vmap / sharding structure unchanged.
+jvp, does not, as for xgemm.jax.gemm). A transposed operand (rhs^T, lhs^T, dout^T) is handed to
+the primitive with a column-major layout request, so XLA makes the transpose a bitcast.
 
 vmap: XLA's ragged_dot batches only when every operand is batched; the rule here folds any batching
 into ONE unbatched call instead: rows are permuted (on the device) so that each group's rows of every
@@ -31,11 +34,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from xgemm import arrays, errors
-from xgemm.core import checks, grouped_checks
-from xgemm.jax import inputs
+from xgemm.core import checks, grouped_checks, layout, policy
+from xgemm.core.problem import COL, ROW
+from xgemm.jax import ffi as jax_ffi
+from xgemm.jax import inputs, lowering
+from xgemm.runtime.calls import Launch
 
 # the variable-K product: a [T, M] . b [T, N] contracted over T, which is ragged -> [E, M, N]
 _CONTRACT_GROUPS = jax.lax.RaggedDotDimensionNumbers(
@@ -59,7 +67,7 @@ def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: 
     fp16/bf16 accumulate in float32. Rows beyond sum(group_sizes) are zeros."""
     lhs, rhs, sizes, out, _ = _checked(fn, ("lhs", "rhs", "group_sizes"), lhs, rhs, group_sizes,
                                        preferred_element_type, True)
-    return _jit_ragged_dot(lhs, rhs, sizes, out)
+    return _jit_ragged_dot(lhs, rhs, sizes, out, ROW)
 
 
 def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, fn: str = "grouped_mm") -> jax.Array:
@@ -69,7 +77,7 @@ def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, fn: str = "g
     sizes = jnp.diff(offs, prepend=jnp.zeros((1,), offs.dtype))
     if shape.ragged_k:
         return _jit_contract(x.T, w, sizes, out)
-    return _jit_ragged_dot(x, w, sizes, out)
+    return _jit_ragged_dot(x, w, sizes, out, ROW)
 
 
 def ragged_dot_expert_parallel(lhs: Any, rhs: Any, group_sizes: Any, mesh: jax.sharding.Mesh, axis: str, *,
@@ -103,8 +111,10 @@ def ragged_dot_expert_parallel(lhs: Any, rhs: Any, group_sizes: Any, mesh: jax.s
         # jax.make_mesh's default: shard_map takes operands only as its in_specs say (Auto axes
         # reshard by themselves); a no-op where they already are
         placed = [jax.reshard(x, NamedSharding(mesh, s)) for x, s in zip(placed, specs)]
-    local = jax.shard_map(lambda l, r, g: _ragged_dot(l, r, g, out), mesh=mesh, in_specs=specs,
-                          out_specs=specs[0])
+    # check_vma=False: xgemm_grouped's abstract eval does not track varying manual axes (every
+    # operand and the result vary over `axis` alike here)
+    local = jax.shard_map(lambda l, r, g: _ragged_dot(l, r, g, out, ROW), mesh=mesh, in_specs=specs,
+                          out_specs=specs[0], check_vma=False)
     return local(*placed)
 
 
@@ -119,14 +129,77 @@ def _acc(dt: Any):
 _PRECISION = jax.lax.Precision.HIGHEST
 
 
+# ---------------------------------------------------------------------------------------------
+# The primitive: rows mode a [T, K], b [E, K, N] -> [T, N]; ragged_k a [M, T], b [T, N] -> [E, M, N].
+# a_major / b_major: the layout to ask XLA for (COL where the operand is a transpose).
+
+grouped_p = Primitive("xgemm_grouped")
+
+
+def _grouped_abstract(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW):
+    shape = (sizes.shape[0], a.shape[0], b.shape[1]) if ragged_k else (a.shape[0], b.shape[2])
+    return jax.core.ShapedArray(shape, np.dtype(out))
+
+
+def _grouped_reference(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW):
+    """XLA's ragged dot, accumulated in float32 (float64 for float64)."""
+    if ragged_k:
+        y = jax.lax.ragged_dot_general(a.T, b, sizes, _CONTRACT_GROUPS, precision=_PRECISION,
+                                       preferred_element_type=_acc(a.dtype))
+    else:
+        y = jax.lax.ragged_dot(a, b, sizes, precision=_PRECISION, preferred_element_type=_acc(a.dtype))
+    return y.astype(out)
+
+
+def _grouped_problem(a, b, sizes, out, ragged_k, a_major, b_major) -> grouped_checks.GroupedProblem:
+    if ragged_k:
+        (m, t), n = a.shape, b.shape[1]
+        shape = grouped_checks.GroupedShape(t, m, t, n, sizes.shape[0], True, (sizes.shape[0], m, n))
+    else:
+        (t, k), n = a.shape, b.shape[2]
+        shape = grouped_checks.GroupedShape(t, t, k, n, b.shape[0], False, (t, n))
+
+    def operand(x, major):
+        return layout.dense_operand(tuple(x.shape), np.dtype(x.dtype).name, np.dtype(x.dtype).itemsize, major)
+    return grouped_checks.GroupedProblem(shape, operand(a, a_major), operand(b, b_major), np.dtype(out).name, "jax",
+                                         lowering.target_device())
+
+
+def _grouped_cuda(a, b, sizes, *, out, ragged_k, portable, a_major=ROW, b_major=ROW):
+    """The chosen kernel's custom call on (a, b, ends = cumsum(sizes)), or XLA's ragged dot."""
+    kw = dict(out=out, ragged_k=ragged_k, a_major=a_major, b_major=b_major)
+    if 0 in a.shape + b.shape + sizes.shape:
+        return _grouped_reference(a, b, sizes, **kw)
+    problem = _grouped_problem(a, b, sizes, out, ragged_k, a_major, b_major)
+    plan = policy.choose("grouped", problem)
+    made = plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
+    if not isinstance(made, Launch):
+        return _grouped_reference(a, b, sizes, **kw)
+    lowering.ensure_registered()
+    ends = jnp.cumsum(sizes, dtype=jnp.int32)
+    layouts = [lowering.col_layout(x.ndim) if major == COL else None for x, major in ((a, a_major), (b, b_major))]
+    (y,) = jax_ffi.call(made, [a, b, ends], [jax.ShapeDtypeStruct(problem.shape.out, np.dtype(out))],
+                        in_layouts=layouts + [None])
+    return y
+
+
+def _grouped_cuda_rule(ctx, a, b, sizes, **params):
+    fn = functools.partial(_grouped_cuda, portable=lowering.for_export(ctx), **params)
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, sizes)
+
+
+grouped_p.def_abstract_eval(_grouped_abstract)
+grouped_p.def_impl(lambda *args, **params: jax.jit(functools.partial(grouped_p.bind, **params))(*args))
+mlir.register_lowering(grouped_p, mlir.lower_fun(_grouped_reference, multiple_results=False))
+mlir.register_lowering(grouped_p, _grouped_cuda_rule, platform="cuda")
+
+
 @functools.lru_cache(maxsize=None)
-def _multiply_groups(out: str):
+def _multiply_groups(out: str, b_major: str):
     """(lhs [T, K], rhs [E, K, N], sizes [E] int32) -> [T, N] of `out`."""
     @custom_vmap
     def multiply(lhs, rhs, sizes):
-        y = jax.lax.ragged_dot(lhs, rhs, sizes, precision=_PRECISION,
-                               preferred_element_type=_acc(lhs.dtype))
-        return y.astype(out)
+        return grouped_p.bind(lhs, rhs, sizes, out=out, ragged_k=False, b_major=b_major)
 
     @multiply.def_vmap
     def multiply_batched(axis_size, in_batched, lhs, rhs, sizes):
@@ -146,9 +219,8 @@ def _contract_groups(out: str):
     """(a [T, M], b [T, N], sizes [E] int32) -> [E, M, N] of `out`: a_e^T @ b_e per group."""
     @custom_vmap
     def contract(a, b, sizes):
-        y = jax.lax.ragged_dot_general(a, b, sizes, _CONTRACT_GROUPS, precision=_PRECISION,
-                                       preferred_element_type=_acc(a.dtype))
-        return y.astype(out)
+        # the kernel's A is a^T [M, T]: asked for column-major, it is a's own row-major buffer
+        return grouped_p.bind(a.T, b, sizes, out=out, ragged_k=True, a_major=COL)
 
     @contract.def_vmap
     def contract_batched(axis_size, in_batched, a, b, sizes):
@@ -198,21 +270,26 @@ def _inverse(dest: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 # custom_vjp: the backward as grouped products of this module
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _ragged_dot(lhs, rhs, sizes, out: str):
-    return _multiply_groups(out)(lhs, rhs, sizes)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _ragged_dot(lhs, rhs, sizes, out: str, b_major: str):
+    return _multiply_groups(out, b_major)(lhs, rhs, sizes)
 
 
-def _ragged_dot_fwd(lhs, rhs, sizes, out):
-    return _ragged_dot(lhs, rhs, sizes, out), (lhs, rhs, sizes)
+def _ragged_dot_fwd(lhs, rhs, sizes, out, b_major):
+    return _ragged_dot(lhs, rhs, sizes, out, b_major), (lhs, rhs, sizes)
 
 
-def _ragged_dot_bwd(out, res, dy):
+def _ragged_dot_bwd(out, b_major, res, dy):
     lhs, rhs, sizes = res
     dy = dy.astype(lhs.dtype)      # the kernels' input dtype; accumulation is float32 again
-    dlhs = _ragged_dot(dy, jnp.swapaxes(rhs, 1, 2), sizes, np.dtype(lhs.dtype).name)
+    dlhs = _ragged_dot(dy, jnp.swapaxes(rhs, 1, 2), sizes, np.dtype(lhs.dtype).name, _flip(b_major))
     drhs = _contract(lhs, dy, sizes, np.dtype(rhs.dtype).name)
     return dlhs, drhs, None
+
+
+def _flip(major: str) -> str:
+    """The layout to ask for a transpose of an operand asked for as `major`."""
+    return ROW if major == COL else COL
 
 
 _ragged_dot.defvjp(_ragged_dot_fwd, _ragged_dot_bwd)
@@ -231,13 +308,13 @@ def _contract_fwd(a, b, sizes, out):
 def _contract_bwd(out, res, dy):
     a, b, sizes = res
     dy = dy.astype(a.dtype)
-    da = _ragged_dot(b, jnp.swapaxes(dy, 1, 2), sizes, np.dtype(a.dtype).name)    # [T, M]
-    db = _ragged_dot(a, dy, sizes, np.dtype(b.dtype).name)                         # [T, N]
+    da = _ragged_dot(b, jnp.swapaxes(dy, 1, 2), sizes, np.dtype(a.dtype).name, COL)    # [T, M]
+    db = _ragged_dot(a, dy, sizes, np.dtype(b.dtype).name, ROW)                    # [T, N]
     return da, db, None
 
 
 _contract.defvjp(_contract_fwd, _contract_bwd)
 
 # eager arrays run one compiled call; inside a trace the jit is inlined
-_jit_ragged_dot = jax.jit(_ragged_dot, static_argnums=3)
+_jit_ragged_dot = jax.jit(_ragged_dot, static_argnums=(3, 4))
 _jit_contract = jax.jit(_contract, static_argnums=3)

@@ -61,7 +61,7 @@ def target_device() -> Device:
     return Device("cuda", 0, (int(major), int(minor or 0)))
 
 
-def _ensure_registered() -> None:
+def ensure_registered() -> None:
     if _cuda_devices():          # XLA needs the target at compile time; pure lowering does not
         jax_ffi.register()
 
@@ -116,12 +116,12 @@ def _concrete(*shapes) -> bool:
     return all(isinstance(d, (int, np.integer)) for s in shapes if s is not None for d in s)
 
 
-def _for_export(ctx) -> bool:
+def for_export(ctx) -> bool:
     """jax.export lowerings must be portable: no process-local TVM-FFI function handles."""
     return bool(getattr(getattr(ctx.module_context, "lowering_parameters", None), "for_export", False))
 
 
-def _col_layout(rank: int) -> Tuple[int, ...]:
+def col_layout(rank: int) -> Tuple[int, ...]:
     """Major-to-minor order with the second-to-last dim minor-most (column-major matrices)."""
     return tuple(range(rank - 2)) + (rank - 1, rank - 2)
 
@@ -134,10 +134,10 @@ def gemm_rule(ctx, *args, alpha, beta, out_dtype, has_c, a_major=ROW, b_major=RO
               has_dest=False):
     """xgemm_gemm; with `route`, xgemm_gemm_exchange (its result [d, recv])."""
     if route is not None:
-        _ensure_registered()
+        ensure_registered()
     fn = functools.partial(_gemm_kernel, alpha=alpha, beta=beta, out_dtype=out_dtype, a_major=a_major,
                            b_major=b_major, sm_margin=sm_margin, target=target, tvm_target=tvm_target,
-                           portable=_for_export(ctx), route=route, into=into, has_dest=has_dest)
+                           portable=for_export(ctx), route=route, into=into, has_dest=has_dest)
     return mlir.lower_fun(fn, multiple_results=route is not None)(ctx, *args)
 
 
@@ -177,12 +177,12 @@ def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, 
     c2 = jnp.broadcast_to(c, gs.out_shape).reshape(p.c.shape) if c is not None else None
     out_aval = jax.ShapeDtypeStruct(gs.lead + (p.m, p.n), np.dtype(out_dtype))
     operands = [a2, b2] + ([c2] if c2 is not None else [])
-    layouts = [_col_layout(a2.ndim) if a_major == COL else None,
-               _col_layout(b2.ndim) if b_major == COL else None] + ([None] if c2 is not None else [])
+    layouts = [col_layout(a2.ndim) if a_major == COL else None,
+               col_layout(b2.ndim) if b_major == COL else None] + ([None] if c2 is not None else [])
     made = plan.kernel.jax_lowering(p, plan.policy, portable=portable, sm_margin=sm_margin)
     if made is None:                 # XLA's own op (the declared fallback)
         return plus_exchange(reference_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype))
-    _ensure_registered()
+    ensure_registered()
     if isinstance(made, TvmFfiCall) and route is not None:     # the copy runs beside the kernel
         d, recv = jax_ffi.call_exchange(route, send, tc=made, operands=operands, out_avals=[out_aval],
                                         in_layouts=layouts, **xkw)
@@ -237,7 +237,7 @@ def _padded_operands(a, b, c, gs: GemmShapes, out_dtype, a_major, b_major):
 
 def exchange_rule(ctx, send, *dest, route, into=None, has_dest=False):
     """xgemm_exchange alone: the copy-engine collective-permute."""
-    _ensure_registered()
+    ensure_registered()
     fn = lambda x, *d: jax_ffi.call_exchange(route, x, into=into, dest=d[0] if d else None)[0]    # noqa: E731
     return mlir.lower_fun(fn, multiple_results=False)(ctx, send, *dest)
 
@@ -249,7 +249,7 @@ def softmax_rule(ctx, x, *, axis, target: str = jax_ffi.TARGET, tvm_target: Opti
     (aval,) = ctx.avals_in
     if not _concrete(aval.shape) or 0 in aval.shape:
         return mlir.lower_fun(functools.partial(reference_softmax, axis=axis), multiple_results=False)(ctx, x)
-    fn = functools.partial(_softmax_kernel, axis=axis, target=target, tvm_target=tvm_target, portable=_for_export(ctx))
+    fn = functools.partial(_softmax_kernel, axis=axis, target=target, tvm_target=tvm_target, portable=for_export(ctx))
     return mlir.lower_fun(fn, multiple_results=False)(ctx, x)
 
 
@@ -259,7 +259,7 @@ def _softmax_kernel(x, *, axis, target, tvm_target, portable):
     made = plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
     if made is None:
         return reference_softmax(x, axis=axis)
-    _ensure_registered()
+    ensure_registered()
     if isinstance(made, Launch):
         # The reduced dim minor-most, the others row-major: rows x cols in memory, no copy when
         # the producer can write that layout (XLA inserts a relayout only if it must).

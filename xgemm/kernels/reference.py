@@ -121,7 +121,66 @@ class _ReferenceQuantize(_Reference):
                                    x.device)
 
 
+class _ReferenceGrouped(_Reference):
+    """The grouped products on the owner framework's own ops, never reading the group sizes on the
+    host (no device synchronization: CUDA-graph capturable, and a torch.compile trace of it has no
+    data-dependent branch): each row's group is searchsorted(ends, arange(T), side='right') on the
+    device, then each group's product over every row is computed and its rows selected (`where`, so
+    NaN/Inf in other groups' rows or unused experts never leak). Cost: E times the grouped FLOPs,
+    and O(T·K + T·N + K·N) memory beyond the operands."""
+    ops = ("grouped",)
+
+    def policy(self, problem) -> Policy:
+        s = problem.shape
+        return Policy(notes=(f"{problem.framework} ops on {problem.device.kind}: {s.groups} masked products "
+                             f"of every {'index' if s.ragged_k else 'row'} ({s.groups} x the grouped FLOPs)",))
+
+    def run(self, problem, policy, operands, out, stream) -> Any:
+        """operands: (A, B, ends) views; the result in the owner framework."""
+        a, b, ends = (v.obj for v in operands)
+        fw = problem.framework
+        xp = arrays.namespace(fw)
+        acc = arrays.framework_dtype(fw, "float64" if problem.a.dtype == "float64" else "float32")
+        result = (contract_groups if problem.shape.ragged_k else multiply_groups)(
+            xp, a, b, ends, acc, arrays.framework_dtype(fw, problem.out_dtype))
+        return _store(result, out)
+
+
+def _group_of_rows(xp: Any, ends: Any, rows: int, device: Any) -> Any:
+    """Each row's group, on the device: E for rows at or beyond ends[-1] (they belong to none)."""
+    return xp.searchsorted(ends, xp.arange(rows, dtype=ends.dtype, device=device), side="right")
+
+
+def multiply_groups(xp: Any, lhs: Any, rhs: Any, ends: Any, acc: Any, out: Any) -> Any:
+    """out[t] = lhs[t] @ rhs[group of t], zero for rows in no group. Any strides."""
+    dev = lhs.device                 # not array_api_compat.device(): its lru_cache makes torch.compile warn
+    rows, groups, n = lhs.shape[0], rhs.shape[0], rhs.shape[2]
+    group = _group_of_rows(xp, ends, rows, dev)
+    lhs_acc = xp.astype(lhs, acc)
+    result = xp.zeros((rows, n), dtype=acc, device=dev)
+    for e in range(groups):          # select, not add: other groups' NaN/Inf never reach a row
+        result = xp.where((group == e)[:, None], xp.matmul(lhs_acc, xp.astype(rhs[e, ...], acc)), result)
+    return xp.astype(result, out)
+
+
+def contract_groups(xp: Any, a: Any, b: Any, ends: Any, acc: Any, out: Any) -> Any:
+    """out[e] = a[:, T_e] @ b[T_e, :] over the contraction indices T_e of group e; zeros for an
+    empty group and for indices in no group."""
+    dev = a.device
+    m, rows, n, groups = a.shape[0], a.shape[1], b.shape[1], ends.shape[0]
+    group = _group_of_rows(xp, ends, rows, dev)
+    a_acc, b_acc = xp.astype(a, acc), xp.astype(b, acc)
+    zero = xp.zeros((), dtype=acc, device=dev)
+    blocks = []
+    for e in range(groups):          # both sides masked: 0 * NaN would leak from the other one
+        mine = group == e
+        blocks.append(xp.matmul(xp.where(mine[None, :], a_acc, zero), xp.where(mine[:, None], b_acc, zero)))
+    result = xp.stack(blocks) if blocks else xp.zeros((0, m, n), dtype=acc, device=dev)
+    return xp.astype(result, out)
+
+
 GEMM = _ReferenceGemm()
 SOFTMAX = _ReferenceSoftmax()
 QUANTIZE = _ReferenceQuantize()
-KERNELS = (GEMM, SOFTMAX, QUANTIZE)
+GROUPED = _ReferenceGrouped()
+KERNELS = (GEMM, SOFTMAX, QUANTIZE, GROUPED)

@@ -1,0 +1,203 @@
+"""triton_grouped_sm90 on the H200: xgemm.ragged_dot / grouped_mm through the public API against
+float64 references, with integer operands (every product and sum exact in float32, so the only
+error is the final rounding) and NaN-poisoned results; group sizes that are empty, one row, off
+the tile, skewed, summing below and above T; both modes and every majorness; CUDA-graph capture
+with the sizes changed between replays; torch autograd through the kernel."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import xgemm  # noqa: E402
+from xgemm.kernels import triton_grouped_sm90 as tg  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _poisoned_result(shape, dtype):
+    """Leave a NaN-filled block of the result's size in torch's caching allocator, so that the
+    result the kernel writes is allocated over NaN; returns its address, which the test checks."""
+    block = torch.full(shape, float("nan"), dtype=DT[dtype], device="cuda")
+    ptr = block.data_ptr()
+    del block
+    return ptr
+
+
+def _lay(x, col):
+    """The same values with the other dim contiguous (M-/K-major)."""
+    return x.mT.contiguous().mT if col else x
+
+
+def _ints(shape, gen, dtype):
+    return torch.randint(-2, 3, shape, generator=gen).to(DT[dtype]).cuda()
+
+
+def _bounds(sizes, t):
+    out, row0 = [], 0
+    for end in np.cumsum(sizes).tolist():
+        end = max(min(end, t), row0)
+        out.append((row0, end))
+        row0 = end
+    return out
+
+
+SIZES = {"edges": [0, 1, 300, 129, 0, 383], "below_t": [100, 0, 7], "above_t": [700, 700],
+         "one_group": [1000]}
+
+
+@pytest.mark.parametrize("dtype,out", [("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32")])
+@pytest.mark.parametrize("a_col,b_col", list(itertools.product([False, True], [False, True])))
+@pytest.mark.parametrize("sizes", list(SIZES), ids=str)
+@pytest.mark.parametrize("n", [136, 2056], ids=lambda n: f"n{n}")
+def test_rows_mode_matches_float64(dtype, out, a_col, b_col, sizes, n):
+    t, k = 1000, 264
+    sizes = SIZES[sizes]
+    gen = torch.Generator().manual_seed(len(sizes) * 31 + n)
+    a = _lay(_ints((t, k), gen, dtype), a_col)
+    w = _ints((len(sizes), k, n), gen, dtype)
+    w = w.transpose(1, 2).contiguous().transpose(1, 2) if b_col else w
+    gs = torch.tensor(sizes, dtype=torch.int32, device="cuda")
+    plan = xgemm.explain(a, w, gs, op="ragged_dot")
+    assert tg.NAME in plan, plan
+    ptr = _poisoned_result((t, n), out)
+    got = xgemm.ragged_dot(a, w, gs, out_dtype=out)
+    assert got.data_ptr() == ptr                        # written over the NaN block
+    want = torch.zeros(t, n, dtype=torch.float64, device="cuda")
+    for g, (r0, r1) in enumerate(_bounds(sizes, t)):
+        want[r0:r1] = a[r0:r1].double() @ w[g].double()
+    torch.testing.assert_close(got.double(), want.to(DT[out]).double(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype,out", [("bfloat16", "bfloat16"), ("float16", "float32")])
+@pytest.mark.parametrize("a_col,b_col", list(itertools.product([False, True], [False, True])))
+@pytest.mark.parametrize("sizes", [[0, 1, 300, 129, 0, 383], [100, 0, 7], [700, 700]], ids=str)
+def test_ragged_k_mode_matches_float64(dtype, out, a_col, b_col, sizes):
+    """out[g] = a[:, T_g] @ b[T_g, :] (grouped_mm's variable-K product, the weight gradient)."""
+    t, m, n = 1000, 136, 264
+    gen = torch.Generator().manual_seed(len(sizes) * 7 + m)
+    a = _lay(_ints((m, t), gen, dtype), a_col)
+    b = _lay(_ints((t, n), gen, dtype), b_col)
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    assert tg.NAME in xgemm.explain(a, b, offs, op="grouped_mm")
+    ptr = _poisoned_result((len(sizes), m, n), out)
+    got = xgemm.grouped_mm(a, b, offs, out_dtype=out)
+    assert got.data_ptr() == ptr
+    want = torch.stack([a[:, r0:r1].double() @ b[r0:r1].double() for r0, r1 in _bounds(sizes, t)])
+    torch.testing.assert_close(got.double(), want.to(DT[out]).double(), rtol=0, atol=0)
+
+
+def test_many_experts_skewed_and_empty():
+    """E = 256 with Zipf-skewed sizes, a quarter of the experts empty; the MoE shape of the issue's
+    second case, scaled down."""
+    rng = np.random.default_rng(0)
+    e, t, k, n = 256, 8192, 512, 1024
+    p = 1.0 / np.arange(1, 193) ** 1.2
+    sizes = np.concatenate([rng.multinomial(t, p / p.sum()), np.zeros(64, int)])
+    rng.shuffle(sizes)
+    gen = torch.Generator().manual_seed(1)
+    x, w = _ints((t, k), gen, "bfloat16"), _ints((e, k, n), gen, "bfloat16")
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    ptr = _poisoned_result((t, n), "bfloat16")
+    got = xgemm.grouped_mm(x, w, offs)
+    assert got.data_ptr() == ptr
+    want = torch.empty(t, n, dtype=torch.float64, device="cuda")
+    for g, (r0, r1) in enumerate(_bounds(sizes, t)):
+        want[r0:r1] = x[r0:r1].double() @ w[g].double()
+    torch.testing.assert_close(got.double(), want.bfloat16().double(), rtol=0, atol=0)
+
+
+def test_cuda_graph_replays_with_new_sizes():
+    """The sizes are read on the device: a captured call, replayed after the offsets changed in
+    place, computes the new grouping."""
+    gen = torch.Generator().manual_seed(2)
+    t, k, n = 512, 128, 256
+    x, w = _ints((t, k), gen, "bfloat16"), _ints((4, k, n), gen, "bfloat16")
+    offs = torch.tensor(np.cumsum([100, 200, 0, 212]), dtype=torch.int32, device="cuda")
+    xgemm.grouped_mm(x, w, offs)                        # plan and load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = xgemm.grouped_mm(x, w, offs)
+    for sizes in ([100, 200, 0, 212], [0, 512, 0, 0], [33, 1, 77, 401]):
+        offs.copy_(torch.tensor(np.cumsum(sizes), dtype=torch.int32))
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = torch.empty(t, n, dtype=torch.float64, device="cuda")
+        for g, (r0, r1) in enumerate(_bounds(sizes, t)):
+            want[r0:r1] = x[r0:r1].double() @ w[g].double()
+        torch.testing.assert_close(y.double(), want.bfloat16().double(), rtol=0, atol=0)
+
+
+def test_autograd_runs_both_backward_products_on_the_kernel():
+    """torch autograd through xgemm.grouped_mm: dx = grouped_mm(dy, w^T) (rows mode, B K-major)
+    and dw = grouped_mm(x^T, dy) (ragged_k, A M-major), against float64 per-group grads."""
+    gen = torch.Generator().manual_seed(3)
+    sizes = [0, 129, 300, 83]
+    t, k, n = 512, 264, 136
+    x = _ints((t, k), gen, "bfloat16").requires_grad_()
+    w = _ints((4, k, n), gen, "bfloat16").requires_grad_()
+    dy = _ints((t, n), gen, "bfloat16")
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    assert tg.NAME in xgemm.explain(dy, w.detach().mT, offs, op="grouped_mm")
+    assert tg.NAME in xgemm.explain(x.detach().mT, dy, offs, op="grouped_mm")
+    xgemm.grouped_mm(x, w, offs).backward(dy)
+    dx = torch.zeros(t, k, dtype=torch.float64, device="cuda")
+    dw = torch.zeros(4, k, n, dtype=torch.float64, device="cuda")
+    for g, (r0, r1) in enumerate(_bounds(sizes, t)):
+        dx[r0:r1] = dy[r0:r1].double() @ w[g].double().T
+        dw[g] = x[r0:r1].double().T @ dy[r0:r1].double()
+    torch.testing.assert_close(x.grad.double(), dx.bfloat16().double(), rtol=0, atol=0)
+    torch.testing.assert_close(w.grad.double(), dw.bfloat16().double(), rtol=0, atol=0)
+
+
+def test_moe_shape_against_torch_grouped_mm():
+    """The issue's first case (E=8, T=16384, K=4096, N=7168, uneven groups), random bf16, against
+    torch._grouped_mm: relative Frobenius error of both against a float32 per-group product."""
+    rng = np.random.default_rng(4)
+    e, t, k, n = 8, 16384, 4096, 7168
+    sizes = t // e + rng.integers(-1000, 1001, e)
+    sizes[-1] += t - sizes.sum()
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(t, k, generator=gen, device="cuda").bfloat16()
+    w = (torch.randn(e, n, k, generator=gen, device="cuda") / k ** 0.5).bfloat16().transpose(-2, -1)
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    got = xgemm.grouped_mm(x, w, offs).float()
+    peer = torch._grouped_mm(x, w, offs, out_dtype=torch.bfloat16).float()
+    want = torch.empty(t, n, device="cuda")
+    for g, (r0, r1) in enumerate(_bounds(sizes, t)):
+        want[r0:r1] = x[r0:r1].float() @ w[g].float()
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < 1e-2 and err <= 1.5 * ((peer - want).norm() / want.norm()).item() + 1e-4, err
+
+
+def test_jax_jit_and_grad_match_jax_lax_ragged_dot():
+    """xgemm.jax.ragged_dot inside jax.jit (the kernel's custom call) and its grads against
+    jax.lax.ragged_dot's, integer operands: exact."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from xgemm import jax as xj
+    rng = np.random.default_rng(5)
+    sizes = np.array([0, 129, 300, 83])
+    t, k, n = 512, 264, 136
+    lhs = jnp.asarray(rng.integers(-2, 3, (t, k)), jnp.bfloat16)
+    rhs = jnp.asarray(rng.integers(-2, 3, (4, k, n)), jnp.bfloat16)
+    dy = jnp.asarray(rng.integers(-2, 3, (t, n)), jnp.float32)
+    gs = jnp.asarray(sizes, jnp.int32)
+
+    def loss(f):
+        return lambda l, r: jnp.sum(f(l, r, gs, preferred_element_type=jnp.float32) * dy)
+    text = jax.jit(jax.grad(loss(xj.ragged_dot), argnums=(0, 1))).lower(lhs, rhs).as_text()
+    assert text.count('kernel = "xgemm_grouped_sm90"') == 2      # dlhs and drhs (the forward is not needed)
+    got = jax.jit(xj.ragged_dot)(lhs, rhs, gs)
+    want = jax.lax.ragged_dot(lhs.astype(jnp.float32), rhs.astype(jnp.float32), gs)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want.astype(jnp.bfloat16), np.float32))
+    for g, w in zip(jax.jit(jax.grad(loss(xj.ragged_dot), argnums=(0, 1)))(lhs, rhs),
+                    jax.jit(jax.grad(loss(jax.lax.ragged_dot), argnums=(0, 1)))(lhs, rhs)):
+        # both round an exact float32 sum to bfloat16 once, unless XLA's transposed product does not
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=8e-3, atol=0)

@@ -1,0 +1,192 @@
+"""triton_grouped_sm90 on the CPU: its values under Triton's interpreter (float16; the interpreter
+mishandles bfloat16) for both modes, every majorness and the group-size edge cases (empty groups,
+one-row groups, sizes off the tile, sums below and above T, a decreasing offset); the PTX of its
+cubins (wgmma fed by TMA loads through descriptors made on the device, pipelined); its entries,
+policy and what supports() declines."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from xgemm.core.grouped_checks import GroupedProblem, GroupedShape
+from xgemm.core.problem import COL, ROW, Device, Operand
+from xgemm.kernels import triton_grouped_sm90 as tg
+
+triton = pytest.importorskip("triton")
+from xgemm.runtime import gluon_cache  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+INTERPRETED = textwrap.dedent("""
+    import itertools, torch, triton
+    from xgemm.kernels import triton_grouped_sm90 as tg
+    kernel = tg._define()
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
+    torch.manual_seed(0)
+
+    def lay(x, col):                  # the same values, stored with the other dim contiguous
+        return x.t().contiguous().t() if col else x
+
+    def launch(a, b, d, ends, t, m, n, k, e, ldbe, am, bk, rk, programs=3):
+        lda = a.stride(1) if am else a.stride(0)
+        ldb = b.stride(-1) if bk else b.stride(-2)
+        kernel[(programs,)](a, b, d, ends, t, m, n, k, e, lda, ldb, ldbe, d.stride(-2),
+                            BM=16, BN=16, BK=16, GROUP_M=2, A_MMAJOR=am, B_KMAJOR=bk, RAGGED_K=rk)
+
+    def bounds(sizes, t):             # each group's [row0, end) as the kernel clamps the offsets
+        out, row0 = [], 0
+        for end in torch.tensor(sizes).cumsum(0).tolist():
+            end = max(min(end, t), row0)
+            out.append((row0, end))
+            row0 = end
+        return out
+
+    cases = 0
+    # Sizes: any, where the grouped axis is not the contiguous dim of a TMA load; multiples of 8
+    # (16 bytes) where it is, since the interpreter asks a load's innermost start to be 16-byte aligned
+    # (tests/gpu/test_triton_grouped_gpu.py runs every size on the H200)
+    ANY = [[0, 1, 30, 17, 40], [50, 60], [16, 0, 0, 32], [20, -5, 30]]
+    EIGHTS = [[0, 8, 32, 16, 40], [48, 64], [16, 0, 0, 32], [24, -8, 32]]
+    # rows mode: [T, K] in row groups times [E, K, N]; rows in no group are zeros
+    for am, bk in itertools.product([False, True], [False, True]):
+      for sizes in (EIGHTS if am else ANY):
+        t, k, n, e = 104, 40, 24, len(sizes)
+        ends = torch.tensor(sizes).cumsum(0).to(torch.int32)
+        a = torch.randint(-2, 3, (t, k)).half()
+        b = torch.randint(-2, 3, (e, k, n)).half()
+        bb = b.transpose(1, 2).contiguous().transpose(1, 2) if bk else b
+        d = torch.full((t, n), float("nan")).half()
+        launch(lay(a, am), bb, d, ends, t, t, n, k, e, bb.stride(0), am, bk, False)
+        want = torch.zeros(t, n, dtype=torch.float64)
+        for g, (r0, r1) in enumerate(bounds(sizes, t)):
+            want[r0:r1] = a[r0:r1].double() @ b[g].double()
+        assert torch.equal(d.double(), want), (sizes, am, bk)
+        cases += 1
+    # ragged_k: [M, T] @ [T, N] with T in groups -> [E, M, N]; empty groups are zeros
+    for am, bk in itertools.product([False, True], [False, True]):
+      for sizes in ([[0, 33, 1, 47, 0], [100], [3, 200]] if am and not bk else [[0, 32, 8, 48, 0], [104], [8, 200]]):
+        t, m, n, e = 104, 24, 40, len(sizes)
+        ends = torch.tensor(sizes).cumsum(0).to(torch.int32)
+        a = torch.randint(-2, 3, (m, t)).half()
+        b = torch.randint(-2, 3, (t, n)).half()
+        d = torch.full((e, m, n), float("nan")).half()
+        launch(lay(a, am), lay(b, bk), d, ends, t, m, n, t, e, m * n, am, bk, True)
+        want = torch.stack([a[:, r0:r1].double() @ b[r0:r1].double() for r0, r1 in bounds(sizes, t)])
+        assert torch.equal(d.double(), want), (sizes, am, bk)
+        cases += 1
+    print(f"cases {cases}")
+""")
+
+
+def test_values_under_the_interpreter():
+    out = subprocess.run([sys.executable, "-c", INTERPRETED], capture_output=True, text=True, cwd=ROOT,
+                         env={**__import__("os").environ, "TRITON_INTERPRET": "1"}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "cases 28" in out.stdout
+
+
+def _problem(t=16384, k=4096, n=7168, e=8, *, ragged_k=False, a_major=ROW, b_major=COL, dtype="bfloat16",
+             out="bfloat16", alignment=16, arch=(9, 0)):
+    if ragged_k:
+        shape = GroupedShape(t, k, t, n, e, True, (e, k, n))
+        a = Operand((k, t), (t, 1) if a_major == ROW else (1, k), dtype, a_major, alignment)
+        b = Operand((t, n), (n, 1) if b_major == ROW else (1, t), dtype, b_major, 16)
+    else:
+        shape = GroupedShape(t, t, k, n, e, False, (t, n))
+        a = Operand((t, k), (k, 1) if a_major == ROW else (1, t), dtype, a_major, alignment)
+        b = Operand((e, k, n), (k * n, n, 1) if b_major == ROW else (k * n, 1, k), dtype, b_major, 16)
+    return GroupedProblem(shape, a, b, out, "torch", Device("cuda", 0, arch))
+
+
+def test_supports_declines_what_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(gluon_cache, "available", lambda key, arch=None: None)
+    k = tg.KERNEL
+    assert k.supports(_problem()) is None
+    assert k.supports(_problem(ragged_k=True, a_major=COL, b_major=ROW)) is None
+    assert k.supports(_problem(out="float32")) is None
+    assert "CUDA" in k.supports(GroupedProblem(_problem().shape, _problem().a, _problem().b, "bfloat16", "torch",
+                                               Device("cpu")))
+    assert "sm_90" in k.supports(_problem(arch=(10, 0)))
+    assert "float16 or both bfloat16" in k.supports(_problem(dtype="float32", out="float32"))
+    assert "output dtype" in k.supports(_problem(out="float16"))
+    assert "16-byte" in k.supports(_problem(alignment=8))
+    assert "16-byte multiples" in k.supports(_problem(n=7164))
+    assert "every dim" in k.supports(_problem(k=0))
+    strided = _problem()
+    strided = GroupedProblem(strided.shape, Operand((16384, 4096), (8192, 2), "bfloat16", "strided", 16), strided.b,
+                             "bfloat16", "torch", strided.device)
+    assert "K- or M/N-major" in k.supports(strided)
+
+
+def test_policy_and_entries():
+    keys = tg.gluon_entries("sm_90a")
+    assert len(keys) == len(set(keys)) == 48 and not tg.gluon_entries("sm_100a")
+    for p in (_problem(), _problem(n=512), _problem(out="float32"), _problem(ragged_k=True, a_major=COL, b_major=ROW),
+              _problem(dtype="float16", out="float16", a_major=COL, b_major=ROW)):
+        pol = tg.KERNEL.policy(p)
+        assert tg.KERNEL._config(p, pol).key in keys
+    assert tg.KERNEL.policy(_problem()).tile == (128, 256, 64)
+    assert tg.KERNEL.policy(_problem(out="float32")).tile == (128, 128, 64)
+    assert "no host read" in tg.KERNEL.policy(_problem()).summary()
+    # the grid: one program per SM, fewer for a problem of fewer tiles
+    cfg = tg.KERNEL._config(_problem(), tg.KERNEL.policy(_problem()))
+    assert tg.programs(_problem().shape, cfg, 132) == 132
+    assert tg.programs(_problem(t=64, n=256, e=1).shape, cfg, 132) == 2       # 1 tile row, + 1 for the tail
+
+
+if not gluon_cache.can_compile():
+    pytest.skip(f"needs triton >= 3.8 (found {triton.__version__})", allow_module_level=True)
+
+CFGS = [tg.Config("bfloat16", "bfloat16", *tg.TILES["wide"], False, True, False),
+        tg.Config("float16", "float32", *tg.TILES["narrow"], True, False, True)]
+
+
+@pytest.fixture(scope="module")
+def built(gluon_cache_dir):
+    return {cfg: (gluon_cache.compile_kernel(cfg.key)[0], gluon_cache.lookup(cfg.key)) for cfg in CFGS}
+
+
+@pytest.mark.parametrize("cfg", CFGS, ids=["bf16-rows-wide", "f16-f32-ragged-k"])
+def test_ptx_wgmma_fed_by_device_made_tma_descriptors(built, cfg):
+    ptx = built[cfg][0].asm["ptx"]
+    it = {"float16": "f16", "bfloat16": "bf16"}[cfg.in_dtype]
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{cfg.bn}k16\.f32\.{it}\.{it}", ptx)
+    assert "cp.async.bulk.tensor.2d.shared::cta.global.mbarrier" in ptx       # TMA loads
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx                # the TMA store
+    assert "tensormap.replace" in ptx and "fence.proxy.tensormap" in ptx      # descriptors made on the device
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx                          # one wgmma group in flight
+    assert ".local" not in ptx                                                # no spills
+    meta = built[cfg][1].meta
+    assert meta["num_warps"] == cfg.warps and meta["global_scratch_size"] > 0
+    assert meta["shared"] <= 227 * 1024
+    assert [p["name"] for p in meta["params"]][:13] == ["a_ptr", "b_ptr", "d_ptr", "ends_ptr", "T", "M", "N", "K", "E",
+                                                        "lda", "ldb", "ldbe", "ldd"]
+
+
+def test_cuda_lowering_launches_the_kernel_forward_and_backward(gluon_cache_dir):
+    """jax's cuda lowering of ragged_dot and of its grad: three launches of the grouped cubin (the
+    forward; dlhs with rhs^T asked for column-major, a bitcast of rhs; drhs in ragged_k mode with
+    lhs^T likewise), each after the cumsum of the sizes, and no XLA ragged dot left."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from xgemm import jax as xj
+    from xgemm.core import policy
+    lhs = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
+
+    def loss(l, r, g):
+        return jnp.sum(xj.ragged_dot(l, r, g).astype(jnp.float32))
+    policy.clear_plans()
+    text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(lhs, rhs, sizes).lower(
+        lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "xgemm_cubin_launch_v1" in line]
+    assert len(calls) == 3 and all('kernel = "xgemm_grouped_sm90"' in c for c in calls), calls
+    assert not re.search(r"(chlo|stablehlo|mhlo)\.ragged", text)             # XLA's ragged dot is gone
+

@@ -1,0 +1,325 @@
+"""triton_grouped_sm90: the grouped (ragged) GEMMs of mixture-of-experts layers, written in Triton,
+persistent, with TMA descriptors made on the device per group; prebuilt to cubins like the Gluon kernels.
+
+Contract
+  op        "grouped" (xgemm/grouped.py): with `ends` the groups' end offsets (cumulative, int32,
+            on the device, never read on the host)
+              rows     out[t] = A[t] @ B[g(t)]: A [T, K] in row groups, B [E, K, N] -> [T, N]; rows in
+                       no group (at or past ends[-1]) are written as zeros
+              ragged_k out[g] = A[:, T_g] @ B[T_g, :]: A [M, T], B [T, N] -> [E, M, N]; an empty
+                       group's result is zeros
+            fp32 accumulate, one rounding to the output dtype. Ends past T are clamped to T and a
+            decreasing end counts as an empty group (xgemm/grouped.py: unspecified rows, never a
+            fault).
+  dtypes    A, B both float16 or both bfloat16; out the inputs' dtype or float32.
+  layout    A K-major or M-major; B N-major or K-major (each group's matrix, in rows mode); out
+            dense row-major. TMA: 16-byte aligned bases and leading strides (and B's group stride
+            in rows mode), unit inner strides. T, M, N, K >= 1 and < 2**31.
+  arch      sm_90a cubins built by triton >= 3.8 (xgemm/runtime/gluon_cache.py), launched without
+            triton (runtime/launch.py), with Triton's global scratch for the device-made descriptors.
+
+Why a device-made descriptor per group
+  The group sizes stay on the device, so the host cannot cut A or D at the group boundaries. Each
+  group's descriptors are made inside the kernel (tl.make_tensor_descriptor) over the prefix of
+  the array that ends at the group's end: [end, K] for A's rows, [end, N] for D. A tile that
+  starts inside the group and runs past its end then loads zeros (TMA's out-of-bounds fill) and
+  its store is clipped at the end, so a tile never reads or writes another group's rows, and the
+  bases stay the caller's (aligned) pointers. In ragged_k mode the prefix [.., end] of the
+  contraction axis does the same for the K loop, which starts at the group's first index.
+
+Design (Triton's persistent TMA matmul, 09-persistent-matmul, over groups as 08-grouped-gemm)
+  One program per SM walks the tiles of every group, tile pid, pid + programs, ... : rows mode
+  numbers the [BM, BN] tiles group after group (cdiv(rows_g, BM) x cdiv(N, BN) each, then the
+  rows in no group, which only store zeros); ragged_k mode has E x cdiv(M, BM) x cdiv(N, BN) tiles.
+  Within a group tiles go GROUP_M tile rows at a time ("super-rows") so that the programs running
+  together share B's columns in L2. The K loop is triton's software pipeline (`stages` TMA loads
+  in flight, async wgmma with one group outstanding); the epilogue rounds once and stores by TMA.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import List, Optional
+
+from xgemm.core.dtypes import LONG_DTYPE, SHORT_DTYPE
+from xgemm.core.problem import COL, ROW, Policy
+from xgemm.kernels._pointer_gemm import H200_SMS, PointerGemm, sm_count
+from xgemm.runtime import gluon_cache
+from xgemm.runtime.calls import Param, triton_launch
+from xgemm.runtime.gluon_cache import parse_key
+
+NAME = "triton_grouped_sm90"
+IN_DTYPES = ("float16", "bfloat16")
+GROUP_M = 8
+MAX_DIM = 2 ** 31 - 1
+# (BM, BN, BK, stages, warps): a 128x256 tile for a wide N (the dense GEMM's shape on Hopper:
+# 3 x 48 KB of operands + the 64 KB store buffer), 128x128 for a narrow N or a float32 result
+TILES = {"wide": (128, 256, 64, 3, 8), "narrow": (128, 128, 64, 4, 8)}
+
+
+class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps a_mmajor b_kmajor ragged_k")):
+    """One compiled variant: the tile, the pipeline depth, the operands' majorness and the mode."""
+    __slots__ = ()
+
+    @property
+    def key(self) -> str:
+        return (f"{NAME}/sm_90a-{SHORT_DTYPE[self.in_dtype]}-{SHORT_DTYPE[self.out_dtype]}/"
+                f"m{self.bm}-n{self.bn}-k{self.bk}-s{self.stages}-w{self.warps}-a{int(self.a_mmajor)}"
+                f"-b{int(self.b_kmajor)}-r{int(self.ragged_k)}")
+
+    @classmethod
+    def from_key(cls, key: str) -> "Config":
+        (_, i, o), f = parse_key(key, NAME)
+        return cls(LONG_DTYPE[i], LONG_DTYPE[o], f["m"], f["n"], f["k"], f["s"], f["w"], bool(f["a"]),
+                   bool(f["b"]), bool(f["r"]))
+
+    def check(self) -> None:
+        if (self.bm, self.bn, self.bk, self.stages, self.warps) not in TILES.values():
+            raise ValueError(f"{self}: the tile must be one of {TILES}")
+        if self.out_dtype == "float32" and self.bn > 128:
+            raise ValueError(f"{self}: a float32 result's store buffer leaves no room for a 256-wide tile")
+
+
+def choose(shape, in_dtype: str, out_dtype: str, a_mmajor: bool, b_kmajor: bool) -> Config:
+    """The wide tile where N fills it (N >= 2048) and the result is 16-bit, else the narrow one."""
+    wide = shape.n >= 2048 and out_dtype != "float32"
+    return Config(in_dtype, out_dtype, *TILES["wide" if wide else "narrow"], a_mmajor, b_kmajor, shape.ragged_k)
+
+
+def programs(shape, cfg: Config, sms: int) -> int:
+    """One program per SM, fewer where the problem has fewer tiles (an upper bound, since the group
+    sizes are not known on the host: the E + 1 row segments, the groups and the rows in none, have
+    at most cdiv(T, BM) + E tile rows)."""
+    tiles_n = -(-shape.n // cfg.bn)
+    if shape.ragged_k:
+        tiles = shape.groups * -(-shape.m // cfg.bm) * tiles_n
+    else:
+        tiles = (-(-shape.rows // cfg.bm) + shape.groups) * tiles_n
+    return max(1, min(sms, tiles))
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton source (imported only to compile, or to run under TRITON_INTERPRET in the CPU tests)
+# ----------------------------------------------------------------------------------------------
+
+def _define():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _super_row(local, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+        """(tile row, tile column) of a group's tile `local`: GROUP_M tile rows at a time."""
+        width = GROUP_M * tiles_n
+        first = (local // width) * GROUP_M
+        rows = tl.minimum(tiles_m - first, GROUP_M)
+        return first + (local % width) % rows, (local % width) // rows
+
+    @triton.jit
+    def _k_loop(a_desc, b_desc, acc, k0, k1, r, c, BK: tl.constexpr, A_MMAJOR: tl.constexpr,
+                B_KMAJOR: tl.constexpr):
+        for k in range(k0, k1, BK):
+            if A_MMAJOR:
+                a = a_desc.load([k, r]).T
+            else:
+                a = a_desc.load([r, k])
+            if B_KMAJOR:
+                b = b_desc.load([c, k]).T
+            else:
+                b = b_desc.load([k, c])
+            acc = tl.dot(a, b, acc)
+        return acc
+
+    @triton.jit
+    def xgemm_grouped_sm90(a_ptr, b_ptr, d_ptr, ends_ptr, T, M, N, K, E, lda, ldb, ldbe, ldd,
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                           A_MMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, RAGGED_K: tl.constexpr):
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        tiles_n = tl.cdiv(N, BN)
+        dt = d_ptr.dtype.element_ty
+        if RAGGED_K:
+            # out[g] = A[:, row0:end] @ B[row0:end, :]; ldbe: D's group stride
+            tiles_m = tl.cdiv(M, BM)
+            per = tiles_m * tiles_n
+            for tile in range(pid, E * per, nprog):
+                g = tile // per
+                tm, tn = _super_row(tile % per, tiles_m, tiles_n, GROUP_M)
+                row0 = tl.minimum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), T)
+                end = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0)
+                span = tl.maximum(end, 1)       # a descriptor's dims are >= 1; no load reads it when empty
+                if A_MMAJOR:
+                    a_desc = tl.make_tensor_descriptor(a_ptr, [span, M], [lda, 1], [BK, BM])
+                else:
+                    a_desc = tl.make_tensor_descriptor(a_ptr, [M, span], [lda, 1], [BM, BK])
+                if B_KMAJOR:
+                    b_desc = tl.make_tensor_descriptor(b_ptr, [N, span], [ldb, 1], [BN, BK])
+                else:
+                    b_desc = tl.make_tensor_descriptor(b_ptr, [span, N], [ldb, 1], [BK, BN])
+                d_desc = tl.make_tensor_descriptor(d_ptr + g * ldbe, [M, N], [ldd, 1], [BM, BN])
+                acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), row0, end, tm * BM, tn * BN,
+                              BK, A_MMAJOR, B_KMAJOR)
+                d_desc.store([tm * BM, tn * BN], acc.to(dt))
+        else:
+            # groups of A's rows, then group E: the rows in no group, stored as zeros
+            first = 0           # the number of tiles of the groups before g
+            row0 = 0
+            tile = pid
+            for g in range(0, E + 1):
+                end = T
+                if g < E:
+                    end = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0)
+                tiles_m = tl.cdiv(end - row0, BM)
+                count = tiles_m * tiles_n
+                if tile < first + count:
+                    if A_MMAJOR:
+                        a_desc = tl.make_tensor_descriptor(a_ptr, [K, end], [lda, 1], [BK, BM])
+                    else:
+                        a_desc = tl.make_tensor_descriptor(a_ptr, [end, K], [lda, 1], [BM, BK])
+                    if B_KMAJOR:
+                        b_desc = tl.make_tensor_descriptor(b_ptr + g * ldbe, [N, K], [ldb, 1], [BN, BK])
+                    else:
+                        b_desc = tl.make_tensor_descriptor(b_ptr + g * ldbe, [K, N], [ldb, 1], [BK, BN])
+                    d_desc = tl.make_tensor_descriptor(d_ptr, [end, N], [ldd, 1], [BM, BN])
+                    k1 = tl.where(g < E, K, 0)   # group E multiplies nothing
+                    while tile < first + count:
+                        tm, tn = _super_row(tile - first, tiles_m, tiles_n, GROUP_M)
+                        acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), 0, k1, row0 + tm * BM,
+                                      tn * BN, BK, A_MMAJOR, B_KMAJOR)
+                        d_desc.store([row0 + tm * BM, tn * BN], acc.to(dt))
+                        tile += nprog
+                first += count
+                row0 = end
+
+    # the kernel calls the helpers by their global names: the interpreter (TRITON_INTERPRET) looks
+    # them up in this module's globals, not in this function's scope
+    globals().update(_super_row=_super_row, _k_loop=_k_loop)
+    return xgemm_grouped_sm90
+
+
+def gluon_compile_args(key: str, arch: str):
+    cfg = Config.from_key(key)
+    if arch != "sm_90a":
+        raise ValueError(f"{key} is built for sm_90a only, not {arch}")
+    cfg.check()
+    it, ot = SHORT_DTYPE[cfg.in_dtype], SHORT_DTYPE[cfg.out_dtype]
+    sig = {"a_ptr": f"*{it}", "b_ptr": f"*{it}", "d_ptr": f"*{ot}", "ends_ptr": "*i32", "T": "i32", "M": "i32",
+           "N": "i32", "K": "i32", "E": "i32", "lda": "i64", "ldb": "i64", "ldbe": "i64", "ldd": "i64"}
+    constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "A_MMAJOR": cfg.a_mmajor,
+                  "B_KMAJOR": cfg.b_kmajor, "RAGGED_K": cfg.ragged_k}
+    sig.update({k: "constexpr" for k in constexprs})
+    # what supports() checks: 16-byte bases and strides of 8 elements (16 bytes; 4 for float32 D)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(3)}
+    attrs.update({(i,): [["tt.divisibility", 8]] for i in (9, 10, 11)})
+    attrs[(12,)] = [["tt.divisibility", 4 if cfg.out_dtype == "float32" else 8]]
+    options = {"num_warps": cfg.warps, "num_stages": cfg.stages, "enable_fp_fusion": False}
+    return _define(), sig, constexprs, attrs, options
+
+
+def gluon_entries(arch: str = "sm_90a") -> List[str]:
+    """sm_90a: {fp16, bf16} x {same, fp32} out x A {K-, M-major} x B {N-, K-major} x {rows, ragged_k}
+    x the tiles choose() picks (the wide one for 16-bit results only): 48 entries."""
+    if arch != "sm_90a":
+        return []
+    keys = []
+    for i in IN_DTYPES:
+        for o in (i, "float32"):
+            for tile in (("narrow",) if o == "float32" else ("narrow", "wide")):
+                keys += [Config(i, o, *TILES[tile], am, bk, rk).key
+                         for am in (False, True) for bk in (False, True) for rk in (False, True)]
+    return keys
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel protocol (kernels/_common.py)
+# ----------------------------------------------------------------------------------------------
+
+def _strides(problem):
+    """(lda, ldb, B's group stride or D's, ldd) in elements, and the two majorness flags."""
+    a, b, s = problem.a, problem.b, problem.shape
+    a_mmajor = a.majorness == COL
+    b_kmajor = b.majorness == COL
+    lda = a.strides[-1] if a_mmajor else a.strides[-2]
+    ldb = b.strides[-1] if b_kmajor else b.strides[-2]
+    if s.ragged_k:
+        return lda, ldb, s.m * s.n, s.n, a_mmajor, b_kmajor
+    return lda, ldb, b.strides[0], s.n, a_mmajor, b_kmajor
+
+
+class TritonGroupedSm90(PointerGemm):
+    name = NAME
+    ops = ("grouped",)
+    backend = "gluon"           # built and launched through the Gluon kernels' cubin cache
+
+    def supports(self, problem) -> Optional[str]:
+        dev = problem.device
+        if dev.kind != "cuda":
+            return "needs a CUDA device"
+        if dev.arch != (9, 0):
+            return f"needs a Hopper GPU (sm_90); this device is {dev.arch}"
+        a, b, s = problem.a, problem.b, problem.shape
+        if a.dtype not in IN_DTYPES or b.dtype != a.dtype:
+            return f"A/B dtypes {a.dtype}/{b.dtype}: needs both float16 or both bfloat16"
+        if problem.out_dtype not in (a.dtype, "float32"):
+            return f"output dtype {problem.out_dtype} is not {a.dtype} or float32"
+        if min(s.rows, s.m, s.n, s.k) < 1 or max(s.rows, s.m, s.n, s.k) > MAX_DIM or s.groups > MAX_DIM:
+            return f"{s.m}x{s.n}x{s.k} over {s.rows} grouped indices: every dim 1 .. 2**31-1"
+        if a.majorness not in (ROW, COL) or b.majorness not in (ROW, COL):
+            return f"A {a.majorness}, B {b.majorness}: TMA reads K- or M/N-major operands only"
+        if a.alignment < 16 or b.alignment < 16:
+            return (f"A / B alignment {a.alignment} / {b.alignment} bytes: TMA needs 16-byte aligned bases, "
+                    f"leading strides and group strides")
+        out_item = 4 if problem.out_dtype == "float32" else 2
+        if (s.n * out_item) % 16 or (s.ragged_k and (s.m * s.n * out_item) % 16):
+            return f"N = {s.n}: the result's rows must be 16-byte multiples for its TMA stores"
+        lda, ldb, ldbe, _, am, bk = _strides(problem)
+        cfg = choose(s, a.dtype, problem.out_dtype, am, bk)
+        return gluon_cache.available(cfg.key)
+
+    def policy(self, problem) -> Policy:
+        s = problem.shape
+        *_, am, bk = _strides(problem)
+        cfg = choose(s, problem.a.dtype, problem.out_dtype, am, bk)
+        sms = sm_count(problem.device.index)
+        what = (f"{s.groups} groups x {-(-s.m // cfg.bm)}x{-(-s.n // cfg.bn)} tiles" if s.ragged_k else
+                f"the tiles of {s.groups} row groups (about {-(-s.rows // cfg.bm)}x{-(-s.n // cfg.bn)})")
+        return Policy(tile=(cfg.bm, cfg.bn, cfg.bk), stages=cfg.stages, warps=cfg.warps,
+                      notes=(f"persistent: {programs(s, cfg, sms)} programs over {what}",
+                             "TMA descriptors made per group on the device; no host read of the sizes"))
+
+    def _config(self, problem, policy) -> Config:
+        bm, bn, bk = policy.tile
+        *_, am, bkm = _strides(problem)
+        return Config(problem.a.dtype, problem.out_dtype, bm, bn, bk, policy.stages, policy.warps, am, bkm,
+                      problem.shape.ragged_k)
+
+    def _args(self, problem):
+        s = problem.shape
+        lda, ldb, ldbe, ldd, _, _ = _strides(problem)
+        return (s.rows, s.m, s.n, s.k, s.groups, lda, ldb, ldbe, ldd)
+
+    def run(self, problem, policy, operands, out, stream) -> None:
+        """operands: (A, B, ends) views, ends int32 and contiguous; out: the result's view."""
+        cfg = self._config(problem, policy)
+        device = operands[0].device.index
+        a, b, ends = operands
+        self._launcher(cfg, device)(programs(problem.shape, cfg, sm_count(device)), stream, a.ptr, b.ptr, out.ptr,
+                                    ends.ptr, *self._args(problem))
+
+    def bind(self, problem, policy, operands, out):
+        return None             # no torch fast path for grouped calls (it serves gemm)
+
+    def jax_lowering(self, problem, policy, *, portable: bool = False, sm_margin: int = 0):
+        """The same cubin under jit: inputs (A, B, ends), output D, on XLA's stream."""
+        cfg = self._config(problem, policy)
+        entry = gluon_cache.lookup(cfg.key)
+        P = Param
+        scalars = self._args(problem)
+        args = (P.input(0), P.input(1), P.output(0), P.input(2), *(P.i32(v) for v in scalars[:5]),
+                *(P.i64(v) for v in scalars[5:]))
+        return triton_launch(entry.cubin, entry.meta, programs(problem.shape, cfg, H200_SMS - sm_margin), args)
+
+    def prebuild(self, arch: str):
+        return gluon_entries(arch)
+
+
+KERNEL = TritonGroupedSm90()
+KERNELS = (KERNEL,)
