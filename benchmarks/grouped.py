@@ -5,6 +5,7 @@ jax.lax.ragged_dot; one process.
     python benchmarks/grouped.py --dry-run      # any machine: the cases' group sizes and xgemm's plan
     python benchmarks/grouped.py [--trials 12]  # H200
     python benchmarks/grouped.py --only torch   # or jax
+    python benchmarks/grouped.py --only tune    # the grouped kernel at each tile candidate (H200)
 
 Writes benchmarks/results/grouped-h200.{json,md} (or into --out DIR).
 
@@ -186,6 +187,51 @@ def run_jax(args, log) -> list:
     return records
 
 
+def run_tune(args, log) -> list:
+    """--only tune: the grouped kernel at every prebuilt tile candidate (kernels/triton_grouped_sm90.py
+    TILES and TUNE; the TUNE ones are built on request, docs/development.md), forward and weight
+    gradient of the uneven case, launched through the kernel with that tile's policy; outputs checked."""
+    if args.only != "tune":             # opt-in
+        return []
+    import torch
+
+    from xgemm import arrays, grouped
+    from xgemm.core.problem import Policy
+    from xgemm.kernels import triton_grouped_sm90 as tg
+    from xgemm.runtime import gluon_cache
+    e, t, k, n = (UNEVEN[key] for key in "ETKN")
+    sizes = uneven_sizes(e, t)
+    x, w, offs = _operands(torch, e, t, k, n, sizes)
+    dy = torch.randn(t, n, device="cuda").bfloat16()
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    refs = {"uneven": _ref_forward(torch, x, w, sizes),
+            "uneven_drhs": torch.stack([x[bounds[g]:bounds[g + 1]].float().T @ dy[bounds[g]:bounds[g + 1]].float()
+                                        for g in range(e)])}
+    records = []
+    for case, a, b in (("uneven", x, w), ("uneven_drhs", x.t(), dy)):
+        c = grouped.check_grouped_mm(a, b, offs)
+        plan, va, vb = grouped._plan(c)
+        views = (va, vb, arrays.view(offs, "offs", "tune"))
+        out, impls = {}, {}
+        for key in tg.tune_entries():
+            cfg = tg.Config.from_key(key)
+            if cfg.ragged_k != c.shape.ragged_k or gluon_cache.available(key):
+                continue
+            label = f"{cfg.bm}x{cfg.bn}x{cfg.bk} s{cfg.stages} split{tg.epilogue_split(cfg)}"
+            pol = Policy(tile=(cfg.bm, cfg.bn, cfg.bk), stages=cfg.stages, warps=cfg.warps)
+
+            def call(i, pol=pol, label=label):
+                y = torch.empty(c.shape.out, dtype=torch.bfloat16, device="cuda")
+                tg.KERNEL.run(plan.problem, pol, views, arrays.view(y, "out", "tune"),
+                              torch.cuda.current_stream().cuda_stream)
+                out[label] = y
+            impls[label] = call
+        got, _ = h.time_checked(f"tune {case}", (e, t, k, n), "bfloat16", 2 * t * k * n, "TFLOP/s", impls, out,
+                                dict.fromkeys(impls, refs[case]), args.reps, args.trials, log)
+        records += got
+    return records
+
+
 def dry_run(log) -> None:
     import torch
 
@@ -202,7 +248,7 @@ def dry_run(log) -> None:
 
 
 def main(argv=None) -> int:
-    return h.run_study("grouped", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax}, dry_run, argv)
+    return h.run_study("grouped", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax, "tune": run_tune}, dry_run, argv)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ INTERPRETED = textwrap.dedent("""
     import itertools, torch, triton
     from xgemm.kernels import triton_grouped_sm90 as tg
     kernel = tg._define()
+    cases = 0
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
     torch.manual_seed(0)
 
@@ -33,10 +34,12 @@ INTERPRETED = textwrap.dedent("""
         return x.t().contiguous().t() if col else x
 
     def launch(a, b, d, ends, t, m, n, k, e, ldbe, am, bk, rk, programs=3):
+        split = 1 + cases % 2         # every other case stores its tiles in two column halves
         lda = a.stride(1) if am else a.stride(0)
         ldb = b.stride(-1) if bk else b.stride(-2)
         kernel[(programs,)](a, b, d, ends, t, m, n, k, e, lda, ldb, ldbe, d.stride(-2),
-                            BM=16, BN=16, BK=16, GROUP_M=2, A_MMAJOR=am, B_KMAJOR=bk, RAGGED_K=rk)
+                            BM=16, BN=16, BK=16, GROUP_M=2, A_MMAJOR=am, B_KMAJOR=bk, RAGGED_K=rk,
+                            EPI_SPLIT=split)
 
     def bounds(sizes, t):             # each group's [row0, end) as the kernel clamps the offsets
         out, row0 = [], 0
@@ -46,7 +49,6 @@ INTERPRETED = textwrap.dedent("""
             row0 = end
         return out
 
-    cases = 0
     # Sizes: any, where the grouped axis is not the contiguous dim of a TMA load; multiples of 8
     # (16 bytes) where it is, since the interpreter asks a load's innermost start to be 16-byte aligned
     # (tests/gpu/test_triton_grouped_gpu.py runs every size on the H200)
@@ -133,6 +135,10 @@ def test_policy_and_entries():
     assert tg.KERNEL.policy(_problem()).tile == (128, 256, 64)
     assert tg.KERNEL.policy(_problem(out="float32")).tile == (128, 128, 64)
     assert "no host read" in tg.KERNEL.policy(_problem()).summary()
+    # the store buffer halves only where the whole one does not fit beside the operand stages
+    wide = tg.Config("bfloat16", "bfloat16", *tg.TILES["wide"], False, True, False)
+    assert tg.epilogue_split(wide) == 1 and tg.epilogue_split(wide._replace(stages=4)) == 2
+    assert all(tg.Config.from_key(key).key == key for key in tg.tune_entries())
     # the grid: one program per SM, fewer for a problem of fewer tiles
     cfg = tg.KERNEL._config(_problem(), tg.KERNEL.policy(_problem()))
     assert tg.programs(_problem().shape, cfg, 132) == 132

@@ -52,8 +52,11 @@ IN_DTYPES = ("float16", "bfloat16")
 GROUP_M = 8
 MAX_DIM = 2 ** 31 - 1
 # (BM, BN, BK, stages, warps): a 128x256 tile for a wide N (the dense GEMM's shape on Hopper:
-# 3 x 48 KB of operands + the 64 KB store buffer), 128x128 for a narrow N or a float32 result
+# 3 x 48 KB of operands + the 64 KB store buffer), 128x128 for a narrow N or a float32 result.
+# TUNE: more candidates for the benchmark's sweep (benchmarks/grouped.py --tune), built on request.
 TILES = {"wide": (128, 256, 64, 3, 8), "narrow": (128, 128, 64, 4, 8)}
+TUNE = ((128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 256, 32, 6, 8), (128, 128, 64, 5, 8))
+SMEM_BYTES = 227 * 1024
 
 
 class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps a_mmajor b_kmajor ragged_k")):
@@ -73,10 +76,18 @@ class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps a_mm
                    bool(f["b"]), bool(f["r"]))
 
     def check(self) -> None:
-        if (self.bm, self.bn, self.bk, self.stages, self.warps) not in TILES.values():
-            raise ValueError(f"{self}: the tile must be one of {TILES}")
+        if (self.bm, self.bn, self.bk, self.stages, self.warps) not in (*TILES.values(), *TUNE):
+            raise ValueError(f"{self}: the tile must be one of {TILES} or {TUNE}")
         if self.out_dtype == "float32" and self.bn > 128:
             raise ValueError(f"{self}: a float32 result's store buffer leaves no room for a 256-wide tile")
+
+
+def epilogue_split(cfg: Config) -> int:
+    """1: the result tile is stored from one shared buffer; 2: in two column halves through a
+    buffer of half the size, where the whole one would not fit beside the operand stages."""
+    operands = cfg.stages * (cfg.bm * cfg.bk + cfg.bk * cfg.bn) * 2
+    result = cfg.bm * cfg.bn * (4 if cfg.out_dtype == "float32" else 2)
+    return 1 if operands + result + 1024 <= SMEM_BYTES else 2
 
 
 def choose(shape, in_dtype: str, out_dtype: str, a_mmajor: bool, b_kmajor: bool) -> Config:
@@ -129,13 +140,23 @@ def _define():
         return acc
 
     @triton.jit
+    def _store(d_desc, acc, r, c, BN: tl.constexpr, EPI_SPLIT: tl.constexpr):
+        if EPI_SPLIT == 2:
+            halves = tl.permute(tl.reshape(acc, (acc.shape[0], 2, BN // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            d_desc.store([r, c], left.to(d_desc.dtype))
+            d_desc.store([r, c + BN // 2], right.to(d_desc.dtype))
+        else:
+            d_desc.store([r, c], acc.to(d_desc.dtype))
+
+    @triton.jit
     def xgemm_grouped_sm90(a_ptr, b_ptr, d_ptr, ends_ptr, T, M, N, K, E, lda, ldb, ldbe, ldd,
                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                           A_MMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, RAGGED_K: tl.constexpr):
+                           A_MMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, RAGGED_K: tl.constexpr,
+                           EPI_SPLIT: tl.constexpr):
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         tiles_n = tl.cdiv(N, BN)
-        dt = d_ptr.dtype.element_ty
         if RAGGED_K:
             # out[g] = A[:, row0:end] @ B[row0:end, :]; ldbe: D's group stride
             tiles_m = tl.cdiv(M, BM)
@@ -154,10 +175,10 @@ def _define():
                     b_desc = tl.make_tensor_descriptor(b_ptr, [N, span], [ldb, 1], [BN, BK])
                 else:
                     b_desc = tl.make_tensor_descriptor(b_ptr, [span, N], [ldb, 1], [BK, BN])
-                d_desc = tl.make_tensor_descriptor(d_ptr + g * ldbe, [M, N], [ldd, 1], [BM, BN])
+                d_desc = tl.make_tensor_descriptor(d_ptr + g * ldbe, [M, N], [ldd, 1], [BM, BN // EPI_SPLIT])
                 acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), row0, end, tm * BM, tn * BN,
                               BK, A_MMAJOR, B_KMAJOR)
-                d_desc.store([tm * BM, tn * BN], acc.to(dt))
+                _store(d_desc, acc, tm * BM, tn * BN, BN, EPI_SPLIT)
         else:
             # groups of A's rows, then group E: the rows in no group, stored as zeros
             first = 0           # the number of tiles of the groups before g
@@ -178,20 +199,20 @@ def _define():
                         b_desc = tl.make_tensor_descriptor(b_ptr + g * ldbe, [N, K], [ldb, 1], [BN, BK])
                     else:
                         b_desc = tl.make_tensor_descriptor(b_ptr + g * ldbe, [K, N], [ldb, 1], [BK, BN])
-                    d_desc = tl.make_tensor_descriptor(d_ptr, [end, N], [ldd, 1], [BM, BN])
+                    d_desc = tl.make_tensor_descriptor(d_ptr, [end, N], [ldd, 1], [BM, BN // EPI_SPLIT])
                     k1 = tl.where(g < E, K, 0)   # group E multiplies nothing
                     while tile < first + count:
                         tm, tn = _super_row(tile - first, tiles_m, tiles_n, GROUP_M)
                         acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), 0, k1, row0 + tm * BM,
                                       tn * BN, BK, A_MMAJOR, B_KMAJOR)
-                        d_desc.store([row0 + tm * BM, tn * BN], acc.to(dt))
+                        _store(d_desc, acc, row0 + tm * BM, tn * BN, BN, EPI_SPLIT)
                         tile += nprog
                 first += count
                 row0 = end
 
     # the kernel calls the helpers by their global names: the interpreter (TRITON_INTERPRET) looks
     # them up in this module's globals, not in this function's scope
-    globals().update(_super_row=_super_row, _k_loop=_k_loop)
+    globals().update(_super_row=_super_row, _k_loop=_k_loop, _store=_store)
     return xgemm_grouped_sm90
 
 
@@ -204,7 +225,7 @@ def gluon_compile_args(key: str, arch: str):
     sig = {"a_ptr": f"*{it}", "b_ptr": f"*{it}", "d_ptr": f"*{ot}", "ends_ptr": "*i32", "T": "i32", "M": "i32",
            "N": "i32", "K": "i32", "E": "i32", "lda": "i64", "ldb": "i64", "ldbe": "i64", "ldd": "i64"}
     constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "A_MMAJOR": cfg.a_mmajor,
-                  "B_KMAJOR": cfg.b_kmajor, "RAGGED_K": cfg.ragged_k}
+                  "B_KMAJOR": cfg.b_kmajor, "RAGGED_K": cfg.ragged_k, "EPI_SPLIT": epilogue_split(cfg)}
     sig.update({k: "constexpr" for k in constexprs})
     # what supports() checks: 16-byte bases and strides of 8 elements (16 bytes; 4 for float32 D)
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(3)}
@@ -214,9 +235,18 @@ def gluon_compile_args(key: str, arch: str):
     return _define(), sig, constexprs, attrs, options
 
 
+def tune_entries() -> List[str]:
+    """The sweep's candidates (TUNE and TILES) for bf16 at the benchmark's two layouts: the forward
+    (A K-major, B K-major as torch._grouped_mm's weights) and the weight gradient (ragged_k, A
+    M-major, B N-major)."""
+    return [Config("bfloat16", "bfloat16", *tile, am, bk, rk).key for tile in (*TILES.values(), *TUNE)
+            for am, bk, rk in ((False, True, False), (True, False, True))]
+
+
 def gluon_entries(arch: str = "sm_90a") -> List[str]:
     """sm_90a: {fp16, bf16} x {same, fp32} out x A {K-, M-major} x B {N-, K-major} x {rows, ragged_k}
-    x the tiles choose() picks (the wide one for 16-bit results only): 48 entries."""
+    x the tiles choose() picks (the wide one for 16-bit results only): 48 entries. (tune_entries()
+    are built only for the sweep, by docs/development.md's recipe.)"""
     if arch != "sm_90a":
         return []
     keys = []
