@@ -27,7 +27,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from xgemm import arrays, errors, prepare
-from xgemm.core import checks, grouped_checks, policy
+from xgemm.core import checks, grouped_checks, layout, policy
+from xgemm.core.dtypes import ITEMSIZE
+from xgemm.core.problem import COL, ROW
 
 
 class Checked(NamedTuple):
@@ -105,24 +107,60 @@ def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None) -> str:
 
 
 def _plan(c: Checked):
-    """The plan of a checked eager call and the A, B views it was made from."""
+    """(plan, A view, B view, the majorness each must be copied to or None): the plan of the
+    operands as they are or, where only the kernel-friendly layouts (_READS) would get a kernel,
+    of those, with the copies they take recorded for explain()."""
     va, vb = arrays.view(c.a, "a", "grouped"), arrays.view(c.b, "b", "grouped")
-    problem = grouped_checks.GroupedProblem(c.shape, arrays.operand(va), arrays.operand(vb), c.out_dtype, c.owner,
-                                            va.device)
-    return policy.choose("grouped", problem), va, vb
+    ops = (arrays.operand(va), arrays.operand(vb))
+    plan = policy.choose("grouped", _problem(c, ops, va.device))
+    if plan.kernel.name != "reference" or 0 in c.shape.out:
+        return plan, va, vb, (None, None)
+    want = _READS[c.shape.ragged_k]
+    moves = tuple(None if op.majorness == major else major for op, major in zip(ops, want))
+    if moves == (None, None):
+        return plan, va, vb, moves
+    fresh = tuple(op if move is None else layout.dense_operand(op.shape, op.dtype, ITEMSIZE[op.dtype], move)
+                  for op, move in zip(ops, moves))
+    staged = policy.choose("grouped", _problem(c, fresh, va.device))
+    if staged.kernel.name == "reference":
+        return plan, va, vb, (None, None)
+    staged.declined = list(plan.declined)
+    staged.copies = [f"{name}: {op.majorness}-major {op.shape} -> a {move}-major copy ({c.owner})"
+                     for name, op, move in zip(("a", "b"), ops, moves) if move is not None]
+    return staged, va, vb, moves
+
+
+# The layouts (A, B) a grouped kernel reads without a TMA load starting inside a 16-byte chunk:
+# the grouped axis is never the contiguous one (a group starts at any row of it)
+_READS = {False: (ROW, ROW), True: (COL, ROW)}
+
+
+def _problem(c: Checked, ops, device) -> grouped_checks.GroupedProblem:
+    return grouped_checks.GroupedProblem(c.shape, ops[0], ops[1], c.out_dtype, c.owner, device)
+
+
+def _moved(v: arrays.ArrayView, major, name: str) -> arrays.ArrayView:
+    """v itself, or a copy of it stored `major`-major (COL: a row-major copy of the transpose,
+    transposed back, which is a view)."""
+    if major is None:
+        return v
+    if major == ROW:
+        return arrays.compact(v, name, [])
+    t = arrays.compact(arrays.view(v.obj.T, name, "grouped"), name, [])
+    return arrays.view(t.obj.T, name, "grouped")
 
 
 def run(c: Checked, ends: Any) -> Any:
     """Run the chosen kernel; `ends` are the groups' end offsets, on the device. An empty result
     (or an empty contraction) goes to the embedded default, which makes the zeros."""
-    plan, va, vb = _plan(c)
+    plan, va, vb, moves = _plan(c)
     if plan.kernel.name == "reference" or 0 in c.shape.out:
         return policy.reference("grouped").run(plan.problem, plan.policy,
                                                (va, vb, arrays.view(ends, "ends", "grouped")), None, 0)
     xp = arrays.namespace(c.owner)
-    ends = xp.astype(ends, arrays.framework_dtype(c.owner, "int32"), copy=True)      # dense int32, as the kernel reads
     out = arrays.empty(c.owner, c.shape.out, c.out_dtype, va.device, c.a)
-    views = (va, vb, arrays.view(ends, "ends", "grouped"))
+    ends = xp.astype(ends, arrays.framework_dtype(c.owner, "int32"), copy=True)      # dense int32, as the kernel reads
+    views = (_moved(va, moves[0], "a"), _moved(vb, moves[1], "b"), arrays.view(ends, "ends", "grouped"))
     plan.kernel.run(plan.problem, plan.policy, views, arrays.view(out, "out", "grouped"),
                     arrays.current_stream(c.owner, va.device))
     return out

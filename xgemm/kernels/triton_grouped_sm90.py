@@ -8,13 +8,19 @@ Contract
                        no group (at or past ends[-1]) are written as zeros
               ragged_k out[g] = A[:, T_g] @ B[T_g, :]: A [M, T], B [T, N] -> [E, M, N]; an empty
                        group's result is zeros
-            fp32 accumulate, one rounding to the output dtype. Ends past T are clamped to T and a
-            decreasing end counts as an empty group (xgemm/grouped.py: unspecified rows, never a
-            fault).
+            fp32 accumulate, one rounding to the output dtype. Ends past T are clamped to T, and a
+            decreasing end makes an empty group (xgemm/grouped.py: unspecified rows, never a fault;
+            the next group starts at the previous group's end in rows mode, at the previous offset
+            in ragged_k mode).
   dtypes    A, B both float16 or both bfloat16; out the inputs' dtype or float32.
-  layout    A K-major or M-major; B N-major or K-major (each group's matrix, in rows mode); out
+  layout    The grouped axis is never a load's contiguous dim: a group starts at any index, and a
+            TMA load must start on a 16-byte boundary of its contiguous dim (on the H200 an
+            M-major A with a group starting at row 1 faulted, "illegal instruction", 2026-12-02;
+            Triton's interpreter asserts the same). So rows mode reads A K-major
+            and B (each group's matrix) N- or K-major; ragged_k reads A M-major and B N-major (as
+            a weight gradient lhs^T @ dout has them); xgemm/grouped.py copies other layouts. Out
             dense row-major. TMA: 16-byte aligned bases and leading strides (and B's group stride
-            in rows mode), unit inner strides. T, M, N, K >= 1 and < 2**31.
+            in rows mode). T, M, N, K >= 1 and < 2**31.
   arch      sm_90a cubins built by triton >= 3.8 (xgemm/runtime/gluon_cache.py), launched without
             triton (runtime/launch.py), with Triton's global scratch for the device-made descriptors.
 
@@ -59,25 +65,26 @@ TUNE = ((128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 256, 32, 6, 8), (128, 
 SMEM_BYTES = 227 * 1024
 
 
-class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps a_mmajor b_kmajor ragged_k")):
-    """One compiled variant: the tile, the pipeline depth, the operands' majorness and the mode."""
+class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps b_kmajor ragged_k")):
+    """One compiled variant: the tile, the pipeline depth, B's majorness (rows mode) and the mode."""
     __slots__ = ()
 
     @property
     def key(self) -> str:
         return (f"{NAME}/sm_90a-{SHORT_DTYPE[self.in_dtype]}-{SHORT_DTYPE[self.out_dtype]}/"
-                f"m{self.bm}-n{self.bn}-k{self.bk}-s{self.stages}-w{self.warps}-a{int(self.a_mmajor)}"
-                f"-b{int(self.b_kmajor)}-r{int(self.ragged_k)}")
+                f"m{self.bm}-n{self.bn}-k{self.bk}-s{self.stages}-w{self.warps}-b{int(self.b_kmajor)}"
+                f"-r{int(self.ragged_k)}")
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
         (_, i, o), f = parse_key(key, NAME)
-        return cls(LONG_DTYPE[i], LONG_DTYPE[o], f["m"], f["n"], f["k"], f["s"], f["w"], bool(f["a"]),
-                   bool(f["b"]), bool(f["r"]))
+        return cls(LONG_DTYPE[i], LONG_DTYPE[o], f["m"], f["n"], f["k"], f["s"], f["w"], bool(f["b"]), bool(f["r"]))
 
     def check(self) -> None:
         if (self.bm, self.bn, self.bk, self.stages, self.warps) not in (*TILES.values(), *TUNE):
             raise ValueError(f"{self}: the tile must be one of {TILES} or {TUNE}")
+        if self.ragged_k and self.b_kmajor:
+            raise ValueError(f"{self}: ragged_k reads B N-major only (the grouped axis outer)")
         if self.out_dtype == "float32" and self.bn > 128:
             raise ValueError(f"{self}: a float32 result's store buffer leaves no room for a 256-wide tile")
 
@@ -90,10 +97,10 @@ def epilogue_split(cfg: Config) -> int:
     return 1 if operands + result + 1024 <= SMEM_BYTES else 2
 
 
-def choose(shape, in_dtype: str, out_dtype: str, a_mmajor: bool, b_kmajor: bool) -> Config:
+def choose(shape, in_dtype: str, out_dtype: str, b_kmajor: bool) -> Config:
     """The wide tile where N fills it (N >= 2048) and the result is 16-bit, else the narrow one."""
     wide = shape.n >= 2048 and out_dtype != "float32"
-    return Config(in_dtype, out_dtype, *TILES["wide" if wide else "narrow"], a_mmajor, b_kmajor, shape.ragged_k)
+    return Config(in_dtype, out_dtype, *TILES["wide" if wide else "narrow"], b_kmajor, shape.ragged_k)
 
 
 def programs(shape, cfg: Config, sms: int) -> int:
@@ -152,8 +159,7 @@ def _define():
     @triton.jit
     def xgemm_grouped_sm90(a_ptr, b_ptr, d_ptr, ends_ptr, T, M, N, K, E, lda, ldb, ldbe, ldd,
                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                           A_MMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, RAGGED_K: tl.constexpr,
-                           EPI_SPLIT: tl.constexpr):
+                           B_KMAJOR: tl.constexpr, RAGGED_K: tl.constexpr, EPI_SPLIT: tl.constexpr):
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         tiles_n = tl.cdiv(N, BN)
@@ -167,17 +173,12 @@ def _define():
                 row0 = tl.minimum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), T)
                 end = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0)
                 span = tl.maximum(end, 1)       # a descriptor's dims are >= 1; no load reads it when empty
-                if A_MMAJOR:
-                    a_desc = tl.make_tensor_descriptor(a_ptr, [span, M], [lda, 1], [BK, BM])
-                else:
-                    a_desc = tl.make_tensor_descriptor(a_ptr, [M, span], [lda, 1], [BM, BK])
-                if B_KMAJOR:
-                    b_desc = tl.make_tensor_descriptor(b_ptr, [N, span], [ldb, 1], [BN, BK])
-                else:
-                    b_desc = tl.make_tensor_descriptor(b_ptr, [span, N], [ldb, 1], [BK, BN])
+                # A M-major and B N-major: the grouped axis is the outer dim of both loads
+                a_desc = tl.make_tensor_descriptor(a_ptr, [span, M], [lda, 1], [BK, BM])
+                b_desc = tl.make_tensor_descriptor(b_ptr, [span, N], [ldb, 1], [BK, BN])
                 d_desc = tl.make_tensor_descriptor(d_ptr + g * ldbe, [M, N], [ldd, 1], [BM, BN // EPI_SPLIT])
                 acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), row0, end, tm * BM, tn * BN,
-                              BK, A_MMAJOR, B_KMAJOR)
+                              BK, True, False)
                 _store(d_desc, acc, tm * BM, tn * BN, BN, EPI_SPLIT)
         else:
             # groups of A's rows, then group E: the rows in no group, stored as zeros
@@ -191,10 +192,7 @@ def _define():
                 tiles_m = tl.cdiv(end - row0, BM)
                 count = tiles_m * tiles_n
                 if tile < first + count:
-                    if A_MMAJOR:
-                        a_desc = tl.make_tensor_descriptor(a_ptr, [K, end], [lda, 1], [BK, BM])
-                    else:
-                        a_desc = tl.make_tensor_descriptor(a_ptr, [end, K], [lda, 1], [BM, BK])
+                    a_desc = tl.make_tensor_descriptor(a_ptr, [end, K], [lda, 1], [BM, BK])   # A K-major
                     if B_KMAJOR:
                         b_desc = tl.make_tensor_descriptor(b_ptr + g * ldbe, [N, K], [ldb, 1], [BN, BK])
                     else:
@@ -204,7 +202,7 @@ def _define():
                     while tile < first + count:
                         tm, tn = _super_row(tile - first, tiles_m, tiles_n, GROUP_M)
                         acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), 0, k1, row0 + tm * BM,
-                                      tn * BN, BK, A_MMAJOR, B_KMAJOR)
+                                      tn * BN, BK, False, B_KMAJOR)
                         _store(d_desc, acc, row0 + tm * BM, tn * BN, BN, EPI_SPLIT)
                         tile += nprog
                 first += count
@@ -224,8 +222,8 @@ def gluon_compile_args(key: str, arch: str):
     it, ot = SHORT_DTYPE[cfg.in_dtype], SHORT_DTYPE[cfg.out_dtype]
     sig = {"a_ptr": f"*{it}", "b_ptr": f"*{it}", "d_ptr": f"*{ot}", "ends_ptr": "*i32", "T": "i32", "M": "i32",
            "N": "i32", "K": "i32", "E": "i32", "lda": "i64", "ldb": "i64", "ldbe": "i64", "ldd": "i64"}
-    constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "A_MMAJOR": cfg.a_mmajor,
-                  "B_KMAJOR": cfg.b_kmajor, "RAGGED_K": cfg.ragged_k, "EPI_SPLIT": epilogue_split(cfg)}
+    constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "B_KMAJOR": cfg.b_kmajor,
+                  "RAGGED_K": cfg.ragged_k, "EPI_SPLIT": epilogue_split(cfg)}
     sig.update({k: "constexpr" for k in constexprs})
     # what supports() checks: 16-byte bases and strides of 8 elements (16 bytes; 4 for float32 D)
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(3)}
@@ -239,22 +237,21 @@ def tune_entries() -> List[str]:
     """The sweep's candidates (TUNE and TILES) for bf16 at the benchmark's two layouts: the forward
     (A K-major, B K-major as torch._grouped_mm's weights) and the weight gradient (ragged_k, A
     M-major, B N-major)."""
-    return [Config("bfloat16", "bfloat16", *tile, am, bk, rk).key for tile in (*TILES.values(), *TUNE)
-            for am, bk, rk in ((False, True, False), (True, False, True))]
+    return [Config("bfloat16", "bfloat16", *tile, bk, rk).key for tile in (*TILES.values(), *TUNE)
+            for bk, rk in ((True, False), (False, True))]
 
 
 def gluon_entries(arch: str = "sm_90a") -> List[str]:
-    """sm_90a: {fp16, bf16} x {same, fp32} out x A {K-, M-major} x B {N-, K-major} x {rows, ragged_k}
-    x the tiles choose() picks (the wide one for 16-bit results only): 48 entries. (tune_entries()
-    are built only for the sweep, by docs/development.md's recipe.)"""
+    """sm_90a: {fp16, bf16} x {same, fp32} out x the tiles choose() picks (the wide one for 16-bit
+    results only) x {rows with B N- or K-major, ragged_k}: 18 entries. (tune_entries() are built
+    only for the sweep, by docs/development.md's recipe.)"""
     if arch != "sm_90a":
         return []
     keys = []
     for i in IN_DTYPES:
         for o in (i, "float32"):
             for tile in (("narrow",) if o == "float32" else ("narrow", "wide")):
-                keys += [Config(i, o, *TILES[tile], am, bk, rk).key
-                         for am in (False, True) for bk in (False, True) for rk in (False, True)]
+                keys += [Config(i, o, *TILES[tile], bk, rk).key for bk, rk in ((False, False), (True, False), (False, True))]
     return keys
 
 
@@ -263,15 +260,14 @@ def gluon_entries(arch: str = "sm_90a") -> List[str]:
 # ----------------------------------------------------------------------------------------------
 
 def _strides(problem):
-    """(lda, ldb, B's group stride or D's, ldd) in elements, and the two majorness flags."""
+    """(lda, ldb, B's group stride or D's, ldd) in elements, and whether B is K-major."""
     a, b, s = problem.a, problem.b, problem.shape
-    a_mmajor = a.majorness == COL
     b_kmajor = b.majorness == COL
-    lda = a.strides[-1] if a_mmajor else a.strides[-2]
+    lda = a.strides[-1] if a.majorness == COL else a.strides[-2]
     ldb = b.strides[-1] if b_kmajor else b.strides[-2]
     if s.ragged_k:
-        return lda, ldb, s.m * s.n, s.n, a_mmajor, b_kmajor
-    return lda, ldb, b.strides[0], s.n, a_mmajor, b_kmajor
+        return lda, ldb, s.m * s.n, s.n, b_kmajor
+    return lda, ldb, b.strides[0], s.n, b_kmajor
 
 
 class TritonGroupedSm90(PointerGemm):
@@ -294,20 +290,25 @@ class TritonGroupedSm90(PointerGemm):
             return f"{s.m}x{s.n}x{s.k} over {s.rows} grouped indices: every dim 1 .. 2**31-1"
         if a.majorness not in (ROW, COL) or b.majorness not in (ROW, COL):
             return f"A {a.majorness}, B {b.majorness}: TMA reads K- or M/N-major operands only"
+        # the grouped axis: A's rows in rows mode; A's columns and B's rows in ragged_k mode
+        along = [n for n, op, major in (("A", a, ROW if s.ragged_k else COL), ("B", b, COL if s.ragged_k else None))
+                 if op.majorness == major]
+        if along:
+            return (f"A {a.majorness}, B {b.majorness}: the grouped axis is contiguous in {along[0]}, and a group "
+                    f"can start at any index of it while a TMA load must start on a 16-byte boundary of its "
+                    f"contiguous dim (xgemm.grouped copies {along[0]} to the other majorness)")
         if a.alignment < 16 or b.alignment < 16:
             return (f"A / B alignment {a.alignment} / {b.alignment} bytes: TMA needs 16-byte aligned bases, "
                     f"leading strides and group strides")
         out_item = 4 if problem.out_dtype == "float32" else 2
         if (s.n * out_item) % 16 or (s.ragged_k and (s.m * s.n * out_item) % 16):
             return f"N = {s.n}: the result's rows must be 16-byte multiples for its TMA stores"
-        lda, ldb, ldbe, _, am, bk = _strides(problem)
-        cfg = choose(s, a.dtype, problem.out_dtype, am, bk)
+        cfg = choose(s, a.dtype, problem.out_dtype, _strides(problem)[-1])
         return gluon_cache.available(cfg.key)
 
     def policy(self, problem) -> Policy:
         s = problem.shape
-        *_, am, bk = _strides(problem)
-        cfg = choose(s, problem.a.dtype, problem.out_dtype, am, bk)
+        cfg = choose(s, problem.a.dtype, problem.out_dtype, _strides(problem)[-1])
         sms = sm_count(problem.device.index)
         what = (f"{s.groups} groups x {-(-s.m // cfg.bm)}x{-(-s.n // cfg.bn)} tiles" if s.ragged_k else
                 f"the tiles of {s.groups} row groups (about {-(-s.rows // cfg.bm)}x{-(-s.n // cfg.bn)})")
@@ -317,13 +318,12 @@ class TritonGroupedSm90(PointerGemm):
 
     def _config(self, problem, policy) -> Config:
         bm, bn, bk = policy.tile
-        *_, am, bkm = _strides(problem)
-        return Config(problem.a.dtype, problem.out_dtype, bm, bn, bk, policy.stages, policy.warps, am, bkm,
+        return Config(problem.a.dtype, problem.out_dtype, bm, bn, bk, policy.stages, policy.warps, _strides(problem)[-1],
                       problem.shape.ragged_k)
 
     def _args(self, problem):
         s = problem.shape
-        lda, ldb, ldbe, ldd, _, _ = _strides(problem)
+        lda, ldb, ldbe, ldd, _ = _strides(problem)
         return (s.rows, s.m, s.n, s.k, s.groups, lda, ldb, ldbe, ldd)
 
     def run(self, problem, policy, operands, out, stream) -> None:
