@@ -10,7 +10,9 @@ column-major storage with padded leading dims and base offsets, 1-D operands, al
 broadcast from (N,) or (M, N), out of each allowed dtype and majorness; softmax rows that are all
 -inf, hold NaN or +inf, or are large, along any axis of a strided view; for torch, FP8 too:
 scaled_matmul (each recipe, e4m3 / e5m2 operands, b column- or row-major, a bias, each output
-dtype, either accumulation) and quantize_fp8 (each recipe, with NaN, +-inf, zero rows, huge values). Outputs are NaN-poisoned:
+dtype, either accumulation) and quantize_fp8 (each recipe, with NaN, +-inf, zero rows, huge values);
+ragged_dot / grouped_mm (rows and variable-K modes, 1-64 groups whose sizes are even, random,
+partly empty, one row, all in one group, or sum below or above T). Outputs are NaN-poisoned:
 out= arrays are filled with NaN, and for torch and CuPy the allocator's next block is too (a NaN
 buffer of the result's size is freed just before the call). The check is against float64 of the
 values the operands hold: the same shape and dtype, the same NaN positions, and errors within
@@ -71,7 +73,11 @@ def draw(choose: Callable[[str, Tuple], Any], frameworks: Tuple[str, ...] = FRAM
         fp8_op = choose("fp8_op", (None, None, None, "fp8"))
         if fp8_op:
             return (_draw_scaled_matmul if op == "gemm" else _draw_quantize)(choose, dtype)
-    return (_draw_gemm if op == "gemm" else _draw_softmax)(choose, fw, dtype)
+    case = (_draw_gemm if op == "gemm" else _draw_softmax)(choose, fw, dtype)
+    # drawn last, so every other case stays what it was for a seed before grouped cases existed
+    if choose("grouped", (False,) * 7 + (True,)):
+        return _draw_grouped(choose, fw, dtype)
+    return case
 
 
 FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -140,6 +146,26 @@ def _draw_gemm(choose, fw: str, dtype: str) -> Dict[str, Any]:
         if epi in ("bias", "bias_act") or (case["gated"] and choose("gated_bias", (False, True))):
             case["bias"] = choose("bias_dtype", outs)
     return case
+
+
+GROUP_SIZES = ("even", "random", "some_empty", "below_t", "above_t", "one_rows", "all_in_one")
+
+
+def _draw_grouped(choose, fw: str, dtype: str) -> Dict[str, Any]:
+    """xgemm.ragged_dot / grouped_mm: rows mode (lhs [T, K] in row groups, rhs [E, K, N]) or the
+    variable-K product (a [M, T] with T in groups, b [T, N] -> [E, M, N]); group sizes drawn by
+    kind (run_grouped makes them from the case's seed), A and B row- or column-major."""
+    t, k, n = _dim(choose, "t"), _dim(choose, "k"), _dim(choose, "n")
+    groups = choose("groups", (1, 2, 3, 8, 17, 64))
+    while 2 * t * k * n > MAX_FLOP // 2:
+        t, k, n = max(t // 2, 1), max(k // 2, 1), max(n // 2, 1)
+    outs = (None, "float32") if dtype in ("float16", "bfloat16") else (None,)
+    mode = choose("mode", ("rows", "ragged_k"))
+    return dict(op="grouped", fw=fw, dtype=dtype, mode=mode, t=t, k=k, n=n, groups=groups,
+                sizes=choose("sizes", GROUP_SIZES),
+                api=choose("api", ("ragged_dot", "grouped_mm")) if mode == "rows" else "grouped_mm",
+                a_major=choose("a_major", ("row", "col")), b_major=choose("b_major", ("row", "col")),
+                out=choose("out_dtype", outs))
 
 
 def _draw_softmax(choose, fw: str, dtype: str) -> Dict[str, Any]:
@@ -601,9 +627,93 @@ def run_quantize(case: Dict[str, Any], seed: int) -> Optional[str]:
     return _compare(got, want, step)
 
 
+def _group_sizes(rng: np.random.Generator, kind: str, groups: int, t: int) -> np.ndarray:
+    """Non-negative sizes of one kind: summing to T (even, random, some empty, one-row groups, all
+    in one group), below T (rows in no group) or above it (the last groups truncated)."""
+    if kind == "even":
+        sizes = np.full(groups, t // groups)
+        sizes[-1] += t - sizes.sum()
+    elif kind == "one_rows":
+        sizes = np.minimum(np.ones(groups, int), t)
+        sizes[-1] += t - sizes.sum()
+    elif kind == "all_in_one":
+        sizes = np.zeros(groups, int)
+        sizes[rng.integers(groups)] = t
+    else:
+        p = rng.dirichlet(np.ones(groups))
+        if kind == "some_empty":
+            p[rng.random(groups) < 0.4] = 0.0
+            p = p / p.sum() if p.sum() else np.full(groups, 1.0 / groups)
+        total = {"below_t": t // 2, "above_t": t + t // 2 + 1}.get(kind, t)
+        sizes = rng.multinomial(total, p)
+    return sizes.astype(np.int64)
+
+
+def run_grouped(case: Dict[str, Any], seed: int) -> Optional[str]:
+    import xgemm
+    f = fw_of(case["fw"])
+    rng = np.random.default_rng(seed)
+    dt, t, k, n, e = case["dtype"], case["t"], case["k"], case["n"], case["groups"]
+    ragged_k = case["mode"] == "ragged_k"
+    sizes = _group_sizes(rng, case["sizes"], e, t)
+    ends = np.minimum(np.cumsum(sizes), t)
+    starts = np.concatenate([[0], ends[:-1]])
+    if ragged_k:                    # a [M, T] (M = k here), b [T, N] -> [E, M, N]
+        A, B = _values(rng, (k, t), dt), _values(rng, (t, n), dt)
+        d_shape = (e, k, n)
+    else:                           # lhs [T, K], rhs [E, K, N] -> [T, N]
+        A, B = _values(rng, (t, k), dt), _values(rng, (e, k, n), dt)
+        d_shape = (t, n)
+    out_dt = case["out"] or dt
+    jaxish = case["fw"] in ("jax", "jit")
+    a, b = f.place(A, dt, case["a_major"]), f.place(B, dt, case["b_major"])
+    index_vals = sizes if case["api"] == "ragged_dot" else np.cumsum(sizes)
+    if jaxish:
+        index = f.jnp.asarray(index_vals.astype(np.int32))
+        ta, tb = case["a_major"] == "col", case["b_major"] == "col"
+        api, out = case["api"], case["out"]
+
+        def call(a, b, index):
+            a = a.swapaxes(-1, -2) if ta else a
+            b = b.swapaxes(-1, -2) if tb else b
+            if api == "ragged_dot":
+                return xgemm.jax.ragged_dot(a, b, index, preferred_element_type=out)
+            return xgemm.jax.grouped_mm(a, b, index, out_dtype=out)
+        fn = call if case["fw"] == "jax" else f.jitted(("grouped", ta, tb, api, out), lambda: call)
+        d = fn(a, b, index)
+    else:
+        index = _index(f, index_vals)
+        f.poison_allocator(math.prod(d_shape) * 4)
+        call = xgemm.ragged_dot if case["api"] == "ragged_dot" else xgemm.grouped_mm
+        d = call(a, b, index, out_dtype=case["out"])
+    got, why = _fetch(f, d, out_dt, d_shape)
+    if why:
+        return why
+    ref, mag = np.zeros(d_shape), np.zeros(d_shape)
+    for g in range(e):
+        r0, r1 = starts[g], max(ends[g], starts[g])
+        if ragged_k:
+            ref[g] = _matmul64(A[:, r0:r1], B[r0:r1])
+            mag[g] = _matmul64(np.abs(A[:, r0:r1]), np.abs(B[r0:r1]))
+        else:
+            ref[r0:r1] = _matmul64(A[r0:r1], B[g])
+            mag[r0:r1] = _matmul64(np.abs(A[r0:r1]), np.abs(B[g]))
+    acc_eps = _EPS["float64" if dt == "float64" else "float32"]
+    tol = 2 * _EPS[out_dt] * mag + 2 * max(t if ragged_k else k, 1) * acc_eps * mag + _TINY[out_dt]
+    return _compare(got, ref, tol)
+
+
+def _index(f: "Fw", vals: np.ndarray) -> Any:
+    """Group sizes / offsets as an int32 device array of the case's framework."""
+    if f.name == "torch":
+        return f.torch.tensor(vals.astype(np.int32), device=DEVICE)
+    return f.cupy.asarray(vals.astype(np.int32))
+
+
 def run_case(case: Dict[str, Any], seed: int = 0) -> Optional[str]:
     """None when right; else a one-line description. Exceptions are failures too."""
-    runs = {"gemm": run_gemm, "softmax": run_softmax, "scaled_matmul": run_scaled_matmul, "quantize": run_quantize}
+    runs = {"gemm": run_gemm, "softmax": run_softmax, "scaled_matmul": run_scaled_matmul, "quantize": run_quantize,
+            "grouped": run_grouped}
     try:
         return runs[case["op"]](case, seed)
     except Exception as exc:        # noqa: BLE001 -- any exception from a valid call is a failure
@@ -612,7 +722,8 @@ def run_case(case: Dict[str, Any], seed: int = 0) -> Optional[str]:
 
 # A fault that leaves the process's CUDA context unusable: every later call in this worker fails too
 _STICKY = ("misaligned address", "illegal memory access", "an illegal address", "unspecified launch failure",
-           "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED")
+           "illegal instruction", "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_ILLEGAL_ADDRESS",
+           "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION")
 
 
 def reproducer(case: Dict[str, Any], seed: int) -> str:

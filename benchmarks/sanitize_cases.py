@@ -14,7 +14,8 @@ gluon_matmul_sm90 (B row- and column-major), gluon_splitk_sm90 and cute_mma_sm80
 GEMMs back to back on one stream, fp16 and fp32); cute_gemm_sm90 forced into each config of
 tests/gpu/test_gemm_tc_gpu.py's CONFIG_CASES (1x1, 2x1 and 1x2 clusters, pingpong and cooperative,
 labels "cute config ..."); gluon_softmax with one CTA per row and with
-2-, 8- and 16-CTA clusters (DSMEM). jax part: the jit custom calls (CuTe GEMM, its transposed
+2-, 8- and 16-CTA clusters (DSMEM); the fused epilogues (bias + GELU, SwiGLU), the FP8 classes
+(row scales, fast accumulation), quantize_fp8, and the grouped kernel in both modes. jax part: the jit custom calls (CuTe GEMM, its transposed
 run with C, softmax single-CTA and cluster). control part: the peers' Hopper GEMMs (cuBLAS through
 torch.matmul, quack's when it imports), to read a tool's verdict on kernels that are not ours
 (sanitize.sh runs it under racecheck; its logs, *-control.log, are reported, never failures).
@@ -124,6 +125,58 @@ def torch_part() -> int:
         y = xgemm.softmax(x)
         torch.cuda.synchronize()
         bad += not _check(label, y, torch.softmax(x.double(), -1), 2e-2)
+    return bad + model_layer_kernels(mat)
+
+
+def model_layer_kernels(mat) -> int:
+    """The kernels of issues 21, 23 and 24: the fused bias + activation and gated epilogues, the
+    FP8 classes (fast accumulation) and the quantize kernel, the grouped kernel in both modes (its
+    result NaN-filled first)."""
+    import torch
+
+    import xgemm
+    from xgemm import grouped
+    bad, dev = 0, "cuda"
+    a, b, v = mat(512, 256), mat(256, 1024), torch.randn(1024, device=dev).bfloat16()
+    for label, call, ref in (
+            ("epilogue bias gelu_tanh", lambda: xgemm.gemm(a, b, bias=v, activation="gelu_tanh"),
+             lambda: torch.nn.functional.gelu(a.double() @ b.double() + v.double(), approximate="tanh")),
+            ("epilogue swiglu", lambda: xgemm.gated(a, b, activation="swiglu"),
+             lambda: (lambda p: torch.nn.functional.silu(p[:, :512]) * p[:, 512:])(a.double() @ b.double()))):
+        if _mark(label, "cute_gemm_sm90 (fused epilogue)"):
+            d = call()
+            torch.cuda.synchronize()
+            bad += not _check(label, d, ref(), 3e-2)
+    x = torch.randn(1024, 4096, device=dev).bfloat16()
+    if _mark("quantize_fp8 row", "triton_quantize_sm90"):
+        q, s = xgemm.quantize_fp8(x, "row")
+        torch.cuda.synchronize()
+        bad += not _check("quantize_fp8 row", q.double() * s.double(), x.double(), 7e-2)
+    a8, sa = xgemm.quantize_fp8(mat(512, 1024), "row")
+    b8, sb = xgemm.quantize_fp8(mat(768, 1024), "row")          # b = b8.t(): K-major, as _scaled_mm takes it
+    if _mark("scaled_matmul row fast", "cute_gemm_sm90 (FP8)"):
+        d = xgemm.scaled_matmul(a8, b8.t(), sa, sb.t(), use_fast_accum=True)
+        torch.cuda.synchronize()
+        ref = (a8.double() * sa.double()) @ (b8.double() * sb.double()).t()
+        bad += not _check("scaled_matmul row fast", d, ref, 6e-2)
+    sizes = torch.tensor([0, 1, 300, 129, 0, 383], device=dev)
+    offs = torch.cumsum(sizes, 0).to(torch.int32)
+    bounds = [0] + offs.tolist()
+    x, w = mat(1000, 264), torch.randn(6, 264, 136, device=dev).bfloat16()
+    xt, dy = mat(1000, 136).t(), mat(1000, 264)
+    for label, lhs, rhs, ref in (
+            ("grouped rows", x, w, lambda: torch.cat([torch.zeros(0, 136, device=dev, dtype=torch.float64)] + [
+                x[bounds[g]:bounds[g + 1]].double() @ w[g].double() for g in range(6)] + [
+                torch.zeros(1000 - bounds[-1], 136, device=dev, dtype=torch.float64)])),
+            ("grouped ragged_k", xt, dy, lambda: torch.stack([
+                xt[:, bounds[g]:bounds[g + 1]].double() @ dy[bounds[g]:bounds[g + 1]].double() for g in range(6)]))):
+        c = grouped.check_grouped_mm(lhs, rhs, offs)
+        if not _mark(label, grouped.explain("grouped_mm", lhs, rhs, offs).splitlines()[1].split()[1]):
+            continue
+        out = torch.full(c.shape.out, float("nan"), dtype=torch.bfloat16, device=dev)
+        grouped.run(c, offs, out)
+        torch.cuda.synchronize()
+        bad += not _check(label, out, ref(), 2e-2)
     return bad
 
 

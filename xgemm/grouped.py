@@ -150,15 +150,17 @@ def _moved(v: arrays.ArrayView, major, name: str) -> arrays.ArrayView:
     return arrays.view(t.obj.T, name, "grouped")
 
 
-def run(c: Checked, ends: Any) -> Any:
+def run(c: Checked, ends: Any, out: Any = None) -> Any:
     """Run the chosen kernel; `ends` are the groups' end offsets, on the device. An empty result
-    (or an empty contraction) goes to the embedded default, which makes the zeros."""
+    (or an empty contraction) goes to the embedded default, which makes the zeros. `out`: an array
+    of the result's shape and dtype to write (the GPU tests hand in a NaN-filled one), else a new one."""
     plan, va, vb, moves = _plan(c)
     if plan.kernel.name == "reference" or 0 in c.shape.out:
         return policy.reference("grouped").run(plan.problem, plan.policy,
-                                               (va, vb, arrays.view(ends, "ends", "grouped")), None, 0)
+                                               (va, vb, arrays.view(ends, "ends", "grouped")),
+                                               None if out is None else arrays.view(out, "out", "grouped"), 0)
     xp = arrays.namespace(c.owner)
-    out = arrays.empty(c.owner, c.shape.out, c.out_dtype, va.device, c.a)
+    out = arrays.empty(c.owner, c.shape.out, c.out_dtype, va.device, c.a) if out is None else out
     ends = xp.astype(ends, arrays.framework_dtype(c.owner, "int32"), copy=True)      # dense int32, as the kernel reads
     views = (_moved(va, moves[0], "a"), _moved(vb, moves[1], "b"), arrays.view(ends, "ends", "grouped"))
     plan.kernel.run(plan.problem, plan.policy, views, arrays.view(out, "out", "grouped"),

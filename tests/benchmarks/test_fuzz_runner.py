@@ -20,7 +20,10 @@ def test_cases_are_drawn_the_same_for_a_seed_and_cover_the_space():
     cases = [fuzz.draw(fuzz.Choose(s)) for s in range(400)]
     assert cases[:50] == [fuzz.draw(fuzz.Choose(s)) for s in range(50)]
     assert {c["fw"] for c in cases} == set(fuzz.FRAMEWORKS)
-    assert {c["op"] for c in cases} == {"gemm", "softmax", "scaled_matmul", "quantize"}
+    assert {c["op"] for c in cases} == {"gemm", "softmax", "scaled_matmul", "quantize", "grouped"}
+    grouped = [c for c in cases if c["op"] == "grouped"]
+    assert {c["mode"] for c in grouped} == {"rows", "ragged_k"} and {c["fw"] for c in grouped} == set(fuzz.FRAMEWORKS)
+    assert {c["sizes"] for c in grouped} == set(fuzz.GROUP_SIZES) and {c["a_major"] for c in grouped} == {"row", "col"}
     assert {c["fw"] for c in cases if c["op"] in ("scaled_matmul", "quantize")} == {"torch"}
     fp8 = [c for c in cases if c["op"] == "scaled_matmul"]
     assert {c["recipe"] for c in fp8} == {"tensor", "row", "block"} and {c["b_major"] for c in fp8} == {"col", "row"}
@@ -32,6 +35,19 @@ def test_cases_are_drawn_the_same_for_a_seed_and_cover_the_space():
     assert {c["special"] for c in cases if c["op"] == "softmax"} >= {"neg_inf_row", "nan", "pos_inf"}
     assert any(c["gated"] for c in gemm) and any(c["bias"] for c in gemm)
     assert {c["activation"] for c in gemm if not c["gated"]} >= set(epilogues.ACTIVATIONS)
+
+
+def test_the_grouped_check_catches_a_wrong_result(monkeypatch):
+    pytest.importorskip("torch")
+    import xgemm
+    monkeypatch.setattr(fuzz, "DEVICE", "cpu")
+    case = dict(op="grouped", fw="torch", dtype="float32", mode="rows", t=17, k=5, n=8, groups=3, sizes="some_empty",
+                api="ragged_dot", a_major="col", b_major="row", out=None)
+    assert fuzz.run_case(case, 2) is None
+    assert fuzz.run_case(dict(case, mode="ragged_k", api="grouped_mm", sizes="above_t"), 2) is None
+    real = xgemm.ragged_dot
+    monkeypatch.setattr(xgemm, "ragged_dot", lambda *a, **k: real(*a, **k) * (1 + 1e-5))
+    assert "wrong" in fuzz.run_case(case, 2)
 
 
 def test_the_check_catches_a_wrong_result(monkeypatch):
