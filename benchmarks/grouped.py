@@ -190,7 +190,8 @@ def run_jax(args, log) -> list:
 def run_tune(args, log) -> list:
     """--only tune: the grouped kernel at every prebuilt tile candidate (kernels/triton_grouped_sm90.py
     TILES and TUNE; the TUNE ones are built on request, docs/development.md), forward and weight
-    gradient of the uneven case, launched through the kernel with that tile's policy; outputs checked."""
+    gradient of the uneven case and the Zipf forward, launched through the kernel with that tile's
+    policy; outputs checked."""
     if args.only != "tune":             # opt-in
         return []
     import torch
@@ -207,8 +208,11 @@ def run_tune(args, log) -> list:
     refs = {"uneven": _ref_forward(torch, x, w, sizes),
             "uneven_drhs": torch.stack([x[bounds[g]:bounds[g + 1]].float().T @ dy[bounds[g]:bounds[g + 1]].float()
                                         for g in range(e)])}
+    zipf = zipf_sizes(ZIPF["E"], ZIPF["T"])
+    xz, wz, offz = _operands(torch, ZIPF["E"], ZIPF["T"], ZIPF["K"], ZIPF["N"], zipf)
+    refs["zipf"] = _ref_forward(torch, xz, wz, zipf)
     records = []
-    for case, a, b in (("uneven", x, w), ("uneven_drhs", x.t(), dy)):
+    for case, a, b, offs in (("uneven", x, w, offs), ("uneven_drhs", x.t(), dy, offs), ("zipf", xz, wz, offz)):
         c = grouped.check_grouped_mm(a, b, offs)
         plan, va, vb = grouped._plan(c)
         views = (va, vb, arrays.view(offs, "offs", "tune"))
@@ -226,8 +230,9 @@ def run_tune(args, log) -> list:
                               torch.cuda.current_stream().cuda_stream)
                 out[label] = y
             impls[label] = call
-        got, _ = h.time_checked(f"tune {case}", (e, t, k, n), "bfloat16", 2 * t * k * n, "TFLOP/s", impls, out,
-                                dict.fromkeys(impls, refs[case]), args.reps, args.trials, log)
+        s = c.shape
+        got, _ = h.time_checked(f"tune {case}", (s.groups, s.rows, s.k, s.n), "bfloat16", 2 * s.m * s.k * s.n,
+                                "TFLOP/s", impls, out, dict.fromkeys(impls, refs[case]), args.reps, args.trials, log)
         records += got
     return records
 
