@@ -35,15 +35,22 @@ from xgemm.runtime.calls import Arg
 HOOKS = ("name", "ops", "backend", "supports", "policy", "run", "jax_lowering", "prebuild")
 
 
-def sm90_half_gemm_reason(problem: GemmProblem) -> Optional[str]:
-    """What every Hopper fp16/bf16 GEMM kernel without batches checks first: a CUDA sm_90 device,
-    no batch dims, A and B both float16 or both bfloat16, a result of their dtype or float32.
-    None when all hold (the kernel then checks its own limits), else the reason it declines."""
-    dev = problem.device
+def sm90_device_reason(dev) -> Optional[str]:
+    """None on a CUDA sm_90 device, else why a Hopper kernel declines."""
     if dev.kind != "cuda":
         return "needs a CUDA device"
     if dev.arch != (9, 0):
         return f"needs a Hopper GPU (sm_90); this device is {dev.arch}"
+    return None
+
+
+def sm90_half_gemm_reason(problem: GemmProblem) -> Optional[str]:
+    """What every Hopper fp16/bf16 GEMM kernel without batches checks first: a CUDA sm_90 device,
+    no batch dims, A and B both float16 or both bfloat16, a result of their dtype or float32.
+    None when all hold (the kernel then checks its own limits), else the reason it declines."""
+    why = sm90_device_reason(problem.device)
+    if why:
+        return why
     if problem.batch:
         return "batched problems are not supported"
     a, b = problem.a, problem.b

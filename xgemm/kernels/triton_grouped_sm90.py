@@ -48,6 +48,7 @@ from typing import List, Optional
 
 from xgemm.core.dtypes import LONG_DTYPE, SHORT_DTYPE
 from xgemm.core.problem import COL, ROW, Policy
+from xgemm.kernels._common import sm90_device_reason
 from xgemm.kernels._pointer_gemm import H200_SMS, PointerGemm, sm_count
 from xgemm.runtime import gluon_cache
 from xgemm.runtime.calls import Param, triton_launch
@@ -277,11 +278,9 @@ class TritonGroupedSm90(PointerGemm):
     backend = "gluon"           # built and launched through the Gluon kernels' cubin cache
 
     def supports(self, problem) -> Optional[str]:
-        dev = problem.device
-        if dev.kind != "cuda":
-            return "needs a CUDA device"
-        if dev.arch != (9, 0):
-            return f"needs a Hopper GPU (sm_90); this device is {dev.arch}"
+        why = sm90_device_reason(problem.device)
+        if why:
+            return why
         a, b, s = problem.a, problem.b, problem.shape
         if a.dtype not in IN_DTYPES or b.dtype != a.dtype:
             return f"A/B dtypes {a.dtype}/{b.dtype}: needs both float16 or both bfloat16"
