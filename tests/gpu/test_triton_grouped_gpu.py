@@ -107,6 +107,23 @@ def test_many_experts_skewed_and_empty():
     torch.testing.assert_close(got.double(), want.bfloat16().double(), rtol=0, atol=0)
 
 
+def test_a_million_rows_over_256_groups():
+    """Issue 23's limits: T = 10**6 rows over E = 256 groups (random sizes, some empty), both
+    modes, against float64 per group."""
+    rng = np.random.default_rng(6)
+    e, t, k, n = 256, 1_000_000, 64, 128
+    sizes = rng.multinomial(t, rng.dirichlet(np.ones(e) * 0.3))
+    gen = torch.Generator().manual_seed(6)
+    x, w, dy = _ints((t, k), gen, "bfloat16"), _ints((e, k, n), gen, "bfloat16"), _ints((t, n), gen, "bfloat16")
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    got = _poisoned(grouped.check_grouped_mm(x, w, offs), offs)
+    dw = _poisoned(grouped.check_grouped_mm(x.t(), dy, offs, "float32"), offs)
+    for g, (r0, r1) in enumerate(_bounds(sizes, t)):
+        want = x[r0:r1].double() @ w[g].double()
+        torch.testing.assert_close(got[r0:r1].double(), want.bfloat16().double(), rtol=0, atol=0)
+        torch.testing.assert_close(dw[g].double(), x[r0:r1].double().T @ dy[r0:r1].double(), rtol=0, atol=0)
+
+
 def test_cuda_graph_replays_with_new_sizes():
     """The sizes are read on the device: a captured call, replayed after the offsets changed in
     place, computes the new grouping."""
