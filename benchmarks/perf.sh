@@ -6,7 +6,7 @@
 # device tool brings back only a few files from $OUT).
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
-# "tests decode model softmax epilogue fp8 grouped fuzz"; also fp8promote, groupedtune), TESTS (tests/gpu), MODEL_SUBSET (core),
+# "tests decode model softmax epilogue fp8 grouped fuzz"; also groupedtune), TESTS (tests/gpu), MODEL_SUBSET (core),
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
 # FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer: code still switched
 # off, docs/development.md; default none, e.g. "XGEMM_DECODE=1").
@@ -55,12 +55,6 @@ if want groupedtune; then
   # the grouped kernel at each prebuilt tile candidate (results/tune; the candidates are built on request)
   stage groupedtune 120 python3 benchmarks/grouped.py --only tune --out "$R/tune"
   tail -16 "$LOGS/groupedtune.log"
-fi
-if want fp8promote; then
-  # fp8.py with the promoting FP8 classes (XGEMM_FP8_PROMOTE=1: every FP8 call promotes), its
-  # results beside the plain run's: the default-accumulation rows against torch._scaled_mm
-  stage fp8promote 130 env XGEMM_FP8_PROMOTE=1 python3 benchmarks/fp8.py --only torch --out "$R/promote"
-  tail -24 "$LOGS/fp8promote.log"
 fi
 if want fuzz; then
   # the switched-on code under the fuzzer's torch cases (FP8, fused epilogues), a short budget

@@ -34,11 +34,13 @@ take tensor- and row-wise products of K-major torch operands on the GPU when the
 use_fast_accum=True (prepare_kernel: the scales as vectors in the epilogue). They keep each
 tile's sum in the wgmma accumulator, which an FP8 wgmma adds into with ~14 bits (the DeepSeek-V3
 report; the H200 run of 2026-12-02 measured 2-5% of |ref| + 1 at K = 256-512), what
-torch._scaled_mm's use_fast_accum=True does too. The default call wants float32 accumulation:
-classes that add each 128-deep k-tile's sum into float32 registers (Epi.promote, a plan that
-carries fp8_checks.PROMOTE_NOTE) are built and compile-tested, and are planned for the default
-call (and the fast one) with XGEMM_FP8_PROMOTE=1 until an H200 run validates them. Without a
-promoting plan the default call, block-wise scales (which will take the same mainloop) and
+torch._scaled_mm's use_fast_accum=True does too. The default call wants float32 accumulation: it
+is planned inside fp8_checks.float32_accumulation(), which gives it the classes that add each
+128-deep k-tile's sum into float32 registers (Epi.promote on cooperative 128x128 tiles; the plan
+carries fp8_checks.PROMOTE_NOTE), validated on the H200 on 2026-12-02 (0.85-0.98x
+torch._scaled_mm's default there). Within a k-tile the sum keeps the wgmma's ~14 bits for at most
+4 steps of 32: the numerics of torch._scaled_mm's default (CUTLASS promotes every 4 MMAs), about
+4 * 2**-13 of the magnitudes, not float32's. Block-wise scales (which will take the same mainloop) and
 everything else run the embedded default. quantize_fp8 is planned like any op (registry
 "quantize_fp8"): triton_quantize_sm90 takes the row and 1x128 recipes of 16-byte rows on the GPU
 in one pass, the embedded default the rest.
@@ -54,8 +56,9 @@ which casts a gradient to its input's dtype.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 from xgemm import arrays, errors, prepare
 from xgemm.core import fp8_checks, policy
@@ -121,8 +124,14 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias, fn=fn)
-    prepared = prepare_kernel(c, fn, use_fast_accum) if use_fast_accum or fp8_checks.promoting_kernels() else None
+    with _accumulation(use_fast_accum):
+        prepared = prepare_kernel(c, fn, use_fast_accum)
     return prepare.run(prepared) if prepared is not None else run_default(arrays.namespace(c.owner), c)
+
+
+def _accumulation(use_fast_accum: bool):
+    """The planning context of a call: float32 accumulation unless use_fast_accum."""
+    return contextlib.nullcontext() if use_fast_accum else fp8_checks.float32_accumulation()
 
 
 def prepare_kernel(c: Checked, fn: str = "scaled_matmul", use_fast_accum: bool = True) -> Any:
@@ -144,7 +153,7 @@ def prepare_kernel(c: Checked, fn: str = "scaled_matmul", use_fast_accum: bool =
 
 def _accumulates_as_asked(plan: Any, use_fast_accum: bool) -> bool:
     """A plan's class keeps its sums in the wgmma accumulator unless the plan promotes them: only a
-    use_fast_accum call takes that (a plan cached before XGEMM_FP8_PROMOTE changed keeps its class)."""
+    use_fast_accum call takes that."""
     return use_fast_accum or fp8_checks.PROMOTE_NOTE in plan.policy.notes
 
 
@@ -247,16 +256,23 @@ def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, use_fas
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.explain_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, fn=fn)
-    planned = _plan_kernel(c, fn)
-    plan = planned[0] if planned is not None else None
-    promoted = plan is not None and _accumulates_as_asked(plan, False)
-    kernel = (f"{plan.kernel.name} ({plan.policy.summary()}), the scales applied in its epilogue, "
-              + ("its k-tile sums added in float32" if promoted else "its sums kept in the wgmma accumulator")
-              if plan is not None else None)
-    if kernel and _accumulates_as_asked(plan, use_fast_accum):
-        return f"scaled_matmul {c.recipe.m}x{c.recipe.n}x{c.recipe.k}, {c.recipe.name}-wise scales; runs on {kernel}"
+    asked = _kernel_words(c, fn, use_fast_accum)
+    if asked:
+        return f"scaled_matmul {c.recipe.m}x{c.recipe.n}x{c.recipe.k}, {c.recipe.name}-wise scales; runs on {asked}"
+    fast = _kernel_words(c, fn, True) if not use_fast_accum else None
     text = fp8_checks.kernel_needs(c.recipe, _unit_stride(c.a, 1), _unit_stride(c.b, 0))
-    return text + (f"; with use_fast_accum=True it runs on {kernel}" if kernel else "")
+    return text + (f"; with use_fast_accum=True it runs on {fast}" if fast else "")
+
+
+def _kernel_words(c: Checked, fn: str, use_fast_accum: bool) -> Optional[str]:
+    """The kernel a call with this accumulation runs, in words, or None for the embedded default."""
+    with _accumulation(use_fast_accum):
+        planned = _plan_kernel(c, fn)
+    if planned is None or not _accumulates_as_asked(planned[0], use_fast_accum):
+        return None
+    plan = planned[0]
+    return (f"{plan.kernel.name} ({plan.policy.summary()}), the scales applied in its epilogue, "
+            + ("its k-tile sums added in float32" if not use_fast_accum else "its sums kept in the wgmma accumulator"))
 
 
 def _unit_stride(x: Any, axis: int) -> bool:

@@ -215,25 +215,9 @@ def test_promoted_fp8_class_adds_in_float32():
 PROMOTE_API = (777, 1040, 1024)      # a shape of its own: plans are cached per problem
 
 
-def _promoted_api_call(call):
-    """call(m, n, k) with XGEMM_FP8_PROMOTE=1, planned afresh, the switch restored after."""
-    import os
-
-    from xgemm.core import fp8_checks, policy
-    saved = os.environ.get(fp8_checks.PROMOTE_SWITCH)
-    os.environ[fp8_checks.PROMOTE_SWITCH] = "1"
-    policy.clear_plans()
-    try:
-        return call(*PROMOTE_API)
-    finally:
-        os.environ.pop(fp8_checks.PROMOTE_SWITCH) if saved is None else os.environ.__setitem__(
-            fp8_checks.PROMOTE_SWITCH, saved)
-        policy.clear_plans()
-
-
 def test_scaled_matmul_default_call_runs_the_promoted_class():
-    """XGEMM_FP8_PROMOTE=1: the default call (float32 accumulation) runs the promoting class, within
-    the bound of test_promoted_fp8_class_adds_in_float32 of the float64 product."""
+    """The default call (float32 accumulation) runs the promoting class, within the bound of
+    test_promoted_fp8_class_adds_in_float32 of the float64 product."""
     import xgemm
     m, n, k = PROMOTE_API
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -241,9 +225,9 @@ def test_scaled_matmul_default_call_runs_the_promoted_class():
     b8 = (torch.randn(n, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn).t()
     sa, sb = torch.rand(m, 1, device="cuda", generator=g) + 0.5, torch.rand(1, n, device="cuda", generator=g) + 0.5
     bias = torch.randn(n, device="cuda", generator=g)
-    text = _promoted_api_call(lambda *_: str(xgemm.explain(a8, b8, sa, sb, op="scaled_matmul")))
+    text = str(xgemm.explain(a8, b8, sa, sb, op="scaled_matmul"))
     assert "runs on cute_gemm_sm90" in text and "float32" in text, text
-    y = _promoted_api_call(lambda *_: xgemm.scaled_matmul(a8, b8, sa, sb, bias=bias))
+    y = xgemm.scaled_matmul(a8, b8, sa, sb, bias=bias)
     torch.cuda.synchronize()
     scale = sa.double() * sb.double()
     ref = (a8.double() @ b8.double()) * scale + bias.double()
@@ -278,9 +262,9 @@ def api_items() -> list:
         a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
         for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.tensor(1.0), torch.tensor(1.0))):
             xgemm.scaled_matmul(a8, b8, sa, sb, bias=torch.empty(n), use_fast_accum=True)
-        _promoted_api_call(lambda m, n, k: xgemm.scaled_matmul(
-            torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t(),
-            torch.ones(m, 1), torch.ones(1, n), bias=torch.empty(n)))
+        m, n, k = PROMOTE_API
+        xgemm.scaled_matmul(torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t(),
+                            torch.ones(m, 1), torch.ones(1, n), bias=torch.empty(n))
         # examples/model_layers.py's products (reliability.sh runs the examples on the H200)
         T, D, H = 256, 512, 1024
         xgemm.gated(torch.empty(T, D, dtype=torch.bfloat16), torch.empty(D, 2 * H, dtype=torch.bfloat16),
@@ -290,14 +274,14 @@ def api_items() -> list:
         xgemm.scaled_matmul(torch.empty(T, D, dtype=torch.float8_e4m3fn),
                             torch.empty(D, D, dtype=torch.float8_e4m3fn).t(), torch.ones(T, 1), torch.ones(1, D),
                             use_fast_accum=True)
-        # benchmarks/fp8.py's products, both accumulations (its promoted run: SWITCHES=XGEMM_FP8_PROMOTE=1)
+        # benchmarks/fp8.py's products, both accumulations
         for m, n, k in ((8192, 8192, 8192), (16384, 14336, 4096)):
             def bench(*_, m=m, n=n, k=k, fast=True):
                 a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
                 for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.tensor(1.0), torch.tensor(1.0))):
                     xgemm.scaled_matmul(a8, b8, sa, sb, use_fast_accum=fast)
             bench()
-            _promoted_api_call(bench)
+            bench(fast=False)
     return [(f"xgemm.kernels.{key[0]}", key) for kind, key, _ in fake.calls if kind == "cute"]
 
 

@@ -82,8 +82,8 @@ F8 = getattr(torch, "float8_e4m3fn", None)
 def test_scaled_matmul_launches_the_fp8_class():
     """use_fast_accum=True: tensor- and row-wise products of K-major operands launch
     cute_gemm_sm90's FP8 class with the scales as vectors of M and N values (a tensor-wise scale
-    repeated); block-wise scales, a row-major b and the default accumulation run the embedded
-    default (no launch)."""
+    repeated); block-wise scales and a row-major b run the embedded default (no launch), with either
+    accumulation."""
     a = torch.randn(256, 512).to(F8)
     b = torch.randn(384, 512).to(F8).t()                       # (K, N) column-major: K-major
     row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
@@ -98,7 +98,8 @@ def test_scaled_matmul_launches_the_fp8_class():
         assert torch.equal(args[5], sa.reshape(-1).expand(256)) and torch.equal(args[6], sb.reshape(-1).expand(384))
         assert args[2].data_ptr() == y.data_ptr() and y.dtype == torch.bfloat16
     block = (torch.rand(256, 4) + 0.5, torch.rand(4, 3) + 0.5)
-    for args, fast in (((a, b) + block, True), ((a, b.contiguous()) + row, True), ((a, b) + row, False)):
+    for args, fast in (((a, b) + block, True), ((a, b.contiguous()) + row, True), ((a, b) + block, False),
+                       ((a, b.contiguous()) + row, False)):
         with Fake(keep=True) as fake:
             xgemm.scaled_matmul(*args, use_fast_accum=fast)
         assert not _cute_calls(fake)
@@ -128,33 +129,32 @@ def test_gated_call_launches_the_gated_class(mh):
 
 
 @pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")
-def test_promoting_fp8_classes_serve_the_default_accumulation(monkeypatch):
-    """XGEMM_FP8_PROMOTE=1 (until an H200 run validates them): scaled_matmul's default call launches
-    the FP8 class that adds each k-tile's sum in float32 (Epi.promote) on a cooperative 128x128
-    tile, and so does a use_fast_accum call; explain() says so. The class follows the plan: a plan
-    cached before the switch changed keeps its own class until policy.clear_plans()."""
-    from xgemm.core import fp8_checks, policy
+def test_default_accumulation_runs_the_promoting_class_and_fast_accum_the_fast_one():
+    """scaled_matmul's default call (float32 accumulation) launches the FP8 class that adds each
+    k-tile's sum in float32 (Epi.promote) on a cooperative 128x128 tile; a use_fast_accum call of
+    the same problem the class that keeps them in the wgmma accumulator. Their plans are cached
+    apart (the cache keys on the accumulation asked), whichever call comes first; explain() says
+    which runs."""
+    from xgemm.core import policy
     a = torch.randn(256, 512).to(F8)
     b = torch.randn(384, 512).to(F8).t()
     row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
-    with Fake(keep=True) as fake:             # one fake device: its plans stay cached across the calls
-        xgemm.scaled_matmul(a, b, *row, use_fast_accum=True)
-        monkeypatch.setenv(fp8_checks.PROMOTE_SWITCH, "1")
-        xgemm.scaled_matmul(a, b, *row, use_fast_accum=True)
-        xgemm.scaled_matmul(a, b, *row)       # float32 accumulation: not the cached fast class
-    (_, _), (key, _) = _cute_calls(fake)
-    assert key[-1] == K90.Epi(scale_m=True, scale_n=True) and key[2].pingpong           # the cached plan's class
-    policy.clear_plans()
-    for fast in (False, True):
-        with Fake(keep=True) as fake:
-            xgemm.scaled_matmul(a, b, *row, use_fast_accum=fast)
-        (key, args), = _cute_calls(fake)
-        assert key[-1] == K90.Epi(scale_m=True, scale_n=True, promote=True)
-        assert key[2].tile_m == 128 and key[2].tile_n == 128 and not key[2].pingpong
+    for order in ((True, False, True), (False, True, False)):
+        policy.clear_plans()
+        with Fake(keep=True) as fake:         # one fake device: its plans stay cached across the calls
+            for fast in order:
+                xgemm.scaled_matmul(a, b, *row, use_fast_accum=fast)
+        for fast, (key, _) in zip(order, _cute_calls(fake)):
+            if fast:
+                assert key[-1] == K90.Epi(scale_m=True, scale_n=True) and key[2].pingpong
+            else:
+                assert key[-1] == K90.Epi(scale_m=True, scale_n=True, promote=True)
+                assert key[2].tile_m == 128 and key[2].tile_n == 128 and not key[2].pingpong
     with Fake(keep=True):
         text = str(xgemm.explain(a, b, *row, op="scaled_matmul"))
+        fast_text = str(xgemm.explain(a, b, *row, op="scaled_matmul", use_fast_accum=True))
     assert "runs on cute_gemm_sm90" in text and "k-tile sums added in float32" in text, text
-    monkeypatch.delenv(fp8_checks.PROMOTE_SWITCH)
+    assert "runs on cute_gemm_sm90" in fast_text and "wgmma accumulator" in fast_text, fast_text
     policy.clear_plans()
 
 
@@ -169,11 +169,15 @@ def test_explain_scaled_matmul_names_the_fp8_class():
             default = str(xgemm.explain(a, b, *scales, op="scaled_matmul"))
         assert text.startswith("scaled_matmul 256x384x512") and "runs on cute_gemm_sm90" in text, text
         assert not fake.calls
-        assert "runs on the embedded default" in default and "use_fast_accum=True it runs on cute_gemm_sm90" in default
+        assert "runs on cute_gemm_sm90" in default and "k-tile sums added in float32" in default, default
     # a row-major b: no FP8 class takes it
     with Fake(keep=True):
         text = str(xgemm.explain(a, b.contiguous(), *row, op="scaled_matmul", use_fast_accum=True))
     assert "embedded default" in text and "cute_gemm_sm90" not in text
+    # block-wise scales: the default call runs the embedded default and says so
+    with Fake(keep=True):
+        text = str(xgemm.explain(a, b, torch.rand(256, 4) + 0.5, torch.rand(4, 3) + 0.5, op="scaled_matmul"))
+    assert "embedded default" in text and "cute_gemm_sm90" not in text, text
 
 
 def test_the_reference_refuses_a_fused_epilogue():
