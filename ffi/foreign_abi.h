@@ -106,7 +106,8 @@ struct DLTensor {
   uint64_t byte_offset;
 };
 enum { kDLCPU = 1, kDLCUDA = 2 };                                              // DLDeviceType
-enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };    // DLDataTypeCode
+enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6,      // DLDataTypeCode
+       kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12 };
 
 // ---- TVM-FFI -----------------------------------------------------------------------------------
 

@@ -87,6 +87,8 @@ bool ToDLDataType(ffi::DataType t, DLDataType* out) {
     case ffi::DataType::F32: *out = {kDLFloat, 32, 1}; return true;
     case ffi::DataType::F64: *out = {kDLFloat, 64, 1}; return true;
     case ffi::DataType::BF16: *out = {kDLBfloat, 16, 1}; return true;
+    case ffi::DataType::F8E4M3FN: *out = {xgemm_foreign::kDLFloat8_e4m3fn, 8, 1}; return true;
+    case ffi::DataType::F8E5M2: *out = {xgemm_foreign::kDLFloat8_e5m2, 8, 1}; return true;
     case ffi::DataType::S8: *out = {kDLInt, 8, 1}; return true;
     case ffi::DataType::S32: *out = {kDLInt, 32, 1}; return true;
     case ffi::DataType::S64: *out = {kDLInt, 64, 1}; return true;

@@ -104,3 +104,25 @@ def test_errors_are_typed_under_jit():
         jax.jit(lambda a: fp8.scaled_matmul(a, qb, jnp.ones((6, 3), jnp.float32), sb))(qa)
     with pytest.raises(errors.DTypeError, match="grad_dtype"):
         fp8.scaled_matmul(qa, qb, sa, sb, grad_dtype="float8_e4m3fn")
+
+
+def test_cuda_lowering_calls_the_promoting_fp8_class():
+    """jit(scaled_matmul) lowered for cuda: tensor- and row-wise scales call cute_gemm_sm90's FP8
+    class (one TVM-FFI custom call, b asked column-major, the scales as M / N vectors, no XLA dot);
+    block-wise scales stay XLA's dot."""
+    pytest.importorskip("cutlass")
+    from xgemm import jax as xj
+    m, k, n = 256, 512, 384
+    a = jax.ShapeDtypeStruct((m, k), jnp.float8_e4m3fn)
+    b = jax.ShapeDtypeStruct((k, n), jnp.float8_e4m3fn)
+    f32 = jnp.float32
+    for sa, sb in (((m, 1), (1, n)), ((), ())):
+        text = jax.jit(xj.scaled_matmul).trace(a, b, jax.ShapeDtypeStruct(sa, f32), jax.ShapeDtypeStruct(sb, f32)).lower(
+            lowering_platforms=("cuda",)).as_text()
+        (call,) = [ln for ln in text.splitlines() if "stablehlo.custom_call @xgemm_tvm_ffi_call" in ln]
+        assert f"tensor<{m}x{k}xf8E4M3FN>, tensor<{k}x{n}xf8E4M3FN>, tensor<{m}xf32>, tensor<{n}xf32>" in call, call
+        assert "dot_general" not in text
+    block = jax.jit(xj.scaled_matmul).trace(a, b, jax.ShapeDtypeStruct((m, k // 128), f32),
+                                            jax.ShapeDtypeStruct((k // 128, n // 128), f32)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "dot_general" in block and "xgemm_tvm_ffi_call" not in block

@@ -61,7 +61,7 @@ _CXXFLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-w")
 
 # XLA_FFI_DataType of the buffers we pass
 _XLA_DTYPES = {"float16": 10, "float32": 11, "float64": 12, "bfloat16": 16, "uint8": 6, "int8": 2,
-               "int32": 4, "int64": 5, "uint32": 8, "bool": 1}
+               "int32": 4, "int64": 5, "uint32": 8, "bool": 1, "float8_e5m2": 19, "float8_e4m3fn": 20}
 
 
 # ---------------------------------------------------------------------------------------------

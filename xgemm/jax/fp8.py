@@ -13,8 +13,12 @@ grad_dtype="float8_e5m2": dy is first quantized row-wise to e5m2 (one scale per 
 quantize_fp8(dy, "row", "float8_e5m2")) and dequantized, then the same two products run: what an
 FP8 kernel's dgrad / wgrad would compute. Forward mode (jvp) is not defined, as for xgemm.jax.gemm.
 
-The products are XLA's dot in float32 (the embedded default); an FP8 kernel replaces _product with
-a primitive whose cuda lowering takes the scales, the custom_vjp structure unchanged.
+The forward is one primitive, xgemm_scaled_matmul (a, b, scales[, bias]). Its cuda lowering plans
+an FP8 GemmProblem for float32 accumulation (fp8_checks.float32_accumulation), as eager calls do,
+and calls cute_gemm_sm90's promoting FP8 class (tensor- and row-wise scales; b asked for
+column-major, the K-major layout FP8 wgmma reads, so XLA transposes it, as its own FP8 dot does);
+elsewhere, and for block-wise scales, the embedded default: dequantize and XLA's dot in float32.
+The backward products are XLA's dot in float32; vmap of the forward runs the embedded default.
 """
 from __future__ import annotations
 
@@ -23,10 +27,16 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
 
 from xgemm import arrays
-from xgemm.core import fp8_checks
-from xgemm.jax import inputs
+from xgemm.core import fp8_checks, layout, policy
+from xgemm.core.problem import COL, ROW, Epilogue, GemmProblem, Operand
+from xgemm.jax import ffi as jax_ffi
+from xgemm.jax import inputs, lowering
+from xgemm.runtime.calls import TvmFfiCall
 
 _PRECISION = jax.lax.Precision.HIGHEST          # float32 products in float32 on GPUs too (no TF32)
 
@@ -108,13 +118,90 @@ def _product(x, y):
     return jnp.matmul(x, y, precision=_PRECISION, preferred_element_type=jnp.float32)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _scaled_matmul(a, b, sa, sb, bias, cfg: Fp8Config):
+def _reference(a, b, sa, sb, bias, cfg: Fp8Config):
+    """The embedded default: dequantize, XLA's dot in float32, the bias, one cast."""
     a_deq, b_deq = _dequantized(a, b, sa, sb, cfg)
     y = _product(a_deq, b_deq)
     if bias is not None:
         y = y + bias.astype(jnp.float32)
     return y.astype(cfg.out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The forward primitive: operands a, b, sa, sb[, bias]; params cfg (an Fp8Config, hashable)
+
+scaled_p = Primitive("xgemm_scaled_matmul")
+
+
+def _split(args):
+    return args[:4] + ((args[4] if len(args) > 4 else None),)
+
+
+def _scaled_abstract(a, b, sa, sb, *bias, cfg):
+    return jax.core.ShapedArray((a.shape[0], b.shape[1]), jnp.dtype(cfg.out))
+
+
+def _scaled_cuda(*args, cfg, portable):
+    """cute_gemm_sm90's promoting FP8 class on (a, b asked K-major, bias, the scales as M / N
+    vectors), or the embedded default."""
+    a, b, sa, sb, bias = _split(args)
+    (m, k), n = a.shape, b.shape[1]
+    if cfg.a_block[1] != k or cfg.b_block[0] != k or 0 in (m, n, k):      # block-wise scales
+        return _reference(*_split(args), cfg)
+
+    def vector(x, size):
+        return jnp.broadcast_to(x.reshape(()) if x.size == 1 else x.reshape(-1), (size,)).astype(jnp.float32)
+    scale_op = lambda size: Operand((size,), (1,), "float32", ROW, 16)        # noqa: E731
+    problem = GemmProblem(
+        m=m, n=n, k=k, batch=(), c=None, framework="jax", device=lowering.target_device(),
+        a=layout.dense_operand((m, k), jnp.dtype(a.dtype).name, 1, ROW),
+        b=layout.dense_operand((k, n), jnp.dtype(b.dtype).name, 1, COL),
+        epilogue=Epilogue(out_dtype=cfg.out),
+        bias=Operand((n,), (1,), jnp.dtype(bias.dtype).name, ROW, 16) if bias is not None else None,
+        scales=(scale_op(m), scale_op(n)))
+    with fp8_checks.float32_accumulation():
+        plan = policy.choose("gemm", problem)
+    made = (plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
+            if fp8_checks.PROMOTE_NOTE in plan.policy.notes else None)
+    if not isinstance(made, TvmFfiCall):
+        return _reference(*_split(args), cfg)
+    lowering.ensure_registered()
+    operands = [a, b] + ([bias] if bias is not None else []) + [vector(sa, m), vector(sb, n)]
+    layouts = [None, lowering.col_layout(2)] + [None] * (len(operands) - 2)
+    (y,) = jax_ffi.call_tvm_ffi(made, operands, [jax.ShapeDtypeStruct((m, n), jnp.dtype(cfg.out))],
+                                in_layouts=layouts)
+    return y
+
+
+def _scaled_cuda_rule(ctx, *args, cfg):
+    fn = functools.partial(_scaled_cuda, cfg=cfg, portable=lowering.for_export(ctx))
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
+
+
+scaled_p.def_abstract_eval(_scaled_abstract)
+scaled_p.def_impl(lambda *args, cfg: jax.jit(functools.partial(scaled_p.bind, cfg=cfg))(*args))
+mlir.register_lowering(scaled_p, mlir.lower_fun(lambda *args, cfg: _reference(*_split(args), cfg),
+                                                multiple_results=False))
+mlir.register_lowering(scaled_p, _scaled_cuda_rule, platform="cuda")
+
+
+@functools.lru_cache(maxsize=None)
+def _forward(cfg: Fp8Config, has_bias: bool):
+    """The primitive's bind, with a vmap rule: a batch runs the embedded default, vmapped."""
+    @custom_vmap
+    def forward(*args):
+        return scaled_p.bind(*args, cfg=cfg)
+
+    @forward.def_vmap
+    def forward_batched(axis_size, in_batched, *args):
+        args = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape) for x, batched in zip(args, in_batched)]
+        return jax.vmap(lambda *xs: _reference(*_split(xs), cfg))(*args), True
+    return forward
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _scaled_matmul(a, b, sa, sb, bias, cfg: Fp8Config):
+    return _forward(cfg, bias is not None)(a, b, sa, sb, *([bias] if bias is not None else []))
 
 
 def _fwd(a, b, sa, sb, bias, cfg):

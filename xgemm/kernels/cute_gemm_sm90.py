@@ -276,8 +276,22 @@ class _Sm90Kernel:
         except Exception:                 # cross-lowering without a GPU: the H200's count
             sms = H200_SMS
         sms = max(sms - sm_margin, 1)
-        fn = compiled(*self.spec(problem, policy, (a, b, c), out, cute_cache.arch_for(problem.device), sms))
+        spec = self.spec(problem, policy, (a, b, c), out, cute_cache.arch_for(problem.device), sms)
         ep = problem.epilogue
+        if problem.fused:
+            # inputs a, b[, c][, bias][, scale_m, scale_n] in that order; the transposed run's fused
+            # classes serve eager calls only
+            if swapped(policy):
+                return None
+            fn = compiled(*spec, epi=self.epi(problem, policy))
+            fused, i = [], 2
+            for present in (c is not None, problem.bias is not None, problem.scales is not None,
+                            problem.scales is not None):
+                fused.append(Arg.tensor("in", i) if present else Arg.none())
+                i += present
+            return TvmFfiCall(fn, (Arg.tensor("in", 0), Arg.tensor("in", 1), Arg.tensor("out", 0), *fused,
+                                   Arg.f64(ep.alpha), Arg.f64(ep.beta), Arg.stream()))
+        fn = compiled(*spec)
         scalars = (Arg.f64(ep.alpha), Arg.f64(ep.beta)) if c is not None else (Arg.f64(ep.alpha),)
         if swapped(policy):       # D^T = B^T @ A^T (+ C^T): transposed views of the same buffers
             def t(role, i, v):
