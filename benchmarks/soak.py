@@ -5,7 +5,8 @@
 
 Eager calls cycle through a mix: torch matmul (fp16, bf16, fp32; fast-path repeats and the padded
 staging path), gemm with C and beta, out= (which skips the fast path), softmax short and long rows,
-a batched matmul, CuPy matmul and softmax when CuPy is there. jit calls run one jitted function
+a batched matmul, the fused epilogues, scaled_matmul (both accumulations), quantize_fp8, grouped_mm
+(both modes), CuPy matmul and softmax when CuPy is there. jit calls run one jitted function
 holding xgemm.jax.matmul, gemm and softmax. Every 10% of the calls a sample records host RSS, open
 file descriptors, threads, the process's device memory in use (cuMemGetInfo: total - free, which
 also counts streams and events the driver allocates), torch's allocated bytes, and xgemm's kept
@@ -48,10 +49,24 @@ def eager_mix(torch):
     c, out = r(256, 384, dt=torch.float32), torch.empty(256, 384, device=dev, dtype=torch.float32)
     x1, x2 = r(512, 1000), r(8, 65536, dt=torch.float32)
     a3, b3 = r(4, 64, 128, dt=torch.bfloat16), r(4, 128, 64, dt=torch.bfloat16)
+    # the model-layer kernels: fused bias + GELU and SwiGLU, the FP8 classes (both accumulations)
+    # and the quantize kernel, the grouped kernel in both modes (its device-made descriptors take a
+    # scratch allocation per launch)
+    v = r(384, dt=torch.float16)
+    x8, sx = xgemm.quantize_fp8(r(256, 512, dt=torch.bfloat16), "row")
+    w8, sw = xgemm.quantize_fp8(r(384, 512, dt=torch.bfloat16), "row")
+    xg, wg = r(1000, 256, dt=torch.bfloat16), r(8, 256, 384, dt=torch.bfloat16)
+    offs = torch.tensor([0, 100, 400, 401, 700, 700, 900, 1000], device=dev, dtype=torch.int32)
+    dyg = r(1000, 384, dt=torch.bfloat16)
     mix = [lambda: xgemm.matmul(a16, b16), lambda: xgemm.matmul(abf, bbf), lambda: xgemm.matmul(a32, b32),
            lambda: xgemm.matmul(ar, br), lambda: xgemm.gemm(a16, b16, c, beta=0.5),
            lambda: xgemm.gemm(a16, b16, out=out), lambda: xgemm.softmax(x1), lambda: xgemm.softmax(x2),
-           lambda: xgemm.matmul(a3, b3)]
+           lambda: xgemm.matmul(a3, b3),
+           lambda: xgemm.gemm(a16, b16, bias=v, activation="gelu_tanh"), lambda: xgemm.gated(a16, b16),
+           lambda: xgemm.scaled_matmul(x8, w8.t(), sx, sw.t()),
+           lambda: xgemm.scaled_matmul(x8, w8.t(), sx, sw.t(), use_fast_accum=True),
+           lambda: xgemm.quantize_fp8(abf, "row"), lambda: xgemm.grouped_mm(xg, wg, offs),
+           lambda: xgemm.grouped_mm(xg.t(), dyg, offs)]
     try:
         import cupy as cp
         ca, cb, cx = cp.asarray(a16.cpu().numpy()), cp.asarray(b16.cpu().numpy()), cp.ones((64, 1000), cp.float32)
