@@ -5,6 +5,7 @@ FP8 dot, one process.
     python benchmarks/fp8.py --dry-run       # any machine: the cases and what an FP8 kernel would need
     python benchmarks/fp8.py [--trials 12]   # H200
     python benchmarks/fp8.py --only torch    # or jax
+    python benchmarks/fp8.py --only tune     # quantize_fp8's kernel at each prebuilt candidate (H200)
 
 Writes benchmarks/results/fp8-h200.{json,md} (or into --out DIR).
 
@@ -146,6 +147,51 @@ def run_jax(args, log) -> list:
     return records
 
 
+def run_tune(args, log) -> list:
+    """--only tune: triton_quantize_sm90 at each prebuilt candidate of its TUNE set (built on
+    request, docs/development.md), row recipe, bf16 -> e4m3, at the benchmark's two shapes, launched
+    through the kernel with that candidate's policy; q checked, GB/s of the bytes moved."""
+    if args.only != "tune":             # opt-in
+        return []
+    import torch
+
+    from xgemm import arrays
+    from xgemm.core.problem import Policy
+    from xgemm.core.quantize import QuantizeProblem
+    from xgemm.kernels import triton_quantize_sm90 as tq
+    from xgemm.runtime import gluon_cache
+    records = []
+    for m, k in ((8192, 8192), (16384, 4096)):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        xf = x.float()
+        amax = xf.abs().amax(1, keepdim=True)
+        q_ref = (xf / torch.where(amax > 0, amax / 448.0, 1.0)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
+        vx = arrays.view(x, "x", "tune")
+        problem = QuantizeProblem(arrays.operand(vx), "row", (1, k), (m, 1), "float8_e4m3fn", "torch", vx.device)
+        out, impls = {}, {}
+        for key in tq.tune_entries():
+            cfg = tq.Config.from_key(key)
+            if cfg.block_c != k or gluon_cache.available(key):
+                continue
+            label = f"c{cfg.block_c} m{cfg.block_m} w{cfg.warps} ({cfg.block_c // (32 * cfg.warps) * cfg.block_m} a thread)"
+            pol = Policy(tile=(cfg.block_m, cfg.block_c), warps=cfg.warps)
+
+            def call(i, pol=pol, label=label):
+                q = torch.empty(m, k, device="cuda", dtype=torch.float8_e4m3fn)
+                scale = torch.empty(m, 1, device="cuda")
+                tq.KERNEL.run(problem, pol, (vx, arrays.view(scale, "scale", "tune")), arrays.view(q, "q", "tune"),
+                              torch.cuda.current_stream().cuda_stream)
+                out[label] = q
+            impls[label] = call
+        impls["copy (x.clone())"] = lambda i: out.__setitem__("copy (x.clone())", x.clone())
+        refs = {name: (xf if name.startswith("copy") else q_ref) for name in impls}
+        moved = {name: m * k * (4 if name.startswith("copy") else 3) + (0 if name.startswith("copy") else m * 4)
+                 for name in impls}
+        records += h.time_checked(f"tune quantize {m}x{k}", (m, k), "bfloat16", moved, "GB/s", impls, out, refs,
+                                  args.reps, args.trials, log)[0]
+    return records
+
+
 def dry_run(log) -> None:
     import torch
 
@@ -160,7 +206,8 @@ def dry_run(log) -> None:
 
 
 def main(argv=None) -> int:
-    return h.run_study("fp8", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax}, dry_run, argv)
+    return h.run_study("fp8", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax, "tune": run_tune}, dry_run,
+                       argv)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 # device tool brings back only a few files from $OUT).
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
-# "tests decode model softmax epilogue fp8 grouped fuzz"; also groupedtune), TESTS (tests/gpu), MODEL_SUBSET (core),
+# "tests decode model softmax epilogue fp8 grouped fuzz"; also groupedtune, fp8tune), TESTS (tests/gpu), MODEL_SUBSET (core),
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
 # FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer: code still switched
 # off, docs/development.md; default none, e.g. "XGEMM_DECODE=1").
@@ -51,6 +51,11 @@ fi
 for b in epilogue fp8 grouped; do
   if want $b; then stage $b 130 python3 benchmarks/$b.py --out "$R"; tail -32 "$LOGS/$b.log"; fi
 done
+if want fp8tune; then
+  # the quantize kernel at each prebuilt candidate (results/tune-fp8; the candidates are built on request)
+  stage fp8tune 90 python3 benchmarks/fp8.py --only tune --out "$R/tune-fp8"
+  tail -18 "$LOGS/fp8tune.log"
+fi
 if want groupedtune; then
   # the grouped kernel at each prebuilt tile candidate (results/tune; the candidates are built on request)
   stage groupedtune 120 python3 benchmarks/grouped.py --only tune --out "$R/tune"

@@ -76,6 +76,16 @@ def choose(cols: int, in_dtype: str, out_dtype: str, recipe: str) -> Config:
     return Config(in_dtype, out_dtype, block_c, block_m, block_c if recipe == "row" else SEGMENT, warps)
 
 
+# (BLOCK_C, BLOCK_M, warps) around choose()'s pick, bf16 -> e4m3 rows of 4096 and 8192: 8 to 128
+# values a thread, 1 to 4 rows a program; built on request for benchmarks/fp8.py --only tune
+TUNE = ((4096, 1, 4), (4096, 1, 8), (4096, 1, 16), (4096, 2, 4), (4096, 2, 8), (4096, 4, 16),
+        (8192, 1, 4), (8192, 1, 8), (8192, 1, 16), (8192, 2, 8), (8192, 2, 16), (8192, 4, 16))
+
+
+def tune_entries() -> List[str]:
+    return [Config("bfloat16", "float8_e4m3fn", c, m, c, w).key for c, m, w in TUNE]
+
+
 # ----------------------------------------------------------------------------------------------
 # Triton source (imported only to compile)
 # ----------------------------------------------------------------------------------------------
