@@ -14,6 +14,7 @@ autograd, torch.compile and jax.grad / vmap / jit need nothing new. explain() sa
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Optional
 
@@ -82,11 +83,19 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
         return plan
     if fused is not None:
         return prepare.run(fused)
-    pre = _product(fn, owner, a, b, c_used, alpha, beta, acc)
     xp = arrays.namespace(owner)
-    if bias is not None:
-        pre = pre + xp.astype(bias, pre.dtype)
-    y = epilogues.gate(xp, pre, activation) if gated else epilogues.apply(xp, pre, activation)
+    if gated and owner == "torch" and dt in checks.HALF and os.environ.get(GATE_SWITCH) == "1":
+        # the product in the input dtype, then the gate as one op (one pass each way on a GPU)
+        from xgemm.torch import ops as xtorch
+        pre = _product(fn, owner, a, b, c_used, alpha, beta, dt)
+        if bias is not None:
+            pre = pre + xp.astype(bias, pre.dtype)
+        y = xtorch.gate_op(pre.reshape(-1, pre.shape[-1]), activation).reshape(*pre.shape[:-1], pre.shape[-1] // 2)
+    else:
+        pre = _product(fn, owner, a, b, c_used, alpha, beta, acc)
+        if bias is not None:
+            pre = pre + xp.astype(bias, pre.dtype)
+        y = epilogues.gate(xp, pre, activation) if gated else epilogues.apply(xp, pre, activation)
     out_dt = arrays.dtype_name(out) if out is not None else dt
     y = xp.astype(y, arrays.framework_dtype(owner, out_dt))
     if out is None:
@@ -96,6 +105,12 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
     else:
         out[...] = y
     return out
+
+
+# Under torch autograd (or a trace), a gated product of fp16/bf16 operands in their own dtype, then
+# the gate as the torch op xgemm::gate (triton_gate_sm90: one pass forward, one backward), instead of
+# the float32 product and torch's ops: off until an H200 run validates it (docs/development.md)
+GATE_SWITCH = "XGEMM_GATED_OP"
 
 
 def _fused(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: float, bias: Any,

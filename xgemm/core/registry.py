@@ -29,6 +29,10 @@ TABLE: Dict[str, Tuple[str, ...]] = {
         "triton_grouped_sm90",  # persistent, TMA descriptors made per group on the device
         "reference",
     ),
+    "gate": (
+        "triton_gate_sm90",     # the gated activation and its backward, one pass each (composed path)
+        "reference",
+    ),
     "quantize_fp8": (
         "triton_quantize_sm90",  # row and 1x128 recipes in one pass
         "reference",

@@ -15,7 +15,7 @@ import contextlib
 from typing import Any, Optional
 
 from xgemm import arrays, errors
-from xgemm.core import fp8_checks
+from xgemm.core import epilogues, fp8_checks
 from xgemm.core.problem import Policy
 
 
@@ -146,6 +146,26 @@ class _ReferenceGrouped(_Reference):
         return _store(result, out)
 
 
+class _ReferenceGate(_Reference):
+    """The gated activation (and its backward) in the owner framework's ops, in float32."""
+    ops = ("gate",)
+
+    def policy(self, problem) -> Policy:
+        return Policy(notes=(f"{problem.framework} ops in float32 on {problem.device.kind}",))
+
+    def run(self, problem, policy, operands, out, stream) -> Any:
+        """operands: (h, dy or None) views; the result in the owner framework."""
+        fw = problem.framework
+        xp = arrays.namespace(fw)
+        f32 = arrays.framework_dtype(fw, "float32")
+        h = xp.astype(operands[0].obj, f32)
+        if problem.backward:
+            y = epilogues.gate_backward(xp, h, xp.astype(operands[1].obj, f32), problem.gated)
+        else:
+            y = epilogues.gate(xp, h, problem.gated)
+        return _store(xp.astype(y, arrays.framework_dtype(fw, problem.out_dtype)), out)
+
+
 def _group_of_rows(xp: Any, ends: Any, rows: int, device: Any) -> Any:
     """Each row's group, on the device: E for rows at or beyond ends[-1] (they belong to none)."""
     return xp.searchsorted(ends, xp.arange(rows, dtype=ends.dtype, device=device), side="right")
@@ -183,4 +203,5 @@ GEMM = _ReferenceGemm()
 SOFTMAX = _ReferenceSoftmax()
 QUANTIZE = _ReferenceQuantize()
 GROUPED = _ReferenceGrouped()
-KERNELS = (GEMM, SOFTMAX, QUANTIZE, GROUPED)
+GATE = _ReferenceGate()
+KERNELS = (GEMM, SOFTMAX, QUANTIZE, GROUPED, GATE)

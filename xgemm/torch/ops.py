@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from xgemm import prepare
+from xgemm import gate, prepare
 
 
 @torch.library.custom_op("xgemm::gemm", mutates_args=())
@@ -110,3 +110,38 @@ softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setup)
 
 def compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+@torch.library.custom_op("xgemm::gate", mutates_args=())
+def gate_op(h: torch.Tensor, gated: str) -> torch.Tensor:
+    """act(gate) * up of a 2-D [gate | up] h (xgemm/gate.py), in h's dtype."""
+    return gate.gate(h, gated)
+
+
+@gate_op.register_fake
+def _gate_fake(h, gated):
+    return h.new_empty((h.shape[0], h.shape[1] // 2))
+
+
+@torch.library.custom_op("xgemm::gate_backward", mutates_args=())
+def gate_backward_op(h: torch.Tensor, dy: torch.Tensor, gated: str) -> torch.Tensor:
+    """[dy * up * act'(gate) | dy * act(gate)]: the gate's gradient with respect to h."""
+    return gate.gate(h, gated, dy)
+
+
+@gate_backward_op.register_fake
+def _gate_backward_fake(h, dy, gated):
+    return h.new_empty(h.shape)
+
+
+def _gate_setup(ctx, inputs, output):
+    ctx.gated = inputs[1]
+    ctx.save_for_backward(inputs[0])
+
+
+def _gate_backward(ctx, dy):
+    (h,) = ctx.saved_tensors
+    return gate_backward_op(h, dy.to(h.dtype).contiguous(), ctx.gated), None
+
+
+gate_op.register_autograd(_gate_backward, setup_context=_gate_setup)
