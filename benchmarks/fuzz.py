@@ -741,9 +741,9 @@ def klass(case: Dict[str, Any]) -> str:
 # The runner
 # ---------------------------------------------------------------------------------------------
 def fuzz(cases: int, seed: int, frameworks: Tuple[str, ...], log=print, budget_s: float = 0.0,
-         part_file: Optional[str] = None) -> Dict[str, Any]:
-    """Run cases seed*1000003 + 0, 1, ...; with budget_s, stop drawing new ones after that long;
-    with part_file, rewrite the report there every 25 cases (a killed run keeps what it did)."""
+         part_file: Optional[str] = None, skip: int = 0) -> Dict[str, Any]:
+    """Run cases seed*1000003 + skip, skip + 1, ...; with budget_s, stop drawing new ones after that
+    long; with part_file, rewrite the report there every 25 cases (a killed run keeps what it did)."""
     counts, fails, seconds = Counter(), Counter(), Counter()
     failures: List[Dict[str, Any]] = []
     lost: List[int] = []
@@ -753,7 +753,7 @@ def fuzz(cases: int, seed: int, frameworks: Tuple[str, ...], log=print, budget_s
         if budget_s and time.perf_counter() - t0 > budget_s:
             break
         ran += 1
-        case_seed = seed * 1_000_003 + i
+        case_seed = seed * 1_000_003 + skip + i
         case = draw(Choose(case_seed), frameworks)
         t = time.perf_counter()
         why = run_case(case, case_seed)
@@ -834,6 +834,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the report here")
     p.add_argument("--cpu", action="store_true", help="torch and JAX on the CPU (checks the fuzzer, not kernels)")
     p.add_argument("--budget-s", type=float, default=0.0, help="stop drawing cases after this long (each worker)")
+    p.add_argument("--skip", type=int, default=0,
+                   help="each worker starts after its first SKIP cases (a later run of the same seed adds new cases)")
     p.add_argument("--merge", help="only merge the worker reports DIR/fuzz-part-*.json (after a killed run)")
     p.add_argument("--part", action="store_true", help=argparse.SUPPRESS)   # a worker: JSON on stdout
     p.add_argument("--part-file", help=argparse.SUPPRESS)
@@ -853,7 +855,7 @@ def main(argv=None) -> int:
         return 2
     if args.part:
         print(json.dumps(fuzz(args.cases, args.seed, frameworks, log=lambda s: print(s, file=sys.stderr),
-                              budget_s=args.budget_s, part_file=args.part_file)))
+                              budget_s=args.budget_s, part_file=args.part_file, skip=args.skip)))
         return 0
     if args.workers > 1:
         per = -(-args.cases // args.workers)
@@ -866,7 +868,7 @@ def main(argv=None) -> int:
             parts_dir.mkdir(parents=True, exist_ok=True)
         procs = [subprocess.Popen([sys.executable, __file__, "--part", "--cases", str(per), "--seed",
                                    str(args.seed * 1000 + w), "--frameworks", ",".join(frameworks),
-                                   "--budget-s", str(args.budget_s)]
+                                   "--budget-s", str(args.budget_s), "--skip", str(args.skip)]
                                   + (["--cpu"] if args.cpu else [])
                                   + (["--part-file", str(parts_dir / f"fuzz-part-{w}.json")] if parts_dir else []),
                                   stdout=subprocess.PIPE, text=True, env=env) for w in range(args.workers)]
@@ -879,7 +881,7 @@ def main(argv=None) -> int:
             parts.append(json.loads(out.strip().splitlines()[-1]))
         report = _merge(parts)
     else:
-        report = _merge([fuzz(args.cases, args.seed, frameworks, budget_s=args.budget_s)])
+        report = _merge([fuzz(args.cases, args.seed, frameworks, budget_s=args.budget_s, skip=args.skip)])
     report["frameworks"] = list(frameworks)
     return _finish(report, args.json)
 

@@ -5,7 +5,8 @@
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs (0 skips a stage): CACHE_TAR (.cache/xgemm-cache.tar.xz), TESTS_S (300), TESTS (tests/gpu),
 # EXAMPLES (1), SAN (1; SAN_TOOLS / SAN_PARTS / SAN_TIMEOUT as in sanitize.sh), SOAK (1; SOAK_EAGER,
-# SOAK_JIT), SAN_WITH_FUZZ (0), FUZZ_CASES (20000), FUZZ_WORKERS (12), FUZZ_SEED (1), DEADLINE (s, 570): the fuzzer's
+# SOAK_JIT), SAN_WITH_FUZZ (0), FUZZ_CASES (20000), FUZZ_WORKERS (12), FUZZ_SEED (1), FUZZ_SKIP (0: each worker's cases to skip,
+# so a second run of a seed adds new ones), DEADLINE (s, 570): the fuzzer's
 # workers stop drawing cases DEADLINE - 90 s after the start (compiles of new classes may run over).
 set -u
 OUT=${OUT:-/tmp/xgemm-reliability}
@@ -40,7 +41,7 @@ if [ "${SAN:-1}" != 0 ] && [ "${SAN_WITH_FUZZ:-0}" = 1 ]; then sanitize $(( ${DE
 if [ "${FUZZ_CASES:-20000}" != 0 ]; then
   budget=$(( ${DEADLINE:-570} - 90 - (SECONDS - t0) ))
   if [ "$budget" -gt 20 ]; then
-    timeout $(( budget + 75 )) python3 benchmarks/fuzz.py --cases "${FUZZ_CASES:-20000}" --seed "${FUZZ_SEED:-1}" \
+    timeout $(( budget + 75 )) python3 benchmarks/fuzz.py --cases "${FUZZ_CASES:-20000}" --seed "${FUZZ_SEED:-1}" --skip "${FUZZ_SKIP:-0}" \
       --workers "${FUZZ_WORKERS:-12}" --budget-s "$budget" --json "$LOGS/fuzz.json" > "$LOGS/fuzz.log" 2>&1
     rc=$?
     [ -f "$LOGS/fuzz.json" ] || python3 benchmarks/fuzz.py --merge "$LOGS" --json "$LOGS/fuzz.json" > "$LOGS/fuzz-merged.log" 2>&1
