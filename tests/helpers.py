@@ -97,3 +97,16 @@ def run_on_fake_devices(script: str, devices: int, timeout: int = 300, **env: st
     proc = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc.stdout
+
+
+def run_interpreted(script: str, timeout: int = 600) -> str:
+    """Runs `script` in a fresh Python under Triton's interpreter (TRITON_INTERPRET=1, which must be
+    set before triton is imported) from the checkout's root; asserts it exits 0; returns its stdout."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout

@@ -6,12 +6,10 @@ autograd with XGEMM_GATED_OP=1 (the op xgemm::gate on the CPU's reference kernel
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from helpers import run_interpreted
 
 from xgemm.core.gate import GateProblem
 from xgemm.core.problem import COL, ROW, Device, Operand
@@ -21,7 +19,6 @@ triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 from xgemm.runtime import gluon_cache  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 
 INTERPRETED = textwrap.dedent("""
     import itertools, torch
@@ -50,10 +47,7 @@ INTERPRETED = textwrap.dedent("""
 
 
 def test_values_under_the_interpreter():
-    out = subprocess.run([sys.executable, "-c", INTERPRETED], capture_output=True, text=True, cwd=ROOT,
-                         env={**__import__("os").environ, "TRITON_INTERPRET": "1"}, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "cases 18" in out.stdout
+    assert "cases 18" in run_interpreted(INTERPRETED)
 
 
 def _problem(rows=8192, cols=28672, *, dtype="bfloat16", major=ROW, alignment=16, backward=False):

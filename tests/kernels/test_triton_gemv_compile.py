@@ -5,12 +5,10 @@ tests/gpu/test_triton_gemv_gpu.py (XGEMM_DECODE=1)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from helpers import run_interpreted
 
 from xgemm.core.problem import COL, ROW, Device, Epilogue, GemmProblem, Operand
 from xgemm.kernels import triton_gemv_sm90 as gv
@@ -18,7 +16,6 @@ from xgemm.kernels import triton_gemv_sm90 as gv
 triton = pytest.importorskip("triton")
 from xgemm.runtime import gluon_cache  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 
 INTERPRETED = textwrap.dedent("""
     import itertools, torch, triton
@@ -45,10 +42,7 @@ INTERPRETED = textwrap.dedent("""
 
 
 def test_values_under_the_interpreter():
-    out = subprocess.run([sys.executable, "-c", INTERPRETED], capture_output=True, text=True, cwd=ROOT,
-                         env={**__import__("os").environ, "TRITON_INTERPRET": "1"}, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "worst" in out.stdout
+    assert "worst" in run_interpreted(INTERPRETED)
 
 
 if not gluon_cache.can_compile():

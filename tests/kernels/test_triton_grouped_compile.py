@@ -6,12 +6,10 @@ policy and what supports() declines."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from helpers import run_interpreted
 
 from xgemm.core.grouped_checks import GroupedProblem, GroupedShape
 from xgemm.core.problem import COL, ROW, Device, Operand
@@ -20,7 +18,6 @@ from xgemm.kernels import triton_grouped_sm90 as tg
 triton = pytest.importorskip("triton")
 from xgemm.runtime import gluon_cache  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 
 INTERPRETED = textwrap.dedent("""
     import itertools, torch, triton
@@ -78,10 +75,7 @@ INTERPRETED = textwrap.dedent("""
 
 
 def test_values_under_the_interpreter():
-    out = subprocess.run([sys.executable, "-c", INTERPRETED], capture_output=True, text=True, cwd=ROOT,
-                         env={**__import__("os").environ, "TRITON_INTERPRET": "1"}, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "cases 12" in out.stdout
+    assert "cases 12" in run_interpreted(INTERPRETED)
 
 
 def _problem(t=16384, k=4096, n=7168, e=8, *, ragged_k=False, a_major=ROW, b_major=COL, dtype="bfloat16",
