@@ -6,12 +6,13 @@
 Eager calls cycle through a mix: torch matmul (fp16, bf16, fp32; fast-path repeats and the padded
 staging path), gemm with C and beta, out= (which skips the fast path), softmax short and long rows,
 a batched matmul, the fused epilogues, scaled_matmul (both accumulations), quantize_fp8, grouped_mm
-(both modes), CuPy matmul and softmax when CuPy is there. jit calls run one jitted function
-holding xgemm.jax.matmul, gemm and softmax. Every 10% of the calls a sample records host RSS, open
-file descriptors, threads, the process's device memory in use (cuMemGetInfo: total - free, which
-also counts streams and events the driver allocates), torch's allocated bytes, and xgemm's kept
-fast-path signatures. The first sample after warm-up is the baseline; a run passes when RSS grew
-by at most --rss-mib (default 32) and device memory and the handle counts by nothing.
+(both modes), CuPy matmul and softmax when CuPy is there. jit calls run two jitted functions, one
+holding xgemm.jax.matmul, gemm and softmax, one scaled_matmul and ragged_dot. Every 10% of the calls
+a sample records host RSS, open file descriptors, threads, the process's device memory in use
+(cuMemGetInfo: total - free, which also counts streams and events the driver allocates), torch's
+allocated bytes, and xgemm's kept fast-path signatures. The first sample after warm-up is the
+baseline; a run passes when RSS grew by at most --rss-mib (default 32) and device memory and the
+handle counts by nothing.
 """
 from __future__ import annotations
 
@@ -85,7 +86,13 @@ def jit_fn():
     b = jnp.ones((512, 256), jnp.bfloat16) / 512
     c = jnp.ones((256, 256), jnp.float32)
     f = jax.jit(lambda a, b, c: xj.softmax(xj.gemm(a, b, c, beta=0.5, out_dtype=jnp.float32) + xj.matmul(a, b)))
-    return lambda: f(a, b, c), jax
+    # the model-layer custom calls: the FP8 class and the grouped kernel
+    a8, sa = xj.quantize_fp8(a.astype(jnp.float32), "row")
+    b8, sb = xj.quantize_fp8(b.T.astype(jnp.float32), "row")
+    sizes = jnp.asarray([0, 100, 56, 100], jnp.int32)
+    w = jnp.ones((4, 512, 256), jnp.bfloat16) / 512
+    g = jax.jit(lambda a8, b8, sa, sb, a, w, s: (xj.scaled_matmul(a8, b8, sa, sb), xj.ragged_dot(a, w, s)))
+    return lambda: (f(a, b, c), g(a8, b8.T, sa, sb.T, a, w, sizes)), jax
 
 
 def run(kind: str, calls: int, torch, samples: list) -> None:

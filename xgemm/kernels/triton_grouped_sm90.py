@@ -63,7 +63,8 @@ MAX_DIM = 2 ** 31 - 1
 # TUNE: more candidates for the benchmark's sweep (benchmarks/grouped.py --tune), built on request.
 TILES = {"wide": (128, 256, 64, 3, 8), "narrow": (128, 128, 64, 4, 8)}
 TUNE = ((128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 256, 32, 6, 8), (128, 128, 64, 5, 8),
-        (64, 256, 64, 4, 4), (64, 256, 64, 4, 8))   # 64 rows: less of a part-filled tile per group
+        (64, 256, 64, 4, 4), (64, 256, 64, 4, 8),    # 64 rows: less of a part-filled tile per group
+        (128, 256, 128, 2, 8), (128, 128, 128, 3, 8))  # 128 deep: half the k-steps of a short group
 SMEM_BYTES = 227 * 1024
 
 
