@@ -98,11 +98,9 @@ def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None) -> str:
     """What a ragged_dot / grouped_mm call runs, in words: its problem, the kernel and policy, and
     why the kernels before it declined."""
     c = (check_ragged_dot if op == "ragged_dot" else check_grouped_mm)(a, b, index, out_dtype, fn="explain")
-    s = c.shape
     if c.owner == "jax":
-        return (f"{op} {grouped_checks.describe(s)} {c.dtype}->{c.out_dtype} on jax\n"
-                f"  runs on: XLA's jax.lax.ragged_dot{'_general' if s.ragged_k else ''}; no host read of the "
-                f"group sizes")
+        from xgemm.jax import grouped as jax_grouped
+        return jax_grouped.explain(op, c.a, c.b, c.index, c.out_dtype)
     return f"{op}: " + str(_plan(c)[0])
 
 

@@ -186,3 +186,25 @@ def test_cuda_lowering_launches_the_kernel_forward_and_backward(gluon_cache_dir)
     assert len(calls) == 3 and all('kernel = "xgemm_grouped_sm90"' in c for c in calls), calls
     assert not re.search(r"(chlo|stablehlo|mhlo)\.ragged", text)             # XLA's ragged dot is gone
 
+
+
+def test_jax_explain_names_the_kernel_on_a_hopper_gpu(monkeypatch):
+    """xgemm.explain of JAX arrays says what the jit lowering runs: the grouped kernel when the
+    arrays live on a (here: pretended) Hopper GPU, XLA's ragged dot on the CPU."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import xgemm
+    from xgemm.core import policy
+    from xgemm.jax import grouped as jg
+    monkeypatch.setattr(gluon_cache, "available", lambda key, arch=None: None)
+    x, w = jnp.zeros((512, 256), jnp.bfloat16), jnp.zeros((4, 256, 384), jnp.bfloat16)
+    gs = jnp.asarray([100, 0, 300, 112], jnp.int32)
+    policy.clear_plans()
+    assert "jax.lax.ragged_dot on cpu" in xgemm.explain(x, w, gs, op="ragged_dot")
+    monkeypatch.setattr(jg, "_on_gpu", lambda x: True)
+    try:
+        text = jg.explain("ragged_dot", x, w, gs)
+    finally:
+        policy.clear_plans()
+    assert "kernel: triton_grouped_sm90" in text and "inside jax.jit" in text, text

@@ -27,6 +27,7 @@ result; rhs is never copied when it is shared (unbatched), and reshaped (free) w
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -40,7 +41,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from xgemm import arrays, errors
 from xgemm.core import checks, grouped_checks, layout, policy
-from xgemm.core.problem import COL, ROW
+from xgemm.core.problem import COL, ROW, Device
 from xgemm.jax import ffi as jax_ffi
 from xgemm.jax import inputs, lowering
 from xgemm.runtime.calls import Launch
@@ -149,6 +150,24 @@ def _grouped_reference(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW):
     else:
         y = jax.lax.ragged_dot(a, b, sizes, precision=_PRECISION, preferred_element_type=_acc(a.dtype))
     return y.astype(out)
+
+
+def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None) -> str:
+    """The plan xgemm.jax's ragged_dot / grouped_mm lowers to for these arrays' platform: the
+    grouped kernel's custom call on a Hopper GPU, else XLA's ragged dot."""
+    names = ("lhs", "rhs", "group_sizes") if op == "ragged_dot" else ("x", "w", "offs")
+    a, b, index, out, shape = _checked("explain", names, a, b, index, out_dtype, op == "ragged_dot")
+    if shape.ragged_k:              # as _contract_groups binds it: x [M, T] asked column-major (x^T's rows)
+        problem = _grouped_problem(a, b, index, out, True, COL, ROW)
+    else:
+        problem = _grouped_problem(a, b, index, out, False, ROW, ROW)
+    if not _on_gpu(a):
+        problem = dataclasses.replace(problem, device=Device("cpu"))
+    return f"{op} (inside jax.jit): " + str(policy.choose("grouped", problem))
+
+
+def _on_gpu(x: Any) -> bool:
+    return any(d.platform == "gpu" for d in x.devices())
 
 
 def _grouped_problem(a, b, sizes, out, ragged_k, a_major, b_major) -> grouped_checks.GroupedProblem:

@@ -132,6 +132,9 @@ class _ReferenceGrouped(_Reference):
 
     def policy(self, problem) -> Policy:
         s = problem.shape
+        if problem.framework == "jax":          # xgemm.jax's lowering: XLA's own ragged dot
+            return Policy(notes=(f"XLA's jax.lax.ragged_dot{'_general' if s.ragged_k else ''} on "
+                                 f"{problem.device.kind}",))
         return Policy(notes=(f"{problem.framework} ops on {problem.device.kind}: {s.groups} masked products "
                              f"of every {'index' if s.ragged_k else 'row'} ({s.groups} x the grouped FLOPs)",))
 
