@@ -84,17 +84,15 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
     if fused is not None:
         return prepare.run(fused)
     xp = arrays.namespace(owner)
-    if gated and owner == "torch" and dt in checks.HALF and os.environ.get(GATE_SWITCH) == "1":
-        # the product in the input dtype, then the gate as one op (one pass each way on a GPU)
+    # the product in the input dtype, then the gate as one op (one pass each way on a GPU)
+    gate_op = gated and owner == "torch" and dt in checks.HALF and os.environ.get(GATE_SWITCH) == "1"
+    pre = _product(fn, owner, a, b, c_used, alpha, beta, dt if gate_op else acc)
+    if bias is not None:
+        pre = pre + xp.astype(bias, pre.dtype)
+    if gate_op:
         from xgemm.torch import ops as xtorch
-        pre = _product(fn, owner, a, b, c_used, alpha, beta, dt)
-        if bias is not None:
-            pre = pre + xp.astype(bias, pre.dtype)
         y = xtorch.gate_op(pre.reshape(-1, pre.shape[-1]), activation).reshape(*pre.shape[:-1], pre.shape[-1] // 2)
     else:
-        pre = _product(fn, owner, a, b, c_used, alpha, beta, acc)
-        if bias is not None:
-            pre = pre + xp.astype(bias, pre.dtype)
         y = epilogues.gate(xp, pre, activation) if gated else epilogues.apply(xp, pre, activation)
     out_dt = arrays.dtype_name(out) if out is not None else dt
     y = xp.astype(y, arrays.framework_dtype(owner, out_dt))
