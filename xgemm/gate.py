@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xgemm import arrays
+from xgemm import arrays, prepare
 from xgemm.core import policy
 from xgemm.core.gate import GateProblem
 
@@ -17,10 +17,9 @@ def gate(h: Any, gated: str, dy: Any = None, *, fn: str = "gate") -> Any:
     problem = GateProblem(arrays.operand(vh), gated, dy is not None, vh.dtype, vh.framework, vh.device)
     plan = policy.choose("gate", problem)
     vdy = arrays.view(dy, "dy", fn) if dy is not None else None
-    if plan.kernel.name == "reference":
-        return plan.kernel.run(problem, plan.policy, (vh, vdy), None, 0)
-    rows, cols = vh.shape
-    out = arrays.empty(vh.framework, (rows, cols if dy is not None else cols // 2), vh.dtype, vh.device, h)
-    plan.kernel.run(problem, plan.policy, (vh, vdy), arrays.view(out, "out", fn),
-                    arrays.current_stream(vh.framework, vh.device))
-    return out
+    out = None                      # the embedded default returns its own result
+    if plan.kernel.name != "reference":
+        rows, cols = vh.shape
+        out = arrays.view(arrays.empty(vh.framework, (rows, cols if dy is not None else cols // 2), vh.dtype,
+                                       vh.device, h), "out", fn)
+    return prepare.run(prepare.Prepared(plan, (vh, vdy), out, lambda result: result))

@@ -111,7 +111,7 @@ def _plan(c: Checked):
     va, vb = arrays.view(c.a, "a", "grouped"), arrays.view(c.b, "b", "grouped")
     ops = (arrays.operand(va), arrays.operand(vb))
     plan = policy.choose("grouped", _problem(c, ops, va.device))
-    if plan.kernel.name != "reference" or 0 in c.shape.out:
+    if plan.kernel.name != "reference":
         return plan, va, vb, (None, None)
     want = _READS[c.shape.ragged_k]
     moves = tuple(None if op.majorness == major else major for op, major in zip(ops, want))
@@ -149,18 +149,14 @@ def _moved(v: arrays.ArrayView, major, name: str) -> arrays.ArrayView:
 
 
 def run(c: Checked, ends: Any, out: Any = None) -> Any:
-    """Run the chosen kernel; `ends` are the groups' end offsets, on the device. An empty result
-    (or an empty contraction) goes to the embedded default, which makes the zeros. `out`: an array
-    of the result's shape and dtype to write (the GPU tests hand in a NaN-filled one), else a new one."""
+    """Run the chosen kernel; `ends` are the groups' end offsets, on the device. (The kernel
+    declines an empty problem: the embedded default makes its zeros.) `out`: an array of the
+    result's shape and dtype to write (the GPU tests hand in a NaN-filled one), else a new one."""
     plan, va, vb, moves = _plan(c)
-    if plan.kernel.name == "reference" or 0 in c.shape.out:
-        return policy.reference("grouped").run(plan.problem, plan.policy,
-                                               (va, vb, arrays.view(ends, "ends", "grouped")),
-                                               None if out is None else arrays.view(out, "out", "grouped"), 0)
-    xp = arrays.namespace(c.owner)
-    out = arrays.empty(c.owner, c.shape.out, c.out_dtype, va.device, c.a) if out is None else out
-    ends = xp.astype(ends, arrays.framework_dtype(c.owner, "int32"), copy=True)      # dense int32, as the kernel reads
-    views = (_moved(va, moves[0], "a"), _moved(vb, moves[1], "b"), arrays.view(ends, "ends", "grouped"))
-    plan.kernel.run(plan.problem, plan.policy, views, arrays.view(out, "out", "grouped"),
-                    arrays.current_stream(c.owner, va.device))
-    return out
+    if plan.kernel.name != "reference":
+        out = arrays.empty(c.owner, c.shape.out, c.out_dtype, va.device, c.a) if out is None else out
+        # dense int32, as the kernel reads them
+        ends = arrays.namespace(c.owner).astype(ends, arrays.framework_dtype(c.owner, "int32"), copy=True)
+    operands = (_moved(va, moves[0], "a"), _moved(vb, moves[1], "b"), arrays.view(ends, "ends", "grouped"))
+    return prepare.run(prepare.Prepared(plan, operands, None if out is None else arrays.view(out, "out", "grouped"),
+                                        lambda result: result))

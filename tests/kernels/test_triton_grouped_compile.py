@@ -105,6 +105,7 @@ def test_supports_declines_what_it_cannot_run(monkeypatch):
     assert "16-byte" in k.supports(_problem(alignment=8))
     assert "16-byte multiples" in k.supports(_problem(n=7164))
     assert "every dim" in k.supports(_problem(k=0))
+    assert "every dim" in k.supports(_problem(e=0))       # no groups: an empty (or all-zero) result
     strided = _problem()
     strided = GroupedProblem(strided.shape, Operand((16384, 4096), (8192, 2), "bfloat16", "strided", 16), strided.b,
                              "bfloat16", "torch", strided.device)

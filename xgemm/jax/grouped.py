@@ -137,9 +137,13 @@ _PRECISION = jax.lax.Precision.HIGHEST
 grouped_p = Primitive("xgemm_grouped")
 
 
+def _shape(a, b, sizes) -> grouped_checks.GroupedShape:
+    """The primitive's operands as grouped_mm takes them: b 3-D for row groups, 2-D for ragged_k."""
+    return grouped_checks.grouped_mm("xgemm_grouped", a.shape, b.shape, sizes.shape)
+
+
 def _grouped_abstract(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW):
-    shape = (sizes.shape[0], a.shape[0], b.shape[1]) if ragged_k else (a.shape[0], b.shape[2])
-    return jax.core.ShapedArray(shape, np.dtype(out))
+    return jax.core.ShapedArray(_shape(a, b, sizes).out, np.dtype(out))
 
 
 def _grouped_reference(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW):
@@ -157,10 +161,8 @@ def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None) -> str:
     grouped kernel's custom call on a Hopper GPU, else XLA's ragged dot."""
     names = ("lhs", "rhs", "group_sizes") if op == "ragged_dot" else ("x", "w", "offs")
     a, b, index, out, shape = _checked("explain", names, a, b, index, out_dtype, op == "ragged_dot")
-    if shape.ragged_k:              # as _contract_groups binds it: x [M, T] asked column-major (x^T's rows)
-        problem = _grouped_problem(a, b, index, out, True, COL, ROW)
-    else:
-        problem = _grouped_problem(a, b, index, out, False, ROW, ROW)
+    # as the custom_vjp functions bind it: ragged_k's x [M, T] asked column-major (x^T's rows)
+    problem = _grouped_problem(a, b, index, out, COL if shape.ragged_k else ROW, ROW)
     if not _on_gpu(a):
         problem = dataclasses.replace(problem, device=Device("cpu"))
     return f"{op} (inside jax.jit): " + str(policy.choose("grouped", problem))
@@ -170,26 +172,17 @@ def _on_gpu(x: Any) -> bool:
     return any(d.platform == "gpu" for d in x.devices())
 
 
-def _grouped_problem(a, b, sizes, out, ragged_k, a_major, b_major) -> grouped_checks.GroupedProblem:
-    if ragged_k:
-        (m, t), n = a.shape, b.shape[1]
-        shape = grouped_checks.GroupedShape(t, m, t, n, sizes.shape[0], True, (sizes.shape[0], m, n))
-    else:
-        (t, k), n = a.shape, b.shape[2]
-        shape = grouped_checks.GroupedShape(t, t, k, n, b.shape[0], False, (t, n))
-
+def _grouped_problem(a, b, sizes, out, a_major, b_major) -> grouped_checks.GroupedProblem:
     def operand(x, major):
         return layout.dense_operand(tuple(x.shape), np.dtype(x.dtype).name, np.dtype(x.dtype).itemsize, major)
-    return grouped_checks.GroupedProblem(shape, operand(a, a_major), operand(b, b_major), np.dtype(out).name, "jax",
-                                         lowering.target_device())
+    return grouped_checks.GroupedProblem(_shape(a, b, sizes), operand(a, a_major), operand(b, b_major),
+                                         np.dtype(out).name, "jax", lowering.target_device())
 
 
 def _grouped_cuda(a, b, sizes, *, out, ragged_k, portable, a_major=ROW, b_major=ROW):
     """The chosen kernel's custom call on (a, b, ends = cumsum(sizes)), or XLA's ragged dot."""
     kw = dict(out=out, ragged_k=ragged_k, a_major=a_major, b_major=b_major)
-    if 0 in a.shape + b.shape + sizes.shape:
-        return _grouped_reference(a, b, sizes, **kw)
-    problem = _grouped_problem(a, b, sizes, out, ragged_k, a_major, b_major)
+    problem = _grouped_problem(a, b, sizes, out, a_major, b_major)     # (the kernel declines an empty one)
     plan = policy.choose("grouped", problem)
     made = plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
     if not isinstance(made, Launch):

@@ -262,15 +262,16 @@ def gluon_entries(arch: str = "sm_90a") -> List[str]:
 # The kernel protocol (kernels/_common.py)
 # ----------------------------------------------------------------------------------------------
 
+def _b_kmajor(problem) -> bool:
+    return problem.b.majorness == COL
+
+
 def _strides(problem):
-    """(lda, ldb, B's group stride or D's, ldd) in elements, and whether B is K-major."""
+    """(lda, ldb, B's group stride or D's, ldd) in elements."""
     a, b, s = problem.a, problem.b, problem.shape
-    b_kmajor = b.majorness == COL
     lda = a.strides[-1] if a.majorness == COL else a.strides[-2]
-    ldb = b.strides[-1] if b_kmajor else b.strides[-2]
-    if s.ragged_k:
-        return lda, ldb, s.m * s.n, s.n, b_kmajor
-    return lda, ldb, b.strides[0], s.n, b_kmajor
+    ldb = b.strides[-1] if _b_kmajor(problem) else b.strides[-2]
+    return lda, ldb, s.m * s.n if s.ragged_k else b.strides[0], s.n
 
 
 class TritonGroupedSm90(PointerGemm):
@@ -287,8 +288,8 @@ class TritonGroupedSm90(PointerGemm):
             return f"A/B dtypes {a.dtype}/{b.dtype}: needs both float16 or both bfloat16"
         if problem.out_dtype not in (a.dtype, "float32"):
             return f"output dtype {problem.out_dtype} is not {a.dtype} or float32"
-        if min(s.rows, s.m, s.n, s.k) < 1 or max(s.rows, s.m, s.n, s.k) > MAX_DIM or s.groups > MAX_DIM:
-            return f"{s.m}x{s.n}x{s.k} over {s.rows} grouped indices: every dim 1 .. 2**31-1"
+        if min(s.rows, s.m, s.n, s.k, s.groups) < 1 or max(s.rows, s.m, s.n, s.k, s.groups) > MAX_DIM:
+            return f"{s.m}x{s.n}x{s.k} over {s.rows} grouped indices in {s.groups} groups: every dim 1 .. 2**31-1"
         if a.majorness not in (ROW, COL) or b.majorness not in (ROW, COL):
             return f"A {a.majorness}, B {b.majorness}: TMA reads K- or M/N-major operands only"
         # the grouped axis: A's rows in rows mode; A's columns and B's rows in ragged_k mode
@@ -304,12 +305,11 @@ class TritonGroupedSm90(PointerGemm):
         out_item = 4 if problem.out_dtype == "float32" else 2
         if (s.n * out_item) % 16 or (s.ragged_k and (s.m * s.n * out_item) % 16):
             return f"N = {s.n}: the result's rows must be 16-byte multiples for its TMA stores"
-        cfg = choose(s, a.dtype, problem.out_dtype, _strides(problem)[-1])
-        return gluon_cache.available(cfg.key)
+        return gluon_cache.available(choose(s, a.dtype, problem.out_dtype, _b_kmajor(problem)).key)
 
     def policy(self, problem) -> Policy:
         s = problem.shape
-        cfg = choose(s, problem.a.dtype, problem.out_dtype, _strides(problem)[-1])
+        cfg = choose(s, problem.a.dtype, problem.out_dtype, _b_kmajor(problem))
         sms = sm_count(problem.device.index)
         what = (f"{s.groups} groups x {-(-s.m // cfg.bm)}x{-(-s.n // cfg.bn)} tiles" if s.ragged_k else
                 f"the tiles of {s.groups} row groups (about {-(-s.rows // cfg.bm)}x{-(-s.n // cfg.bn)})")
@@ -319,13 +319,12 @@ class TritonGroupedSm90(PointerGemm):
 
     def _config(self, problem, policy) -> Config:
         bm, bn, bk = policy.tile
-        return Config(problem.a.dtype, problem.out_dtype, bm, bn, bk, policy.stages, policy.warps, _strides(problem)[-1],
+        return Config(problem.a.dtype, problem.out_dtype, bm, bn, bk, policy.stages, policy.warps, _b_kmajor(problem),
                       problem.shape.ragged_k)
 
     def _args(self, problem):
         s = problem.shape
-        lda, ldb, ldbe, ldd, _ = _strides(problem)
-        return (s.rows, s.m, s.n, s.k, s.groups, lda, ldb, ldbe, ldd)
+        return (s.rows, s.m, s.n, s.k, s.groups, *_strides(problem))
 
     def run(self, problem, policy, operands, out, stream) -> None:
         """operands: (A, B, ends) views, ends int32 and contiguous; out: the result's view."""
