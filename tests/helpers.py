@@ -110,3 +110,15 @@ def run_interpreted(script: str, timeout: int = 600) -> str:
                           env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
+
+
+def swiglu_block(a, b, dy, dtype):
+    """silu(gate) * up of h = a @ b ([gate | up] halves) and its grads w.r.t. a and b, in torch's own
+    ops at `dtype` (float64: the reference; bf16: torch's unfused peer): [y, da, db] as float64."""
+    import torch
+    a_, b_ = a.detach().to(dtype).requires_grad_(), b.detach().to(dtype).requires_grad_()
+    h = a_ @ b_
+    half = h.shape[-1] // 2
+    y = torch.nn.functional.silu(h[:, :half]) * h[:, half:]
+    y.backward(dy.to(dtype))
+    return [t.double() for t in (y, a_.grad, b_.grad)]

@@ -9,7 +9,7 @@ import re
 import textwrap
 
 import pytest
-from helpers import run_interpreted
+from helpers import run_interpreted, swiglu_block
 
 from xgemm.core.gate import GateProblem
 from xgemm.core.problem import COL, ROW, Device, Operand
@@ -96,13 +96,7 @@ def test_gated_under_autograd_runs_the_gate_op(monkeypatch):
     dy = torch.randn(64, 40, generator=g).bfloat16()
     y = xgemm.gated(a, b, activation="swiglu")
     y.backward(dy)
-    def torch_unfused(dt):                    # the same block in torch's own ops: float64, and bf16
-        a_, b_ = a.detach().to(dt).requires_grad_(), b.detach().to(dt).requires_grad_()
-        h = a_ @ b_
-        y_ = torch.nn.functional.silu(h[:, :40]) * h[:, 40:]
-        y_.backward(dy.to(dt))
-        return [t.double() for t in (y_, a_.grad, b_.grad)]
-    want, peer = torch_unfused(torch.float64), torch_unfused(torch.bfloat16)
+    want, peer = swiglu_block(a, b, dy, torch.float64), swiglu_block(a, b, dy, torch.bfloat16)
     for got, w, p in zip((y, a.grad, b.grad), want, peer):
         # within twice torch's own bf16 error (both round the product and the gate's inputs to bf16)
         assert (got.double() - w).abs().max() <= 2 * (p - w).abs().max() + 1e-3
