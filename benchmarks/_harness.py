@@ -443,7 +443,8 @@ def bench_gemm(shapes=SHAPES, dtypes=DTYPES, impls=("cublas", "quack", "xgemm"),
 def time_checked(case, shape, dtype, work, unit, impls, outputs, refs, reps, trials, log=print):
     """Capture each impls[name](i) (which leaves its result in outputs[name]) in a CUDA graph of
     `reps` calls, time them in time_interleaved's trials, and check every output against refs[name]
-    (relative Frobenius error < 1e-2). work: FLOPs (unit "TFLOP/s") or {name: bytes} ("GB/s").
+    (relative Frobenius error < 1e-2). work: FLOPs (unit "TFLOP/s") or bytes ("GB/s"), one figure
+    or {name: figure}.
     An implementation that fails to run is recorded as failed, the rest go on. Returns (records,
     {name: per-trial seconds}) for paired_ratio."""
     torch = _torch()
@@ -462,7 +463,7 @@ def time_checked(case, shape, dtype, work, unit, impls, outputs, refs, reps, tri
         ref = refs[name]
         rel = float(torch.linalg.norm(outputs[name].float() - ref) / torch.linalg.norm(ref))
         ok = rel < 1e-2
-        value = (work if unit == "TFLOP/s" else work[name]) / sec / (1e12 if unit == "TFLOP/s" else 1e9)
+        value = (work[name] if isinstance(work, dict) else work) / sec / (1e12 if unit == "TFLOP/s" else 1e9)
         records.append(dict(case=case, shape=list(shape), dtype=dtype, impl=name, metric=unit, value=round(value, 1),
                             verified=ok, us=round(sec * 1e6, 1), rel_err=rel, timed_by=how))
         log(f"{case:18s} {name:32s} {value:8.1f} {unit}  {sec * 1e6:9.1f} us  rel {rel:.1e} "

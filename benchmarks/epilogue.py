@@ -14,8 +14,8 @@ Cases (bf16, the issue's acceptance shapes):
   swiglu          (8192, 2 x 14336, 4096), W = [W_gate | W_up]: xgemm.gated(activation="swiglu") vs
                   cuBLAS's matmul then silu(gate) * up in torch; quack's gemm_act when it runs.
   swiglu_bwd      the same layer's forward + backward (grads of x and W for a fixed dy), through
-                  xgemm's op vs torch autograd of the unfused layer; the backward alone is the
-                  difference of the two medians, reported beside.
+                  xgemm's op vs torch autograd of the unfused layer, and each forward alone under
+                  autograd; the backward alone is, trial by trial, the difference of the two.
   jax_mlp         inside jax.jit: forward + backward of gated(x, W_gu) @ W_down (T=8192, d=4096,
                   H=14336) with xgemm.jax against jnp.dot + jax.nn.silu.
 Each torch implementation is a CUDA graph of `reps` calls replayed in time_interleaved's trials; every
@@ -81,12 +81,39 @@ def torch_cases(torch):
 
     def step(fn):
         return lambda: torch.autograd.grad(fn(ag, wg), (ag, wg), dy)[0]
-    bwd = dict([keep("xgemm gated fwd+bwd", step(lambda x, ww: xgemm.gated(x, ww, activation="swiglu"))),
-                keep("torch unfused fwd+bwd", step(lambda x, ww: _swiglu(torch, x @ ww)))])
-    ref_dx = _grad_ref(torch, a, w, dy)
+    layers = {"xgemm gated": lambda x, ww: xgemm.gated(x, ww, activation="swiglu"),
+              "torch unfused": lambda x, ww: _swiglu(torch, x @ ww)}
+    # each layer's forward + backward, and its forward alone under autograd (what it saves for the
+    # backward included): the backward is their difference, trial by trial (run_torch)
+    bwd = dict([keep(f"{name} {BOTH}", step(layer)) for name, layer in layers.items()]
+               + [keep(f"{name} {FWD}", lambda layer=layer: layer(ag, wg)) for name, layer in layers.items()])
+    refs_bwd = {name: ref_swiglu if name.endswith(FWD) else _grad_ref(torch, a, w, dy) for name in bwd}
+    flops_bwd = {name: (4 if name.endswith(FWD) else 12) * M * N * K for name in bwd}
     return [("bias_gelu_tanh", (M, N, K), 2 * M * N * K, bias_gelu, refs_gelu),
             ("swiglu", (M, 2 * N, K), 4 * M * N * K, swiglu, dict.fromkeys(swiglu, ref_swiglu)),
-            ("swiglu_bwd", (M, 2 * N, K), 12 * M * N * K, bwd, dict.fromkeys(bwd, ref_dx))], out
+            ("swiglu_bwd", (M, 2 * N, K), flops_bwd, bwd, refs_bwd)], out
+
+
+BOTH, FWD = "fwd+bwd", "fwd (autograd)"
+
+
+def _backward_records(case, shape, by_name, log) -> list:
+    """xgemm's SwiGLU forward + backward and its backward alone against torch's unfused layer: per
+    trial, the backward's time is the forward + backward's minus the forward's (both ran in that
+    trial), and the ratio is torch's over ours (> 1: ours is faster)."""
+    recs = []
+    if not all(f"{n} {part}" in by_name for n in ("xgemm gated", "torch unfused") for part in (BOTH, FWD)):
+        return recs
+    for what, ours, peer in ((BOTH, by_name[f"xgemm gated {BOTH}"], by_name[f"torch unfused {BOTH}"]),
+                             ("bwd alone", [b - f for b, f in zip(by_name[f"xgemm gated {BOTH}"],
+                                                                  by_name[f"xgemm gated {FWD}"])],
+                              [b - f for b, f in zip(by_name[f"torch unfused {BOTH}"], by_name[f"torch unfused {FWD}"])])):
+        lo, mid, hi = h.paired_ratio(ours, peer)
+        impl = f"xgemm gated {what} vs torch unfused {what}"
+        recs.append(dict(case=case, shape=list(shape), dtype="bfloat16", impl=impl, metric="ratio",
+                         value=round(mid, 3), ci=[round(lo, 3), round(hi, 3)], verified=True))
+        log(f"{case:18s} {impl}: {mid:.3f}x per trial (95% CI {lo:.3f}-{hi:.3f})")
+    return recs
 
 
 def _grad_ref(torch, a, w, dy):
@@ -109,8 +136,11 @@ def run_torch(args, log) -> list:
     for case, shape, flops, impls, refs in cases:
         recs, by_name = h.time_checked(case, shape, "bfloat16", flops, "TFLOP/s", impls, outputs, refs, args.reps,
                                        args.trials, log)
-        ours = next(n for n in impls if n.startswith("xgemm") and "no epilogue" not in n)
-        records += recs + h.paired_records(case, shape, "bfloat16", ours, by_name, log)
+        if case == "swiglu_bwd":
+            records += recs + _backward_records(case, shape, by_name, log)
+        else:
+            ours = next(n for n in impls if n.startswith("xgemm") and "no epilogue" not in n)
+            records += recs + h.paired_records(case, shape, "bfloat16", ours, by_name, log)
         torch.cuda.empty_cache()
     return records
 

@@ -14,7 +14,6 @@ autograd, torch.compile and jax.grad / vmap / jit need nothing new. explain() sa
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Optional
 
@@ -74,19 +73,23 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
                   if x is not None]
         prepare.check_out(fn, out, owner, final, checks.out_dtypes(dt), inputs)
     fused = None if tracing else _fused(fn, owner, a, b, c_used, alpha, beta, bias, activation, out, dt, plan_only)
+    # a torch gated product of fp16/bf16 operands that no fused kernel serves (autograd, a trace, the
+    # CPU): the product in the input dtype, as torch's own layer rounds it, then the gate as the op
+    # xgemm::gate (triton_gate_sm90 on a GPU: one pass forward, one backward; 1.17x torch's unfused
+    # SwiGLU forward + backward on the H200, docs/performance.md)
+    gate_op = gated and owner == "torch" and dt in checks.HALF
+    product_dt = dt if gate_op else acc
     if plan_only:
         if fused is not None:
             fused.epilogue = epilogues.describe(bias is not None, activation, gated, acc, owner, fused.kernel.name)
             return fused
-        plan = prepare.prepare_gemm(fn, a, b, c_used, alpha, beta, None, plan_only=True, out_dtype=acc)
-        plan.epilogue = epilogues.describe(bias is not None, activation, gated, acc, owner)
+        plan = prepare.prepare_gemm(fn, a, b, c_used, alpha, beta, None, plan_only=True, out_dtype=product_dt)
+        plan.epilogue = epilogues.describe(bias is not None, activation, gated, product_dt, owner, gate_op=gate_op)
         return plan
     if fused is not None:
         return prepare.run(fused)
     xp = arrays.namespace(owner)
-    # the product in the input dtype, then the gate as one op (one pass each way on a GPU)
-    gate_op = gated and owner == "torch" and dt in checks.HALF and os.environ.get(GATE_SWITCH) == "1"
-    pre = _product(fn, owner, a, b, c_used, alpha, beta, dt if gate_op else acc)
+    pre = _product(fn, owner, a, b, c_used, alpha, beta, product_dt)
     if bias is not None:
         pre = pre + xp.astype(bias, pre.dtype)
     if gate_op:
@@ -103,12 +106,6 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
     else:
         out[...] = y
     return out
-
-
-# Under torch autograd (or a trace), a gated product of fp16/bf16 operands in their own dtype, then
-# the gate as the torch op xgemm::gate (triton_gate_sm90: one pass forward, one backward), instead of
-# the float32 product and torch's ops: off until an H200 run validates it (docs/development.md)
-GATE_SWITCH = "XGEMM_GATED_OP"
 
 
 def _fused(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: float, bias: Any,

@@ -1,7 +1,6 @@
 """triton_gate_sm90 on the H200: the gated activation and its backward against core/epilogues in
 float64 (NaN-filled results, ragged rows, padded row strides), and xgemm.gated under torch
-autograd with XGEMM_GATED_OP=1 against torch's own bf16 ops. Its validation run: when these pass
-and benchmarks/epilogue.py's SwiGLU forward + backward pays, the switch comes off."""
+autograd against torch's own bf16 ops."""
 from __future__ import annotations
 
 import itertools
@@ -13,7 +12,7 @@ torch = pytest.importorskip("torch")
 import array_api_compat.torch as xp  # noqa: E402
 
 import xgemm  # noqa: E402
-from xgemm import arrays, compose  # noqa: E402
+from xgemm import arrays  # noqa: E402
 from xgemm.core import epilogues, policy  # noqa: E402
 from xgemm.core.gate import GateProblem  # noqa: E402
 from xgemm.kernels import triton_gate_sm90 as tgate  # noqa: E402
@@ -42,8 +41,7 @@ def test_gate_kernel_matches_float64(gated, backward, dtype, rows, half, pad):
     assert ((out.double() - want).abs() <= eps * want.abs() + 1e-4 * (1 + want.abs())).all()
 
 
-def test_gated_autograd_through_the_gate_op(monkeypatch):
-    monkeypatch.setenv(compose.GATE_SWITCH, "1")
+def test_gated_autograd_through_the_gate_op():
     g = torch.Generator(device="cuda").manual_seed(2)
     a = torch.randn(1000, 1024, device="cuda", generator=g).bfloat16().requires_grad_()
     b = (torch.randn(1024, 2 * 1536, device="cuda", generator=g) / 32).bfloat16().requires_grad_()

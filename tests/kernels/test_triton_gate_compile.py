@@ -2,7 +2,7 @@
 core/epilogues' gate and gate_backward in float64, for every gated activation, both directions,
 ragged rows and columns and padded row strides; the PTX of its cubins (16-byte vectors, no
 spills); its entries and what supports() declines; and the composed gated path under torch
-autograd with XGEMM_GATED_OP=1 (the op xgemm::gate on the CPU's reference kernel)."""
+autograd (the op xgemm::gate on the CPU's reference kernel)."""
 from __future__ import annotations
 
 import re
@@ -81,12 +81,11 @@ def test_ptx_vectors_and_no_spills(gluon_cache_dir, backward):
 
 
 def test_gated_under_autograd_runs_the_gate_op(monkeypatch):
-    """XGEMM_GATED_OP=1: under autograd the product runs in bf16 and the gate as the op
+    """Under autograd the product runs in bf16 and the gate as the op
     xgemm::gate (the reference kernel on the CPU); values and grads against float64 within the
     bf16 rounding of the product, and torch.compile(fullgraph=True) traces it."""
     import xgemm
-    from xgemm import compose, gate
-    monkeypatch.setenv(compose.GATE_SWITCH, "1")
+    from xgemm import gate
     calls = []
     real = gate.gate
     monkeypatch.setattr(gate, "gate", lambda h, gated, dy=None, **kw: calls.append(dy is not None) or real(h, gated, dy))

@@ -18,7 +18,11 @@ BF16 = torch.bfloat16
 
 
 def _cute_calls(fake):
-    return [(key, args) for kind, key, args in fake.calls if kind == "cute"]
+    return [(c[1], c[2]) for c in fake.calls if c[0] == "cute"]
+
+
+def _gluon_names(fake):
+    return [c[1] for c in fake.calls if c[0] == "gluon"]
 
 
 @pytest.mark.parametrize("mnk,swapped", [((512, 384, 256), False), ((4096, 4096, 4096), True)])
@@ -52,10 +56,10 @@ def test_c_and_out_cross_with_the_epilogue():
     assert args[7:9] == (2.0, 0.5)
 
 
-def _composed(fake):
-    """One plain-class launch (the product, float32 D): the epilogue ran in torch ops."""
+def _composed(fake, d_dtype=torch.float32):
+    """One plain-class launch (the product, D of d_dtype): the epilogue ran after it."""
     (key, args), = _cute_calls(fake)
-    return len(key) == 12 and args[2].dtype == torch.float32
+    return len(key) == 12 and args[2].dtype == d_dtype
 
 
 def test_composed_under_autograd_and_where_no_kernel_fuses():
@@ -107,9 +111,9 @@ def test_scaled_matmul_launches_the_fp8_class():
 
 @pytest.mark.parametrize("mh", [(512, 1536), (4096, 4096)])
 def test_gated_call_launches_the_gated_class(mh):
-    """xgemm.gated with the switch on: one gated Epi class (untransposed, B = [gate | up] whole,
-    D half as wide) with the [gate | up] bias; an H that is no multiple of the tile's gate columns
-    composes."""
+    """xgemm.gated: one gated Epi class (untransposed, B = [gate | up] whole, D half as wide) with
+    the [gate | up] bias; an H that is no multiple of the tile's gate columns composes: the product
+    in bf16, then the gate op's kernel."""
     m, h = mh
     a, b = torch.randn(m, 1024, dtype=BF16), torch.randn(1024, 2 * h, dtype=BF16)
     bias = torch.randn(2 * h, dtype=BF16)
@@ -125,7 +129,8 @@ def test_gated_call_launches_the_gated_class(mh):
     with Fake(keep=True) as fake:
         plan = xgemm.explain(a, odd, activation="geglu", op="gated")
         xgemm.gated(a, odd, activation="geglu")
-    assert (h + 8) % half and "composed" in plan.epilogue and _composed(fake)
+    assert (h + 8) % half and "xgemm::gate" in plan.epilogue and _composed(fake, BF16)
+    assert _gluon_names(fake) == ["xgemm_gate"], fake.calls
 
 
 @pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")

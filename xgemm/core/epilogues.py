@@ -105,10 +105,14 @@ def gate_backward(xp: Any, h: Any, dy: Any, gated: str) -> Any:
 
 
 def describe(bias: bool, activation: Optional[str], gated: bool, acc: str, where: str,
-             fused_by: Optional[str] = None) -> str:
-    """explain()'s epilogue line: fused into a kernel's epilogue (fused_by), or composed."""
+             fused_by: Optional[str] = None, gate_op: bool = False) -> str:
+    """explain()'s epilogue line: fused into a kernel's epilogue (fused_by), or composed (the gate
+    as the op xgemm::gate when gate_op)."""
     parts = (["bias"] if bias else []) + ([f"{activation} (act(gate) * up)" if gated else activation]
                                           if activation else [])
     if fused_by:
         return f"{' + '.join(parts)}, fused into {fused_by}'s epilogue (float32, one rounding to the output dtype)"
+    if gate_op:
+        return (f"{' + '.join(parts)}, composed after the product ({acc}): the gate as the op xgemm::gate "
+                f"(one pass; no kernel fused it)")
     return f"{' + '.join(parts) or 'none'}, composed after the product in {where} ops ({acc}; no kernel fused it)"

@@ -11,8 +11,9 @@ Contract
   layout    h, dy, out row-major (the last dim contiguous), any row strides that are multiples
             of 8 elements; 16-byte aligned bases; H a multiple of 8 (16-byte vectors).
   arch      sm_90a cubins (xgemm/runtime/gluon_cache.py), launched without triton.
-  status    compile- and interpreter-tested on the CPU; not yet run on the H200. Reached only by
-            the composed gated path under torch autograd with XGEMM_GATED_OP=1 (compose.py).
+  status    validated on the H200 (tests/gpu/test_triton_gate_gpu.py; benchmarks/epilogue.py's
+            swiglu_bwd). Reached by the composed gated path of torch fp16/bf16 operands: under
+            autograd, a torch.compile trace, or where no fused kernel serves (compose.py).
 
 Why
   Under autograd a gated product is composed: the product h, then the activation. Torch's ops
