@@ -73,11 +73,12 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
                   if x is not None]
         prepare.check_out(fn, out, owner, final, checks.out_dtypes(dt), inputs)
     fused = None if tracing else _fused(fn, owner, a, b, c_used, alpha, beta, bias, activation, out, dt, plan_only)
-    # a torch gated product of fp16/bf16 operands that no fused kernel serves (autograd, a trace, the
-    # CPU): the product in the input dtype, as torch's own layer rounds it, then the gate as the op
-    # xgemm::gate (triton_gate_sm90 on a GPU: one pass forward, one backward; 1.17x torch's unfused
-    # SwiGLU forward + backward on the H200, docs/performance.md)
-    gate_op = gated and owner == "torch" and dt in checks.HALF
+    # a torch gated product of fp16/bf16 operands under autograd (or a trace): the product in the
+    # input dtype, as torch's own layer rounds it, then the gate as the op xgemm::gate
+    # (triton_gate_sm90 on a GPU: one pass forward, one backward; 1.17x torch's unfused SwiGLU
+    # forward + backward on the H200, docs/performance.md). Without autograd the float32 product
+    # keeps the fp32-accumulate tolerance that the fused kernels hold.
+    gate_op = gated and owner == "torch" and dt in checks.HALF and prepare.torch_op_needed(a, b, c_used, bias)
     product_dt = dt if gate_op else acc
     if plan_only:
         if fused is not None:

@@ -112,8 +112,8 @@ def test_scaled_matmul_launches_the_fp8_class():
 @pytest.mark.parametrize("mh", [(512, 1536), (4096, 4096)])
 def test_gated_call_launches_the_gated_class(mh):
     """xgemm.gated: one gated Epi class (untransposed, B = [gate | up] whole, D half as wide) with
-    the [gate | up] bias; an H that is no multiple of the tile's gate columns composes: the product
-    in bf16, then the gate op's kernel."""
+    the [gate | up] bias; an H that is no multiple of the tile's gate columns composes (the float32
+    product, then torch's ops); under autograd the product runs in bf16, then the gate op's kernel."""
     m, h = mh
     a, b = torch.randn(m, 1024, dtype=BF16), torch.randn(1024, 2 * h, dtype=BF16)
     bias = torch.randn(2 * h, dtype=BF16)
@@ -129,7 +129,11 @@ def test_gated_call_launches_the_gated_class(mh):
     with Fake(keep=True) as fake:
         plan = xgemm.explain(a, odd, activation="geglu", op="gated")
         xgemm.gated(a, odd, activation="geglu")
-    assert (h + 8) % half and "xgemm::gate" in plan.epilogue and _composed(fake, BF16)
+    assert (h + 8) % half and "composed" in plan.epilogue and _composed(fake) and not _gluon_names(fake)
+    with Fake(keep=True) as fake:
+        plan = xgemm.explain(a.requires_grad_(), b, activation="swiglu", op="gated")
+        xgemm.gated(a, b, activation="swiglu")
+    assert "xgemm::gate" in plan.epilogue and _composed(fake, BF16)
     assert _gluon_names(fake) == ["xgemm_gate"], fake.calls
 
 
