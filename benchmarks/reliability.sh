@@ -37,7 +37,10 @@ if [ "${SOAK:-1}" != 0 ]; then
   timeout 400 python3 benchmarks/soak.py --eager "${SOAK_EAGER:-1000000}" --jit "${SOAK_JIT:-100000}" \
     --json "$LOGS/soak.json" > "$LOGS/soak.log" 2>&1; stage soak $?; tail -4 "$LOGS/soak.log"
 fi
-if [ "${SAN:-1}" != 0 ] && [ "${SAN_WITH_FUZZ:-0}" = 1 ]; then sanitize $(( ${DEADLINE:-570} - 20 - (SECONDS - t0) )) & fi
+san_pid=
+if [ "${SAN:-1}" != 0 ] && [ "${SAN_WITH_FUZZ:-0}" = 1 ]; then
+  sanitize $(( ${DEADLINE:-570} - 20 - (SECONDS - t0) )) & san_pid=$!
+fi
 if [ "${FUZZ_CASES:-20000}" != 0 ]; then
   budget=$(( ${DEADLINE:-570} - 90 - (SECONDS - t0) ))
   if [ "$budget" -gt 20 ]; then
@@ -49,5 +52,8 @@ if [ "${FUZZ_CASES:-20000}" != 0 ]; then
     [ -f "$LOGS/fuzz-merged.log" ] && head -45 "$LOGS/fuzz-merged.log"
   fi
 fi
-wait
+# the sanitizers' job only: a bare `wait` also waits for the `tee` of device-call.sh's process
+# substitution ($! when no job was started), which never ends; two 2026-12-02 calls hung in it
+# until the device tool's limit, and their logs never got packed
+[ -n "$san_pid" ] && wait "$san_pid"
 pack_logs

@@ -13,6 +13,6 @@ source .gpu/use-bundle .gpu
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p /tmp/xc && tar -xJf "${CACHE_TAR:-.cache/xgemm-cache.tar.xz}" -C /tmp/xc && export XGEMM_CACHE_DIR=/tmp/xc
 
-# xz on every core at its fastest level: a single-threaded xz of the sanitizers' and fuzzer's logs
-# ran session 17's reliability call past the 600 s limit, and nothing was packed
+# xz on every core at its fastest level, so that packing takes seconds (reliability.sh's calls that
+# came back without logs hung in a bare `wait` on this file's tee, not in xz)
 pack_logs() { tar -cf - -C "$LOGS" . | xz -T0 -1 > "$OUT/logs.tar.xz" && rm -rf "$LOGS"; }
