@@ -40,8 +40,10 @@ is planned inside fp8_checks.float32_accumulation(), which gives it the classes 
 carries fp8_checks.PROMOTE_NOTE), validated on the H200 on 2026-12-02 (0.85-0.98x
 torch._scaled_mm's default there). Within a k-tile the sum keeps the wgmma's ~14 bits for at most
 4 steps of 32: the numerics of torch._scaled_mm's default (CUTLASS promotes every 4 MMAs), about
-4 * 2**-13 of the magnitudes, not float32's. Block-wise scales (which will take the same mainloop) and
-everything else run the embedded default. quantize_fp8 is planned like any op (registry
+4 * 2**-13 of the magnitudes, not float32's. Block-wise scales take the same promoting mainloop
+with either accumulation: each k-tile's sum is multiplied by its row's scale of a and its 128x128
+block's scale of b as it is added (Epi.block; built and compile-tested, not yet run on the H200).
+Everything else runs the embedded default. quantize_fp8 is planned like any op (registry
 "quantize_fp8"): triton_quantize_sm90 takes the row and 1x128 recipes of 16-byte rows on the GPU
 in one pass, the embedded default the rest.
 Autograd and torch.compile: torch tensors go through the torch.library ops xgemm::scaled_matmul
@@ -136,15 +138,16 @@ def _accumulation(use_fast_accum: bool):
 
 def prepare_kernel(c: Checked, fn: str = "scaled_matmul", use_fast_accum: bool = True) -> Any:
     """The Prepared call of a kernel that takes this FP8 product (tensor- or row-wise scales as
-    vectors of M and N values, K-major torch operands on a GPU) with the accumulation the call
-    allows, or None for the embedded default. Planned like any GEMM: a GemmProblem with FP8
+    vectors of M and N values, block-wise ones as they are; K-major torch operands on a GPU) with the
+    accumulation the call allows, or None for the embedded default. Planned like any GEMM: a GemmProblem with FP8
     operands and its scales."""
     planned = _plan_kernel(c, fn)
     if planned is None or not _accumulates_as_asked(planned[0], use_fast_accum):
         return None
     plan, (va, vb, vbias) = planned
     # a tensor-wise scale repeated into the vector the problem describes (M + N floats)
-    scales = [arrays.view(x.reshape(-1) if x.numel() == size else x.reshape(-1).expand(size).contiguous(), name, fn)
+    scales = [arrays.view(x if c.recipe.name == "block" else x.reshape(-1) if x.numel() == size
+                          else x.reshape(-1).expand(size).contiguous(), name, fn)
               for x, name, size in ((c.scale_a, "scale_a", plan.problem.m), (c.scale_b, "scale_b", plan.problem.n))]
     result = sys.modules["torch"].empty((plan.problem.m, plan.problem.n), device=c.a.device,
                                         dtype=arrays.framework_dtype("torch", c.out_dtype))
@@ -159,8 +162,8 @@ def _accumulates_as_asked(plan: Any, use_fast_accum: bool) -> bool:
 
 def _plan_kernel(c: Checked, fn: str) -> Any:
     """(plan, (a, b, bias views)) of a kernel that takes this product, or None; allocates nothing."""
-    if c.owner != "torch" or c.recipe.name not in ("tensor", "row"):
-        return None                       # block-wise scales: the kernel's mainloop does not take them yet
+    if c.owner != "torch":
+        return None
     va = arrays.view(c.a, "a", fn)
     if va.device.kind != "cuda" or c.a.ndim != 2 or c.b.ndim != 2:
         return None
@@ -168,10 +171,15 @@ def _plan_kernel(c: Checked, fn: str) -> Any:
     vb = arrays.view(c.b, "b", fn)
     vbias = arrays.view(c.bias, "bias", fn) if c.bias is not None else None
     # the kernel reads a scale per row of a and per column of b: a row-wise scale as it is, a
-    # tensor-wise one as the fresh compact vector prepare_kernel repeats it into
-    scales = tuple(arrays.operand(arrays.view(x.reshape(-1), name, fn)) if x.numel() == size
-                   else Operand((size,), (1,), "float32", ROW, 16)
-                   for x, name, size in ((c.scale_a, "scale_a", m), (c.scale_b, "scale_b", n)))
+    # tensor-wise one as the fresh compact vector prepare_kernel repeats it into; block-wise scales
+    # as they are, (M, K/128) and (K/128, N/128)
+    if c.recipe.name == "block":
+        scales = tuple(arrays.operand(arrays.view(x, name, fn)) for x, name in ((c.scale_a, "scale_a"),
+                                                                                 (c.scale_b, "scale_b")))
+    else:
+        scales = tuple(arrays.operand(arrays.view(x.reshape(-1), name, fn)) if x.numel() == size
+                       else Operand((size,), (1,), "float32", ROW, 16)
+                       for x, name, size in ((c.scale_a, "scale_a", m), (c.scale_b, "scale_b", n)))
     problem = GemmProblem(m=m, n=n, k=k, batch=(), a=arrays.operand(va), b=arrays.operand(vb), c=None,
                           epilogue=Epilogue(out_dtype=c.out_dtype), framework="torch", device=va.device,
                           bias=arrays.operand(vbias) if vbias is not None else None, scales=scales)
@@ -271,8 +279,12 @@ def _kernel_words(c: Checked, fn: str, use_fast_accum: bool) -> Optional[str]:
     if planned is None or not _accumulates_as_asked(planned[0], use_fast_accum):
         return None
     plan = planned[0]
+    promoted = fp8_checks.PROMOTE_NOTE in plan.policy.notes
+    if c.recipe.name == "block":
+        return (f"{plan.kernel.name} ({plan.policy.summary()}), each k-tile's sum multiplied by its block "
+                f"scales and added in float32")
     return (f"{plan.kernel.name} ({plan.policy.summary()}), the scales applied in its epilogue, "
-            + ("its k-tile sums added in float32" if not use_fast_accum else "its sums kept in the wgmma accumulator"))
+            + ("its k-tile sums added in float32" if promoted else "its sums kept in the wgmma accumulator"))
 
 
 def _unit_stride(x: Any, axis: int) -> bool:

@@ -235,6 +235,46 @@ def test_scaled_matmul_default_call_runs_the_promoted_class():
     assert not torch.isnan(y).any() and ((y.double() - ref).abs() / bound).max().item() <= 1.0
 
 
+# ragged M; N in 9 blocks of b's scales, the last partial; K in 5 k-tiles, the last partial
+BLOCK_API = (1000, 1040, 600)
+
+
+def _block_operands(seed: int):
+    m, n, k = BLOCK_API
+    kb, nb = -(-k // 128), -(-n // 128)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a8 = (torch.randn(m, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
+    b8 = (torch.randn(n, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn).t()
+    sa = torch.rand(m, kb, device="cuda", generator=g) + 0.5
+    sb = (torch.rand(nb, kb, device="cuda", generator=g) + 0.5).t()      # (K/128, N/128), stored transposed
+    return a8, b8, sa, sb, torch.randn(n, device="cuda", generator=g)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_scaled_matmul_block_scales_run_the_block_class(fast):
+    """Block-wise scales (a in 1x128 blocks, b in 128x128; scale_b with any strides) run the
+    block-scaled promoting class with either accumulation, within the promoted bound (4 wgmma steps
+    a k-tile) of the float64 product of the dequantized operands; the result is written over NaN."""
+    import xgemm
+    a8, b8, sa, sb, bias = _block_operands(9)
+    (m, k), n = a8.shape, b8.shape[1]
+    text = str(xgemm.explain(a8, b8, sa, sb, op="scaled_matmul", use_fast_accum=fast))
+    assert "runs on cute_gemm_sm90" in text and "multiplied by its block scales" in text, text
+    torch.full((m * n,), float("nan"), dtype=torch.bfloat16, device="cuda")     # freed: the next block of that size
+    y = xgemm.scaled_matmul(a8, b8, sa, sb, bias=bias, use_fast_accum=fast)
+    torch.cuda.synchronize()
+    ad = a8.double() * sa.double().repeat_interleave(128, 1)[:, :k]
+    bd = b8.double() * sb.double().repeat_interleave(128, 0)[:k].repeat_interleave(128, 1)[:, :n]
+    ref = ad @ bd + bias.double()
+    bound = TOL["bfloat16"] * (ref.abs() + 1.0) + 4 * 2.0 ** -13 * (ad.abs() @ bd.abs())
+    assert not torch.isnan(y).any()
+    excess = ((y.double() - ref).abs() / bound).max().item()
+    # the embedded default's float32 dequantize + matmul, for the message
+    peer = (a8.float() * sa.repeat_interleave(128, 1)[:, :k]) @ (b8.float() * sb.repeat_interleave(128, 0)[:k]
+                                                                .repeat_interleave(128, 1)[:, :n]) + bias
+    assert excess <= 1.0, (excess, ((peer.double() - ref).abs() / bound).max().item())
+
+
 FP8_API = (1000, 1040, 512)
 GATED_API = [(1000, 1536, 264), (4096, 4096, 1024)]
 
@@ -265,6 +305,10 @@ def api_items() -> list:
         m, n, k = PROMOTE_API
         xgemm.scaled_matmul(torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t(),
                             torch.ones(m, 1), torch.ones(1, n), bias=torch.empty(n))
+        m, n, k = BLOCK_API
+        kb, nb = -(-k // 128), -(-n // 128)
+        xgemm.scaled_matmul(torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t(),
+                            torch.ones(m, kb), torch.ones(nb, kb).t(), bias=torch.empty(n))
         # examples/model_layers.py's products (reliability.sh runs the examples on the H200)
         T, D, H = 256, 512, 1024
         xgemm.gated(torch.empty(T, D, dtype=torch.bfloat16), torch.empty(D, 2 * H, dtype=torch.bfloat16),
@@ -278,7 +322,9 @@ def api_items() -> list:
         for m, n, k in ((8192, 8192, 8192), (16384, 14336, 4096)):
             def bench(*_, m=m, n=n, k=k, fast=True):
                 a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
-                for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.tensor(1.0), torch.tensor(1.0))):
+                kb, nb = -(-k // 128), -(-n // 128)
+                for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.tensor(1.0), torch.tensor(1.0)),
+                               (torch.ones(m, kb), torch.ones(kb, nb))):
                     xgemm.scaled_matmul(a8, b8, sa, sb, use_fast_accum=fast)
             bench()
             bench(fast=False)

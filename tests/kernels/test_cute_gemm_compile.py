@@ -230,6 +230,10 @@ def ptx(tmp_path_factory):
         "coop_fp8_promote": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                       COL, ROW, None, True, nob, 66, "sm_90a", opts,
                                       epi=K90.Epi(scale_m=True, scale_n=True, promote=True)),
+        # block-wise scales (1x128 A, 128x128 B): each k-tile's sum scaled as it is promoted
+        "coop_fp8_block": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
+                                    COL, ROW, None, True, nob, 66, "sm_90a", opts,
+                                    epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True)),
         # gated (SwiGLU): B = [gate | up] through a 4-D TMA view, D half as wide
         "pp_gated_silu": K90.build(K90.Config(128, 128, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
                                    ROW, None, True, nob, 66, "sm_90a", opts,
@@ -316,6 +320,30 @@ def test_ptx_sm90_fp8_promote(ptx):
     with pytest.raises(AssertionError, match="accumulator registers"):
         K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
                   True, (False,) * 4, 66, epi=K90.Epi(scale_m=True, scale_n=True, promote=True))
+
+
+@needs_dsl
+def test_ptx_sm90_fp8_block_scales(ptx):
+    """A block-scaled class multiplies each k-tile's sum by its scales as it promotes it (an fma a
+    register, in the loop and after it) and the epilogue applies none. A thread's 64 registers
+    share two rows of A and one block of B: three scale loads and two products a k-tile, issued
+    before the k-tile's wgmmas are waited for, so that they overlap them."""
+    block, promote = ptx["coop_fp8_block"][1], ptx["coop_fp8_promote"][1]
+    assert _count(block, r"\bfma\.rn\.f32\b") == 2 * 64 and _count(block, r"\bmul\.(rn\.)?f32\b") == 2 * 2
+    # the promoting class loads its scale vectors in the epilogue, the block-scaled one none there
+    assert _count(block, r"\bld\.global") == 2 * 3 < _count(promote, r"\bld\.global")
+    assert _count(block, r"wgmma\.wait_group\.sync\.aligned\s+1;") == 0
+    assert "ld.local" not in block and "st.local" not in block
+    # in the mainloop (the consumers' k-tile loop, after the producer's), the loads come before the
+    # wait for the wgmmas
+    loop = block[block.rindex('.pragma "nounroll"'):]
+    waits = loop.index("wgmma.wait_group.sync.aligned")
+    assert _count(loop[:waits], r"\bld\.global") == 3, loop[:waits]
+    with pytest.raises(AssertionError, match="block scales"):
+        K90.Epi(scale_m=True, scale_n=True, block=True).check()
+    with pytest.raises(AssertionError, match="crosses B's scale blocks"):
+        K90.build(K90.Config(128, 96, 1, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
+                  True, (False,) * 4, 66, epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True))
 
 
 @needs_dsl

@@ -86,8 +86,8 @@ F8 = getattr(torch, "float8_e4m3fn", None)
 def test_scaled_matmul_launches_the_fp8_class():
     """use_fast_accum=True: tensor- and row-wise products of K-major operands launch
     cute_gemm_sm90's FP8 class with the scales as vectors of M and N values (a tensor-wise scale
-    repeated); block-wise scales and a row-major b run the embedded default (no launch), with either
-    accumulation."""
+    repeated); block-wise scales launch the block-scaled promoting class with either accumulation,
+    the scales as they are; a row-major b runs the embedded default (no launch)."""
     a = torch.randn(256, 512).to(F8)
     b = torch.randn(384, 512).to(F8).t()                       # (K, N) column-major: K-major
     row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
@@ -101,11 +101,19 @@ def test_scaled_matmul_launches_the_fp8_class():
         assert tuple(args[5].shape) == (256,) and tuple(args[6].shape) == (384,)
         assert torch.equal(args[5], sa.reshape(-1).expand(256)) and torch.equal(args[6], sb.reshape(-1).expand(384))
         assert args[2].data_ptr() == y.data_ptr() and y.dtype == torch.bfloat16
-    block = (torch.rand(256, 4) + 0.5, torch.rand(4, 3) + 0.5)
-    for args, fast in (((a, b) + block, True), ((a, b.contiguous()) + row, True), ((a, b) + block, False),
-                       ((a, b.contiguous()) + row, False)):
+    block = (torch.rand(256, 4) + 0.5, (torch.rand(3, 4) + 0.5).t())      # scale_b (K/128, N/128), any strides
+    for fast in (True, False):
         with Fake(keep=True) as fake:
-            xgemm.scaled_matmul(*args, use_fast_accum=fast)
+            text = xgemm.explain(a, b, *block, op="scaled_matmul", use_fast_accum=fast)
+            y = xgemm.scaled_matmul(a, b, *block, use_fast_accum=fast)
+        (key, args), = _cute_calls(fake)
+        assert key[2].tile_n == 128 and not key[2].pingpong
+        assert key[-1] == K90.Epi(None, None, None, True, True, promote=True, block=True)
+        assert args[5] is block[0] and args[6] is block[1] and args[2].data_ptr() == y.data_ptr()
+        assert "multiplied by its block scales" in text, text
+    for scales, fast in ((row, True), (block, True), (row, False), (block, False)):
+        with Fake(keep=True) as fake:
+            xgemm.scaled_matmul(a, b.contiguous(), *scales, use_fast_accum=fast)
         assert not _cute_calls(fake)
 
 
@@ -183,10 +191,10 @@ def test_explain_scaled_matmul_names_the_fp8_class():
     with Fake(keep=True):
         text = str(xgemm.explain(a, b.contiguous(), *row, op="scaled_matmul", use_fast_accum=True))
     assert "embedded default" in text and "cute_gemm_sm90" not in text
-    # block-wise scales: the default call runs the embedded default and says so
+    # block-wise scales: the block-scaled class, which says how it applies them
     with Fake(keep=True):
         text = str(xgemm.explain(a, b, torch.rand(256, 4) + 0.5, torch.rand(4, 3) + 0.5, op="scaled_matmul"))
-    assert "embedded default" in text and "cute_gemm_sm90" not in text, text
+    assert "runs on cute_gemm_sm90" in text and "multiplied by its block scales" in text, text
 
 
 def test_the_reference_refuses_a_fused_epilogue():

@@ -5,7 +5,9 @@ Contract
               float32; C (read only when beta != 0): float16 | bfloat16 | float32. Classes with FP8
               A and B (float8_e4m3fn | float8_e5m2, K-major: wgmma's only FP8 layout), with
               per-row / per-column float32 scales in the epilogue (Epi), their sums kept in the
-              wgmma accumulator: xgemm.scaled_matmul(use_fast_accum=True) routes to them.
+              wgmma accumulator (xgemm.scaled_matmul(use_fast_accum=True)) or each 128-deep
+              k-tile's sum promoted into float32 registers (its default call); block-wise scales
+              (A 1x128, B 128x128) multiply each k-tile's sum as it is promoted (Epi.block).
   majorness   every combination: A row (K-major) or col (M-major), B row (N-major) or col
               (K-major), C and D row (N-major) or col (M-major). No operand is copied.
   alignment   TMA: every base address and every non-unit stride (the leading one and the batch
@@ -94,6 +96,11 @@ def _as_kernel_arg(v, L: int, rows: int, cols: int):
     return x[(0,) * (nd - 2)]
 
 
+def _block_scales(problem) -> bool:
+    """Are the problem's FP8 scales block-wise (scale_a (M, K/128), scale_b (K/128, N/128))?"""
+    return problem.scales is not None and len(problem.scales[0].shape) == 2
+
+
 def _sm_count(device_index: int) -> int:
     return sm_count(device_index)
 
@@ -106,7 +113,14 @@ class _Sm90Kernel:
 
     def _fused_why(self, problem) -> Optional[str]:
         """None when the fused epilogue of a problem has a class here (checked after the rest)."""
-        for name, vec, extent in zip(("scale_a", "scale_b"), problem.scales or (), (problem.m, problem.n)):
+        if _block_scales(problem):
+            kb, nb = -(-problem.k // fp8_checks.BLOCK), -(-problem.n // fp8_checks.BLOCK)
+            for name, scale, shape in zip(("scale_a", "scale_b"), problem.scales, ((problem.m, kb), (kb, nb))):
+                # read element by element, any strides
+                if scale.dtype != "float32" or scale.shape != shape:
+                    return f"{name} (shape {scale.shape}, {scale.dtype}) is not a float32 {shape} of block scales"
+        for name, vec, extent in zip(("scale_a", "scale_b"), () if _block_scales(problem) else problem.scales or (),
+                                     (problem.m, problem.n)):
             # the class checks a scale per row of A / column of B (a tensor-wise one: repeated by the caller)
             if vec.dtype != "float32" or vec.shape != (extent,) or (extent > 1 and vec.strides != (1,)):
                 return f"{name} (shape {vec.shape}, {vec.dtype}) is not a contiguous float32 vector of {extent}"
@@ -139,7 +153,7 @@ class _Sm90Kernel:
         bias, scaled, act = problem.bias, problem.scales is not None, problem.epilogue.activation
         return Epi(("m" if swapped(policy) else "n") if bias is not None else None,
                    bias.dtype if bias is not None else None, GATED.get(act, act), scaled, scaled, act in GATED,
-                   promote=scaled and PROMOTE_NOTE in policy.notes)
+                   promote=scaled and PROMOTE_NOTE in policy.notes, block=_block_scales(problem))
 
     def supports(self, problem) -> Optional[str]:
         dev = problem.device
@@ -182,7 +196,8 @@ class _Sm90Kernel:
     def policy(self, problem) -> Policy:
         if problem.epilogue.activation in GATED:
             return choose_gated_policy(problem.m, problem.n, problem.k, problem.batch_count)
-        if problem.scales is not None and fp8_checks.promoting_kernels():
+        if problem.scales is not None and (fp8_checks.promoting_kernels() or _block_scales(problem)):
+            # block scales multiply each k-tile's sum as it is promoted, whatever accumulation is asked
             return choose_fp8_promoted_policy(problem.m, problem.n, problem.k, problem.batch_count)
         return choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
                              problem.a.majorness, problem.b.majorness)

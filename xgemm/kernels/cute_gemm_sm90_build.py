@@ -59,7 +59,10 @@ class Epi:
     column scales of B; not with C); bias along "n" (D's columns) or "m" (its rows: the transposed
     run), of bias_dtype; then activation. promote (FP8): each k-tile's wgmma sum is added into a
     float32 register accumulator (an FP8 wgmma keeps ~14 bits of its own running sum), as
-    DeepSeek-V3 and CUTLASS's non-fast-accum FP8 kernels do."""
+    DeepSeek-V3 and CUTLASS's non-fast-accum FP8 kernels do. block (FP8, with promote): the scales
+    are block-wise, scale_m (M, K/128) per row of A and 128-deep k-block, scale_n (K/128, N/128)
+    per 128x128 block of B; each k-tile's sum is multiplied by its two scales as it is promoted,
+    and the epilogue applies none."""
     bias: Optional[str] = None
     bias_dtype: Optional[str] = None
     activation: Optional[str] = None
@@ -67,6 +70,7 @@ class Epi:
     scale_n: bool = False
     gated: bool = False
     promote: bool = False
+    block: bool = False
 
     def check(self) -> None:
         assert self.bias in (None, "n", "m") and (self.bias is None) == (self.bias_dtype is None), self
@@ -77,6 +81,7 @@ class Epi:
         assert not self.gated or (self.activation in ("relu", "gelu", "gelu_tanh", "silu") and self.bias != "m"
                                   and not (self.scale_m or self.scale_n)), self
         assert not self.promote or (self.scale_m and self.scale_n and not self.gated), f"{self}: promote is FP8's"
+        assert not self.block or (self.promote and self.bias != "m"), f"{self}: block scales are promoted, untransposed"
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -133,8 +138,10 @@ def _device():
             self.unit_alpha = unit_alpha     # alpha == 1: the epilogue does not scale (Design)
             self.bias_mode = epi.bias if epi is not None else None
             self.activation = epi.activation if epi is not None else None
-            self.scale_m = epi is not None and epi.scale_m
-            self.scale_n = epi is not None and epi.scale_n
+            self.block = epi is not None and epi.block
+            # block scales multiply each k-tile's sum in the mainloop; the epilogue applies none
+            self.scale_m = epi is not None and epi.scale_m and not self.block
+            self.scale_n = epi is not None and epi.scale_n and not self.block
             self.gated = epi is not None and epi.gated
             self.promote = epi is not None and epi.promote
             assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
@@ -157,6 +164,8 @@ def _device():
             acc_regs = cfg.tile_m * cfg.tile_n // (128 * math.prod(self.atom_layout_mnk))
             # a promoting class holds a second accumulator as large as the first
             assert not self.promote or acc_regs <= 64, f"{cfg}: {acc_regs} accumulator registers a thread, twice"
+            # a k-tile's B scale is one value: a tile spans no more than one 128-column block
+            assert not self.block or 128 % cfg.tile_n == 0, f"{cfg}: tile_n {cfg.tile_n} crosses B's scale blocks"
             # setmaxnreg budgets: 2 x 128 x mma + 128 x load <= 64K registers
             self.regs_load, self.regs_mma = (24, 240) if acc_regs >= 208 else (40, 232)
             self.num_mcast_a = cfg.cluster_n      # A tile is shared by the CTAs along N
@@ -190,7 +199,8 @@ def _device():
                    mC: Optional[cute.Tensor], mBias: Optional[cute.Tensor], mScaleM: Optional[cute.Tensor],
                    mScaleN: Optional[cute.Tensor], alpha: Float32, beta: Float32, stream: cuda.CUstream):
             """mA (M, K, L), mB (N, K, L), mD / mC (M, N, L), in CuTe's GEMM order; mBias (N,) or
-            (M,) by Epi.bias; mScaleM (M,), mScaleN (N,) float32 (Epi)."""
+            (M,) by Epi.bias; mScaleM (M,), mScaleN (N,) float32 (Epi), or with Epi.block mScaleM
+            (M, K/128) and mScaleN (N/128, K/128)."""
             self.a_dtype = mA.element_type
             self.b_dtype = mB.element_type
             if const_expr(self.gated):
@@ -338,6 +348,19 @@ def _device():
             c_m, c_n = (slow, fast) if const_expr(self.cfg.raster_m) else (fast, slow)
             bidx, bidy, _ = cute.arch.block_idx()
             return (c_m * cm + bidx % cm, c_n * cn + bidy % cn, l), valid
+
+        def _block_scales(self, mScaleM, mScaleN, tCcAcc, tc, kt, out):
+            """out[v] = the dequantization scale of accumulator register v for k-tile kt (Epi.block):
+            A's scale of its row times B's scale of the tile's 128-column block. Called before the
+            k-tile's wgmmas are waited for, so the loads overlap them; a thread's registers share
+            two rows, whose loads repeat per register and fold into one each."""
+            nb = cutlass.min(tc[1] * self.tile_shape_mnk[1] // 128, mScaleN.shape[0] - 1)
+            sb = mScaleN[nb, kt]
+            m_last = mScaleM.shape[0] - 1
+            row0 = tc[0] * self.tile_shape_mnk[0]
+            for v in range(cute.size(out)):     # a Python loop: unrolled as the kernel is traced
+                # rows past A's edge hold values TMA never stores: clamp their index
+                out[v] = mScaleM[cutlass.min(row0 + tCcAcc[v][0], m_last), kt] * sb
 
         def _epilogue_ops(self, tRS_rD, tRS_cD, vectors, tc, epi_idx, epi_tiles_mn, size_rD, up=None):
             """* the scales, + bias, then the activation (gated: times the up half's value, up =
@@ -502,6 +525,12 @@ def _device():
                 if const_expr(self.promote):
                     acc_main = cute.make_rmem_tensor(
                         thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
+                # block scales: each accumulator register's (m, n) in the tile, and its k-tile's scale
+                tCcAcc = None
+                k_scale = None
+                if const_expr(self.block):
+                    tCcAcc = thr_mma.partition_C(cute.make_identity_tensor(self.tile_shape_mnk[:2]))
+                    k_scale = cute.make_rmem_tensor(thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
                 num_k_blocks = cute.size(tCrA, mode=[2])
 
                 # epilogue partitions: registers -> smem (stmatrix / st.shared), smem -> registers
@@ -604,11 +633,16 @@ def _device():
                         # and let the next k-tile's first wgmma overwrite the accumulator
                         acc_main.fill(0.0)
                         for k_tile in cutlass.range(1, k_tile_cnt, unroll=1):
+                            if const_expr(self.block):
+                                self._block_scales(mScaleM, mScaleN, tCcAcc, tc, k_tile - 1, k_scale)
                             ab_pipeline.consumer_wait(ab_read)
                             warpgroup.wait_group(0)
                             ab_pipeline.consumer_release(ab_release)
                             ab_release.advance()
-                            acc_main.store(acc_main.load() + acc.load())
+                            if const_expr(self.block):
+                                acc_main.store(acc_main.load() + acc.load() * k_scale.load())
+                            else:
+                                acc_main.store(acc_main.load() + acc.load())
                             tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
                             warpgroup.fence()
                             for kb in cutlass.range_constexpr(num_k_blocks):
@@ -632,10 +666,14 @@ def _device():
                         # the other warpgroup may start issuing its mainloop now
                         cute.arch.barrier_arrive(barrier_id=BAR_MMA0 + 1 - wg_idx,
                                                  number_of_threads=256)
+                    if const_expr(self.block):
+                        self._block_scales(mScaleM, mScaleN, tCcAcc, tc, k_tile_cnt - 1, k_scale)
                     warpgroup.wait_group(0)
                     ab_pipeline.consumer_release(ab_release)
                     ab_release.advance()
-                    if const_expr(self.promote):
+                    if const_expr(self.block):
+                        acc.store(acc.load() * k_scale.load() + acc_main.load())
+                    elif const_expr(self.promote):
                         acc.store(acc.load() + acc_main.load())    # the epilogue reads acc
 
                     # ---------------------------------------------------------- epilogue
@@ -779,7 +817,10 @@ def _device():
     def gemm_epi(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: Optional[cute.Tensor],
                  bias: Optional[cute.Tensor], scale_m: Optional[cute.Tensor], scale_n: Optional[cute.Tensor],
                  alpha: Float32, beta: Float32, stream: cuda.CUstream):
-        # an Epi class: every optional operand in the signature, None where the class has none
+        # an Epi class: every optional operand in the signature, None where the class has none; block
+        # scales cross as the caller's scale_b (K/128, N/128), relabelled (N/128, K/128) as B is
+        if const_expr(op.block):
+            scale_n = _mk(scale_n, [1, 0])
         op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d) if const_expr(c is not None) else None,
                   bias, scale_m, scale_n, alpha, beta, stream)
 
@@ -802,7 +843,8 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     (float8_e4m3fn | float8_e5m2; wgmma reads FP8 K-major only: A row-major, B column-major).
     epi: a fused epilogue class (Epi). Returns the TVM-FFI function f(a, b, d[, c], alpha[, beta],
     stream), or for an Epi class f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream) with
-    None for what the class lacks.
+    None for what the class lacks (Epi.block: scale_m (M, K/128) and scale_n (K/128, N/128), any
+    strides).
     """
     if _ITEMSIZE[ab] == 1 and (a_major, b_major) != (ROW, COL):
         raise ValueError(f"{NAME}: FP8 operands must be K-major (A row-major, B column-major), got {a_major}/{b_major}")
@@ -839,8 +881,14 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
         def vec(dtype: str, extent):
             return make_fake_tensor(dt(dtype), (extent,), (1,), assumed_align=_ITEMSIZE[dtype])
         bias = vec(epi.bias_dtype, n_b if epi.bias == "n" else m) if epi.bias else None
-        return cute.compile(gemm_epi, op, fa, fb, fd, fc, bias, vec("float32", m) if epi.scale_m else None,
-                            vec("float32", n) if epi.scale_n else None, 1.0, 0.0, stream, options=opts)
+        sm = vec("float32", m) if epi.scale_m else None
+        sn = vec("float32", n) if epi.scale_n else None
+        if epi.block:
+            kb = cute.sym_int()
+            sm = make_fake_tensor(dt("float32"), (m, kb), (cute.sym_int64(), cute.sym_int64()), assumed_align=4)
+            sn = make_fake_tensor(dt("float32"), (kb, cute.sym_int()), (cute.sym_int64(), cute.sym_int64()),
+                                  assumed_align=4)
+        return cute.compile(gemm_epi, op, fa, fb, fd, fc, bias, sm, sn, 1.0, 0.0, stream, options=opts)
     if c is None:
         return cute.compile(gemm_noc, op, fa, fb, fd, 1.0, stream, options=opts)
     return cute.compile(gemm_c, op, fa, fb, fd, fc, 1.0, 0.0, stream, options=opts)

@@ -4,12 +4,16 @@ the disk misbehaves: the per-entry file lock and the once-per-cause warnings.
 Beneath the root: cute/<fingerprint>/ (CuTe objects, runtime/cute_cache.py), gluon/ (prebuilt
 cubins, runtime/gluon_cache.py) and ffi/ (the native libraries, runtime/native_build.py).
 
+The compiled caches key on code_text of their kernels' sources: an edit of a docstring or a
+comment line keeps what was built.
+
 Faults never stop a call: a corrupt entry is rebuilt (corrupt()), a directory that cannot be
 created or written keeps what was built in memory for the process (unwritable()), each with one
 errors.CacheWarning per process per cause.
 """
 from __future__ import annotations
 
+import ast
 import os
 import time
 import warnings
@@ -113,3 +117,26 @@ class FileLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = -1
+
+
+def code_text(source: str) -> str:
+    """source without its docstrings (module, class, function), comment lines and blank lines, each
+    kept line right-stripped: what a compiled kernel depends on. ast's line numbers are the same on
+    every Python, so the device's Python hashes what the build machine's did; lines inside other
+    multi-line strings are kept whatever they hold."""
+    tree = ast.parse(source)
+    drop, keep = set(), set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                drop.update(range(first.lineno, first.end_lineno + 1))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.end_lineno > node.lineno:
+            lines = set(range(node.lineno, node.end_lineno + 1))
+            if not lines <= drop:
+                keep.update(lines)
+    out = [line.rstrip() for i, line in enumerate(source.splitlines(), 1)
+           if i in keep or (i not in drop and line.strip() and not line.lstrip().startswith("#"))]
+    return "\n".join(out)

@@ -12,8 +12,9 @@ Lookup order
 1. memory: a dict in this process.
 2. disk: `<root>/cute/<fingerprint>/<sha256(repr(key))>.{so,o}` where root is $XGEMM_CACHE_DIR or
    ~/.cache/xgemm, and the fingerprint hashes the cutlass-dsl and tvm-ffi versions, compile.SCHEMA,
-   problem.py and the source file that defines `build` (an edited kernel never loads a stale
-   object, and editing one kernel leaves the others' objects valid). The `.so` (the exported object
+   and the code (cache.code_text: no docstrings or comment lines) of problem.py and of the source
+   file that defines `build` (an edited kernel never loads a stale object, editing one kernel
+   leaves the others' objects valid, and a docs edit keeps them all). The `.so` (the exported object
    linked against the CuTe runtime) loads through tvm_ffi alone in ~ms, without importing cutlass;
    the `.o` (quack's format, `export_to_c`) is the portable fallback, loaded through
    `cutlass.cute.runtime.load_module`.
@@ -142,7 +143,7 @@ def fingerprint(source: Optional[str] = None) -> str:
         h.update(f"xgemm-compile-schema={SCHEMA}".encode())
         sources = [Path(problem.__file__)] + ([Path(source)] if source else [])
         for src in sources:
-            data = src.read_bytes()
+            data = cache.code_text(src.read_text()).encode()
             h.update(src.name.encode() + len(data).to_bytes(8, "little") + data)
         _fingerprints[tag] = h.hexdigest()[:24]
     return _fingerprints[tag]

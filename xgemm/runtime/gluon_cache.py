@@ -4,7 +4,7 @@ Layout:  <root>/<kernel>-<source hash>-triton<version>/<arch>/<entry>.cubin|.jso
   root     $XGEMM_CACHE_DIR/gluon, else ~/.cache/xgemm/gluon
   kernel   a registered Gluon kernel module (gluon_softmax, ...); its source hash covers SCHEMA
            and the module's code: the file without its docstrings, comment lines and blank lines
-           (code_text), so an edit of its code (a trailing comment too) starts a new dir: rebuild
+           (cache.code_text), so an edit of its code (a trailing comment too) starts a new dir: rebuild
            the cache after it; an edit of its docs keeps the cubins
   entry    the kernel's entry key with "/" -> "~", e.g. gluon_softmax~fp32-fp32~n4096-m8-w16-c1-v4-a4-o0
 
@@ -33,7 +33,6 @@ A kernel module plugs in with two functions (see kernels/gluon_softmax.py), and 
 """
 from __future__ import annotations
 
-import ast
 import glob
 import hashlib
 import importlib
@@ -92,32 +91,9 @@ def source_hash(kernel: str) -> str:
         if spec is None or spec.origin is None:
             raise KernelUnavailableError(f"Gluon kernel {kernel!r}: module {registry.module_name(kernel)} is not installed")
         h = hashlib.sha256(f"xgemm-gluon-schema-{SCHEMA}\n".encode())
-        h.update(code_text(Path(spec.origin).read_text()).encode())
+        h.update(cache.code_text(Path(spec.origin).read_text()).encode())
         _source_hashes[kernel] = h.hexdigest()[:16]
     return _source_hashes[kernel]
-
-
-def code_text(source: str) -> str:
-    """source without its docstrings (module, class, function), comment lines and blank lines, each
-    kept line right-stripped: what a compiled kernel depends on. ast's line numbers are the same on
-    every Python, so the device's Python hashes what the build machine's did; lines inside other
-    multi-line strings are kept whatever they hold."""
-    tree = ast.parse(source)
-    drop, keep = set(), set()
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
-            first = body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                drop.update(range(first.lineno, first.end_lineno + 1))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.end_lineno > node.lineno:
-            lines = set(range(node.lineno, node.end_lineno + 1))
-            if not lines <= drop:
-                keep.update(lines)
-    out = [line.rstrip() for i, line in enumerate(source.splitlines(), 1)
-           if i in keep or (i not in drop and line.strip() and not line.lstrip().startswith("#"))]
-    return "\n".join(out)
 
 
 def triton_version() -> Optional[Tuple[int, ...]]:

@@ -1,13 +1,13 @@
-"""The Gluon cache's source hash covers a kernel module's code, not its docs: a docstring, comment
-line or blank line edited keeps the cached cubins (session 18 lost an H200 measurement to a
-docstring edit that orphaned the carried cubins); a code edit, a trailing comment or a line of a
-multi-line string that is not a docstring starts a new cache dir."""
+"""The compiled caches key on a kernel module's code, not its docs (runtime/cache.code_text): a
+docstring, comment line or blank line edited keeps the Gluon cubins and the CuTe objects (session
+18 lost an H200 measurement to a docstring edit that orphaned the carried cubins); a code edit, a
+trailing comment or a line of a multi-line string that is not a docstring starts a new cache dir."""
 from __future__ import annotations
 
 import pytest
 
 from xgemm.core import registry
-from xgemm.runtime import gluon_cache
+from xgemm.runtime import cache, cute_cache, gluon_cache
 
 SOURCE = '''"""The module's docstring.
 
@@ -41,7 +41,7 @@ class Config:
 ])
 def test_doc_edits_keep_the_code_text(old, new):
     assert old in SOURCE
-    assert gluon_cache.code_text(SOURCE.replace(old, new)) == gluon_cache.code_text(SOURCE)
+    assert cache.code_text(SOURCE.replace(old, new)) == cache.code_text(SOURCE)
 
 
 @pytest.mark.parametrize("old,new", [
@@ -52,7 +52,7 @@ def test_doc_edits_keep_the_code_text(old, new):
 ])
 def test_code_edits_change_the_code_text(old, new):
     assert old in SOURCE
-    assert gluon_cache.code_text(SOURCE.replace(old, new)) != gluon_cache.code_text(SOURCE)
+    assert cache.code_text(SOURCE.replace(old, new)) != cache.code_text(SOURCE)
 
 
 def test_every_gluon_kernel_has_a_source_hash():
@@ -60,3 +60,14 @@ def test_every_gluon_kernel_has_a_source_hash():
     assert names, registry.names()
     hashes = {n: gluon_cache.source_hash(n) for n in names}
     assert all(len(h) == 16 for h in hashes.values()) and len(set(hashes.values())) == len(hashes)
+
+
+def test_cute_fingerprint_follows_the_code(tmp_path):
+    files = {name: tmp_path / name / "kernel.py" for name in ("plain", "docs", "code")}   # the name counts
+    for path in files.values():
+        path.parent.mkdir()
+    files["plain"].write_text(SOURCE)
+    files["docs"].write_text(SOURCE.replace("It runs on sm_90a.", "It runs on sm_90a, faster."))
+    files["code"].write_text(SOURCE.replace("return x + 1", "return x + 2"))
+    fp = {name: cute_cache.fingerprint(str(path)) for name, path in files.items()}
+    assert fp["plain"] == fp["docs"] != fp["code"]
