@@ -109,7 +109,7 @@ def test_errors_are_typed_under_jit():
 def test_cuda_lowering_calls_the_promoting_fp8_class():
     """jit(scaled_matmul) lowered for cuda: tensor- and row-wise scales call cute_gemm_sm90's FP8
     class (one TVM-FFI custom call, b asked column-major, the scales as M / N vectors, no XLA dot);
-    block-wise scales stay XLA's dot."""
+    block-wise scales its block-scaled class, the scales as they are."""
     pytest.importorskip("cutlass")
     from xgemm import jax as xj
     m, k, n = 256, 512, 384
@@ -122,7 +122,10 @@ def test_cuda_lowering_calls_the_promoting_fp8_class():
         (call,) = [ln for ln in text.splitlines() if "stablehlo.custom_call @xgemm_tvm_ffi_call" in ln]
         assert f"tensor<{m}x{k}xf8E4M3FN>, tensor<{k}x{n}xf8E4M3FN>, tensor<{m}xf32>, tensor<{n}xf32>" in call, call
         assert "dot_general" not in text
-    block = jax.jit(xj.scaled_matmul).trace(a, b, jax.ShapeDtypeStruct((m, k // 128), f32),
-                                            jax.ShapeDtypeStruct((k // 128, n // 128), f32)).lower(
+    kb, nb = k // 128, n // 128
+    block = jax.jit(xj.scaled_matmul).trace(a, b, jax.ShapeDtypeStruct((m, kb), f32),
+                                            jax.ShapeDtypeStruct((kb, nb), f32)).lower(
         lowering_platforms=("cuda",)).as_text()
-    assert "dot_general" in block and "xgemm_tvm_ffi_call" not in block
+    (call,) = [ln for ln in block.splitlines() if "stablehlo.custom_call @xgemm_tvm_ffi_call" in ln]
+    assert f"tensor<{m}x{k}xf8E4M3FN>, tensor<{k}x{n}xf8E4M3FN>, tensor<{m}x{kb}xf32>, tensor<{kb}x{nb}xf32>" in call, call
+    assert "dot_general" not in block

@@ -15,9 +15,10 @@ FP8 kernel's dgrad / wgrad would compute. Forward mode (jvp) is not defined, as 
 
 The forward is one primitive, xgemm_scaled_matmul (a, b, scales[, bias]). Its cuda lowering plans
 an FP8 GemmProblem for float32 accumulation (fp8_checks.float32_accumulation), as eager calls do,
-and calls cute_gemm_sm90's promoting FP8 class (tensor- and row-wise scales; b asked for
-column-major, the K-major layout FP8 wgmma reads, so XLA transposes it, as its own FP8 dot does);
-elsewhere, and for block-wise scales, the embedded default: dequantize and XLA's dot in float32.
+and calls cute_gemm_sm90's promoting FP8 class (tensor- and row-wise scales as M / N vectors,
+block-wise ones as they are; b asked for column-major, the K-major layout FP8 wgmma reads, so XLA
+transposes it, as its own FP8 dot does); elsewhere the embedded default: dequantize and XLA's dot
+in float32.
 The backward products are XLA's dot in float32; vmap of the forward runs the embedded default.
 """
 from __future__ import annotations
@@ -142,23 +143,27 @@ def _scaled_abstract(a, b, sa, sb, *bias, cfg):
 
 
 def _scaled_cuda(*args, cfg, portable):
-    """cute_gemm_sm90's promoting FP8 class on (a, b asked K-major, bias, the scales as M / N
-    vectors), or the embedded default."""
+    """cute_gemm_sm90's promoting FP8 class on (a, b asked K-major, bias, the scales: tensor- and
+    row-wise ones as M / N vectors, block-wise ones as they are), or the embedded default."""
     a, b, sa, sb, bias = _split(args)
     (m, k), n = a.shape, b.shape[1]
-    if cfg.a_block[1] != k or cfg.b_block[0] != k or 0 in (m, n, k):      # block-wise scales
+    if 0 in (m, n, k):
         return _reference(*_split(args), cfg)
-
-    def vector(x, size):
-        return jnp.broadcast_to(x.reshape(()) if x.size == 1 else x.reshape(-1), (size,)).astype(jnp.float32)
-    scale_op = lambda size: Operand((size,), (1,), "float32", ROW, 16)        # noqa: E731
+    # the recipe from the scales' shapes (blocks alone are ambiguous where K or N is one block)
+    if fp8_checks.matmul_recipe("scaled_matmul", a.shape, b.shape, sa.shape, sb.shape).name == "block":
+        scale_ops = tuple(Operand(x.shape, (x.shape[1], 1), "float32", ROW, 16) for x in (sa, sb))
+        scale_args = [sa.astype(jnp.float32), sb.astype(jnp.float32)]
+    else:
+        scale_ops = (Operand((m,), (1,), "float32", ROW, 16), Operand((n,), (1,), "float32", ROW, 16))
+        scale_args = [jnp.broadcast_to(x.reshape(()) if x.size == 1 else x.reshape(-1), (size,)).astype(jnp.float32)
+                      for x, size in ((sa, m), (sb, n))]
     problem = GemmProblem(
         m=m, n=n, k=k, batch=(), c=None, framework="jax", device=lowering.target_device(),
         a=layout.dense_operand((m, k), jnp.dtype(a.dtype).name, 1, ROW),
         b=layout.dense_operand((k, n), jnp.dtype(b.dtype).name, 1, COL),
         epilogue=Epilogue(out_dtype=cfg.out),
         bias=Operand((n,), (1,), jnp.dtype(bias.dtype).name, ROW, 16) if bias is not None else None,
-        scales=(scale_op(m), scale_op(n)))
+        scales=scale_ops)
     with fp8_checks.float32_accumulation():
         plan = policy.choose("gemm", problem)
     made = (plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
@@ -166,7 +171,7 @@ def _scaled_cuda(*args, cfg, portable):
     if not isinstance(made, TvmFfiCall):
         return _reference(*_split(args), cfg)
     lowering.ensure_registered()
-    operands = [a, b] + ([bias] if bias is not None else []) + [vector(sa, m), vector(sb, n)]
+    operands = [a, b] + ([bias] if bias is not None else []) + scale_args
     layouts = [None, lowering.col_layout(2)] + [None] * (len(operands) - 2)
     (y,) = jax_ffi.call_tvm_ffi(made, operands, [jax.ShapeDtypeStruct((m, n), jnp.dtype(cfg.out))],
                                 in_layouts=layouts)
