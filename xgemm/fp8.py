@@ -35,7 +35,7 @@ use_fast_accum=True (prepare_kernel: the scales as vectors in the epilogue). The
 tile's sum in the wgmma accumulator, which an FP8 wgmma adds into with ~14 bits (the DeepSeek-V3
 report; the H200 run of 2026-12-02 measured 2-5% of |ref| + 1 at K = 256-512), what
 torch._scaled_mm's use_fast_accum=True does too. The default call wants float32 accumulation: it
-is planned inside fp8_checks.float32_accumulation(), which gives it the classes that add each
+is planned as a problem that asks it (GemmProblem.float32_accumulation), which gets the classes that add each
 128-deep k-tile's sum into float32 registers (Epi.promote on cooperative 128x128 tiles; the plan
 carries fp8_checks.PROMOTE_NOTE), validated on the H200 on 2026-12-02 (0.85-0.98x
 torch._scaled_mm's default there). Within a k-tile the sum keeps the wgmma's ~14 bits for at most
@@ -58,7 +58,6 @@ which casts a gradient to its input's dtype.
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 from typing import Any, NamedTuple, Optional
 
@@ -126,14 +125,8 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         from xgemm.jax import fp8 as jax_fp8
         return jax_fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias, fn=fn)
-    with _accumulation(use_fast_accum):
-        prepared = prepare_kernel(c, fn, use_fast_accum)
+    prepared = prepare_kernel(c, fn, use_fast_accum)
     return prepare.run(prepared) if prepared is not None else run_default(arrays.namespace(c.owner), c)
-
-
-def _accumulation(use_fast_accum: bool):
-    """The planning context of a call: float32 accumulation unless use_fast_accum."""
-    return contextlib.nullcontext() if use_fast_accum else fp8_checks.float32_accumulation()
 
 
 def prepare_kernel(c: Checked, fn: str = "scaled_matmul", use_fast_accum: bool = True) -> Any:
@@ -141,7 +134,7 @@ def prepare_kernel(c: Checked, fn: str = "scaled_matmul", use_fast_accum: bool =
     vectors of M and N values, block-wise ones as they are; K-major torch operands on a GPU) with the
     accumulation the call allows, or None for the embedded default. Planned like any GEMM: a GemmProblem with FP8
     operands and its scales."""
-    planned = _plan_kernel(c, fn)
+    planned = _plan_kernel(c, fn, use_fast_accum)
     if planned is None or not _accumulates_as_asked(planned[0], use_fast_accum):
         return None
     plan, (va, vb, vbias) = planned
@@ -160,7 +153,7 @@ def _accumulates_as_asked(plan: Any, use_fast_accum: bool) -> bool:
     return use_fast_accum or fp8_checks.PROMOTE_NOTE in plan.policy.notes
 
 
-def _plan_kernel(c: Checked, fn: str) -> Any:
+def _plan_kernel(c: Checked, fn: str, use_fast_accum: bool) -> Any:
     """(plan, (a, b, bias views)) of a kernel that takes this product, or None; allocates nothing."""
     if c.owner != "torch":
         return None
@@ -182,7 +175,8 @@ def _plan_kernel(c: Checked, fn: str) -> Any:
                        for x, name, size in ((c.scale_a, "scale_a", m), (c.scale_b, "scale_b", n)))
     problem = GemmProblem(m=m, n=n, k=k, batch=(), a=arrays.operand(va), b=arrays.operand(vb), c=None,
                           epilogue=Epilogue(out_dtype=c.out_dtype), framework="torch", device=va.device,
-                          bias=arrays.operand(vbias) if vbias is not None else None, scales=scales)
+                          bias=arrays.operand(vbias) if vbias is not None else None, scales=scales,
+                          float32_accumulation=not use_fast_accum)
     plan = policy.choose("gemm", problem)
     if plan.kernel.name == "reference":
         return None
@@ -274,8 +268,7 @@ def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, use_fas
 
 def _kernel_words(c: Checked, fn: str, use_fast_accum: bool) -> Optional[str]:
     """The kernel a call with this accumulation runs, in words, or None for the embedded default."""
-    with _accumulation(use_fast_accum):
-        planned = _plan_kernel(c, fn)
+    planned = _plan_kernel(c, fn, use_fast_accum)
     if planned is None or not _accumulates_as_asked(planned[0], use_fast_accum):
         return None
     plan = planned[0]

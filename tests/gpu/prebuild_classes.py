@@ -113,7 +113,8 @@ def _launch_scaled_matmul(fuzz, torch, case, seed):
     sa, sb = (torch.tensor(fuzz._scales64(rng, recipe, r, c, side), dtype=torch.float32)
               for r, c, side in ((m, k, "a"), (k, n, "b")))
     v = None if case["bias"] is None else torch.zeros(n).to(getattr(torch, case["bias"]))
-    prepared = fp8.prepare_kernel(fp8.check_scaled_matmul(a8, b8, sa, sb, case["out"], v))
+    prepared = fp8.prepare_kernel(fp8.check_scaled_matmul(a8, b8, sa, sb, case["out"], v),
+                                  use_fast_accum=case.get("fast", False))
     if prepared is not None:
         prepare.run(prepared)
 

@@ -8,8 +8,6 @@ epilogues: one definition for every framework, so the eager and JAX paths cannot
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 from xgemm import errors
@@ -17,28 +15,12 @@ from xgemm import errors
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 OUT_DTYPES = ("bfloat16", "float16", "float32")
-# scaled_matmul's default call asks float32 accumulation: planned inside float32_accumulation(), an
-# FP8 product gets the classes that add each k-tile's sum into float32 registers (a use_fast_accum
-# call, planned outside it, the classes that keep the sums in the wgmma accumulator). The plan cache
-# keys on it (core/policy.py). A plan that promotes carries PROMOTE_NOTE: the kernel builds its class
-# from it, and a call that wants float32 accumulation checks it.
+# scaled_matmul's default call asks float32 accumulation (GemmProblem.float32_accumulation): an FP8
+# product gets the classes that add each k-tile's sum into float32 registers (a use_fast_accum call
+# the classes that keep the sums in the wgmma accumulator). A plan that promotes carries
+# PROMOTE_NOTE: the kernel builds its class from it, and a call that wants float32 accumulation
+# checks it.
 PROMOTE_NOTE = "k-tile sums promoted to float32"
-_FLOAT32_ACCUMULATION = contextvars.ContextVar("xgemm_fp8_float32_accumulation", default=False)
-
-
-@contextlib.contextmanager
-def float32_accumulation():
-    """Plan the FP8 products inside the block for float32 accumulation."""
-    token = _FLOAT32_ACCUMULATION.set(True)
-    try:
-        yield
-    finally:
-        _FLOAT32_ACCUMULATION.reset(token)
-
-
-def promoting_kernels() -> bool:
-    """Is an FP8 product planned now to be accumulated in float32 (float32_accumulation())?"""
-    return _FLOAT32_ACCUMULATION.get()
 BLOCK = 128
 QUANTIZE_RECIPES = ("tensor", "row", "col", "block_1x128", "block_128x128")
 GRAD_DTYPES = (None, "float8_e5m2")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from xgemm import errors
-from xgemm.core import fp8_checks, registry
+from xgemm.core import registry
 from xgemm.core.problem import Policy
 
 # op -> [(kernel name, target)], most preferred first; reference is always last. A target is a
@@ -168,9 +168,8 @@ def clear_plans() -> None:
 
 def choose(op: str, problem: Any) -> Plan:
     """The cached choice for this exact problem, or a fresh walk of the table."""
-    # register() and snapshot() clear _plans; an FP8 product's plan depends on the accumulation
-    # its call asks (fp8_checks.float32_accumulation)
-    key = (op, problem, forced_kernel(), fp8_checks.promoting_kernels())
+    # register() and snapshot() clear _plans
+    key = (op, problem, forced_kernel())
     hit = _plans.get(key)
     if hit is None:
         plan = _choose(op, problem)

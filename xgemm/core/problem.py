@@ -68,9 +68,13 @@ class GemmProblem:
     framework: str                  # owner framework of the result: numpy|torch|jax|cupy
     device: Device
     bias: Optional[Operand] = None  # a vector of N values added to every row (fused epilogues)
-    # FP8: float32 dequantization scales of D's rows and of its columns (xgemm/fp8.py), each a
-    # vector of M / N values or of one (tensor-wise); D = act(acc * scale_m * scale_n + bias)
+    # FP8: float32 dequantization scales (xgemm/fp8.py): of D's rows and of its columns, each a
+    # vector of M / N values (D = act(acc * scale_m * scale_n + bias)), or block-wise, A's
+    # (M, K/128) and B's (K/128, N/128), applied to each 128-deep k-tile's sum
     scales: Optional[Tuple[Operand, Operand]] = None
+    # FP8: the call asks float32 accumulation (scaled_matmul's default: each k-tile's sum added into
+    # float32), not the wgmma accumulator's ~14 bits (use_fast_accum=True)
+    float32_accumulation: bool = False
 
     @property
     def fused(self) -> bool:

@@ -14,7 +14,7 @@ quantize_fp8(dy, "row", "float8_e5m2")) and dequantized, then the same two produ
 FP8 kernel's dgrad / wgrad would compute. Forward mode (jvp) is not defined, as for xgemm.jax.gemm.
 
 The forward is one primitive, xgemm_scaled_matmul (a, b, scales[, bias]). Its cuda lowering plans
-an FP8 GemmProblem for float32 accumulation (fp8_checks.float32_accumulation), as eager calls do,
+an FP8 GemmProblem for float32 accumulation (GemmProblem.float32_accumulation), as eager calls do,
 and calls cute_gemm_sm90's promoting FP8 class (tensor- and row-wise scales as M / N vectors,
 block-wise ones as they are; b asked for column-major, the K-major layout FP8 wgmma reads, so XLA
 transposes it, as its own FP8 dot does); elsewhere the embedded default: dequantize and XLA's dot
@@ -163,9 +163,8 @@ def _scaled_cuda(*args, cfg, portable):
         b=layout.dense_operand((k, n), jnp.dtype(b.dtype).name, 1, COL),
         epilogue=Epilogue(out_dtype=cfg.out),
         bias=Operand((n,), (1,), jnp.dtype(bias.dtype).name, ROW, 16) if bias is not None else None,
-        scales=scale_ops)
-    with fp8_checks.float32_accumulation():
-        plan = policy.choose("gemm", problem)
+        scales=scale_ops, float32_accumulation=True)
+    plan = policy.choose("gemm", problem)
     made = (plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
             if fp8_checks.PROMOTE_NOTE in plan.policy.notes else None)
     if not isinstance(made, TvmFfiCall):

@@ -196,7 +196,7 @@ class _Sm90Kernel:
     def policy(self, problem) -> Policy:
         if problem.epilogue.activation in GATED:
             return choose_gated_policy(problem.m, problem.n, problem.k, problem.batch_count)
-        if problem.scales is not None and (fp8_checks.promoting_kernels() or _block_scales(problem)):
+        if problem.scales is not None and (problem.float32_accumulation or _block_scales(problem)):
             # block scales multiply each k-tile's sum as it is promoted, whatever accumulation is asked
             return choose_fp8_promoted_policy(problem.m, problem.n, problem.k, problem.batch_count)
         return choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
