@@ -5,7 +5,8 @@ FP8 dot, one process.
     python benchmarks/fp8.py --dry-run       # any machine: the cases and what an FP8 kernel would need
     python benchmarks/fp8.py [--trials 12]   # H200
     python benchmarks/fp8.py --only torch    # or jax
-    python benchmarks/fp8.py --only tune     # quantize_fp8's kernel at each prebuilt candidate (H200)
+    python benchmarks/fp8.py --only tune     # the promoting class's tile widths vs torch._scaled_mm,
+                                             # then quantize_fp8's kernel at each candidate (H200)
 
 Writes benchmarks/results/fp8-h200.{json,md} (or into --out DIR).
 
@@ -147,14 +148,68 @@ def run_jax(args, log) -> list:
     return records
 
 
+# the promoting FP8 class's candidate tile widths: 128 (the policy's) and 192 (96 accumulator
+# registers a thread, twice; fewer shared-memory bytes per FLOP)
+PROMOTE_TILES = (128, 192)
+
+
+def promote_candidates(m: int, n: int, k: int) -> list:
+    """(label, class spec, Epi) of the promoting FP8 class (tensor / row scales as vectors) at each
+    PROMOTE_TILES width, the policy's cluster, raster and swizzle otherwise; tests/gpu/prebuild_classes.py
+    compiles them ahead."""
+    import dataclasses
+
+    from xgemm.core.problem import COL, ROW
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    from xgemm.kernels.cute_gemm_sm90_policy import choose_fp8_promoted_policy
+    base = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1))
+    out = []
+    for tn in PROMOTE_TILES:
+        cfg = dataclasses.replace(base, tile_n=tn)
+        spec = (cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True, (False,) * 4,
+                k90.max_clusters(k90.H200_SMS, cfg), "sm_90a")
+        out.append((f"promoted 128x{tn}", spec, k90.Epi(scale_m=True, scale_n=True, promote=True)))
+    return out
+
+
 def run_tune(args, log) -> list:
-    """--only tune: triton_quantize_sm90 at each prebuilt candidate of its TUNE set (built on
-    request, docs/development.md), row recipe, bf16 -> e4m3, at the benchmark's two shapes, launched
-    through the kernel with that candidate's policy; q checked, GB/s of the bytes moved."""
+    """--only tune: the promoting FP8 class at each PROMOTE_TILES width against torch._scaled_mm's
+    default (row-wise scales, the class called directly); then triton_quantize_sm90 at each
+    prebuilt candidate of its TUNE set (built on request, docs/development.md), row recipe, bf16 ->
+    e4m3, at the benchmark's two shapes, launched through the kernel with that candidate's policy;
+    q checked, GB/s of the bytes moved."""
     if args.only != "tune":             # opt-in
         return []
     import torch
+    return _tune_promoted(torch, args, log) + _tune_quantize(torch, args, log)
 
+
+def _tune_promoted(torch, args, log) -> list:
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    records = []
+    for m, n, k in SHAPES:
+        _, ops = _operands(torch, m, n, k)
+        a8, b8, sa, sb = ops["row"]
+        ref = _reference(torch, a8, b8, sa, sb)
+        out, impls = {}, {}
+        stream = torch.cuda.current_stream().cuda_stream
+        for label, spec, epi in promote_candidates(m, n, k):
+            fn = k90.compiled(*spec, epi=epi)
+
+            def call(i, fn=fn, label=label):
+                d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                fn(a8, b8, d, None, None, sa.reshape(-1), sb.reshape(-1), 1.0, 0.0, stream)
+                out[label] = d
+            impls[label] = call
+        impls["torch._scaled_mm row"] = lambda i: out.__setitem__("torch._scaled_mm row", torch._scaled_mm(
+            a8, b8, sa, sb, out_dtype=torch.bfloat16))
+        records += h.time_checked(f"tune promoted {m}x{n}x{k}", (m, n, k), "float8_e4m3fn", 2 * m * n * k,
+                                  "TFLOP/s", impls, out, dict.fromkeys(impls, ref), args.reps, args.trials, log)[0]
+        torch.cuda.empty_cache()
+    return records
+
+
+def _tune_quantize(torch, args, log) -> list:
     from xgemm import arrays
     from xgemm.core.problem import Policy
     from xgemm.core.quantize import QuantizeProblem

@@ -52,9 +52,10 @@ for b in epilogue fp8 grouped; do
   if want $b; then stage $b 130 python3 benchmarks/$b.py --out "$R"; tail -32 "$LOGS/$b.log"; fi
 done
 if want fp8tune; then
-  # the quantize kernel at each prebuilt candidate (results/tune-fp8; the candidates are built on request)
-  stage fp8tune 90 python3 benchmarks/fp8.py --only tune --out "$R/tune-fp8"
-  tail -18 "$LOGS/fp8tune.log"
+  # the promoting FP8 class at each tile width, then the quantize kernel at each prebuilt candidate
+  # (results/tune-fp8; the quantize candidates are built on request)
+  stage fp8tune 150 python3 benchmarks/fp8.py --only tune --out "$R/tune-fp8"
+  tail -24 "$LOGS/fp8tune.log"
 fi
 if want groupedtune; then
   # the grouped kernel at each prebuilt tile candidate (results/tune; the candidates are built on request)

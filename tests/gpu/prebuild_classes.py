@@ -9,7 +9,8 @@ configs, majorness, C and batch variants, and with --fuzz the classes the first 
 benchmarks/fuzz.py reach (found by running them on CPU tensors dressed as an H200,
 tests/fake_cuda.py, whose recorder stands in for every launch): a fuzz run on the GPU then spends
 its time on cases, not on compiling classes on first use; with --model-shapes those of every product
-of benchmarks/model_shapes.py, whose jit part launches the same classes.) Then tar the cache's
+of benchmarks/model_shapes.py, whose jit part launches the same classes; always those that
+benchmarks/fp8.py --only tune times.) Then tar the cache's
 current fingerprint directories and carry the tarball (docs/development.md). Not a test module: pytest does not collect it.
 """
 from __future__ import annotations
@@ -67,6 +68,16 @@ def model_shape_items() -> list:
             xgemm.matmul(a, b, out=torch.empty(lead + (m, n), dtype=dt))
     keys = {call[1] for call in fake.calls if call[0] == "cute"}
     return [(f"xgemm.kernels.{key[0]}", key) for key in sorted(keys, key=repr)]
+
+
+def fp8_tune_items() -> list:
+    """(module, key) of the promoting FP8 class at each tile width benchmarks/fp8.py --only tune times."""
+    sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
+    import fp8 as fp8_bench
+
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    return [(k90.__name__, k90.class_key(*spec, epi)) for m, n, k in fp8_bench.SHAPES
+            for _, spec, epi in fp8_bench.promote_candidates(m, n, k)]
 
 
 def _launch_case(fuzz, xgemm, case, seed):
@@ -137,6 +148,7 @@ def main() -> int:
     items += test_cute_epilogue_gpu.epilogue_items() + test_cute_epilogue_gpu.api_items()
     if args.model_shapes:
         items += model_shape_items()
+    items += fp8_tune_items()
     for mod, case, pol in T.cases_for_prebuild():
         d = T.build_case(case, device="cpu")
         prob = d["problem"]

@@ -323,6 +323,26 @@ def test_ptx_sm90_fp8_promote(ptx):
 
 
 @needs_dsl
+def test_promoting_class_192_wide_keeps_its_accumulators_in_registers(tmp_path):
+    """The promoting FP8 class on cooperative 128x192 tiles (96 accumulator registers a thread,
+    twice: the width benchmarks/fp8.py --only tune times beside 128) assembles with no stack and no
+    local memory (cuobjdump, shipped with triton); 128x224 would hold more than the class allows."""
+    import subprocess
+    knobs = pytest.importorskip("triton.knobs")
+    tool = knobs.nvidia.cuobjdump.path
+    epi = K90.Epi(scale_m=True, scale_n=True, promote=True)
+    K90.build(K90.Config(128, 192, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True,
+              (False,) * 4, 66, "sm_90a", f"--keep-cubin --dump-dir={tmp_path}", epi=epi)
+    (cubin,) = tmp_path.glob("*.cubin")
+    usage = subprocess.run([tool, "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
+                           timeout=60).stdout
+    assert re.search(r"STACK:0 .*LOCAL:0", usage), usage
+    with pytest.raises(AssertionError, match="accumulator registers"):
+        K90.build(K90.Config(128, 224, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
+                  True, (False,) * 4, 66, epi=epi)
+
+
+@needs_dsl
 def test_ptx_sm90_fp8_block_scales(ptx):
     """A block-scaled class multiplies each k-tile's sum by its scales as it promotes it (an fma a
     register, in the loop and after it) and the epilogue applies none. A thread's 64 registers

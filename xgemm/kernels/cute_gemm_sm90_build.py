@@ -162,8 +162,9 @@ def _device():
             self.num_epi_threads = 128 if cfg.pingpong else 256
             self.mma_threads_per_tile = 128 if cfg.pingpong else 256
             acc_regs = cfg.tile_m * cfg.tile_n // (128 * math.prod(self.atom_layout_mnk))
-            # a promoting class holds a second accumulator as large as the first
-            assert not self.promote or acc_regs <= 64, f"{cfg}: {acc_regs} accumulator registers a thread, twice"
+            # a promoting class holds a second accumulator as large as the first: up to 96 registers
+            # a thread each (cooperative 128x192), 192 of the 232 a consumer thread gets
+            assert not self.promote or acc_regs <= 96, f"{cfg}: {acc_regs} accumulator registers a thread, twice"
             # a k-tile's B scale is one value: a tile spans no more than one 128-column block
             assert not self.block or 128 % cfg.tile_n == 0, f"{cfg}: tile_n {cfg.tile_n} crosses B's scale blocks"
             # setmaxnreg budgets: 2 x 128 x mma + 128 x load <= 64K registers
