@@ -175,9 +175,10 @@ def promote_candidates(m: int, n: int, k: int) -> list:
 def run_tune(args, log) -> list:
     """--only tune: the promoting FP8 class at each PROMOTE_TILES width against torch._scaled_mm's
     default (row-wise scales, the class called directly); then triton_quantize_sm90 at each
-    prebuilt candidate of its TUNE set (built on request, docs/development.md), row recipe, bf16 ->
-    e4m3, at the benchmark's two shapes, launched through the kernel with that candidate's policy;
-    q checked, GB/s of the bytes moved."""
+    prebuilt candidate of its TUNE and TUNE_RECIP sets (built on request, docs/development.md), row
+    recipe, bf16 -> e4m3, at the benchmark's two shapes, launched through the kernel with that
+    candidate's policy; q checked (the recip variants against the dividing reference: within its
+    tolerance, not bit-exact), GB/s of the bytes moved."""
     if args.only != "tune":             # opt-in
         return []
     import torch
@@ -228,8 +229,9 @@ def _tune_quantize(torch, args, log) -> list:
             cfg = tq.Config.from_key(key)
             if cfg.block_c != k or gluon_cache.available(key):
                 continue
-            label = f"c{cfg.block_c} m{cfg.block_m} w{cfg.warps} ({cfg.block_c // (32 * cfg.warps) * cfg.block_m} a thread)"
-            pol = Policy(tile=(cfg.block_m, cfg.block_c), warps=cfg.warps)
+            label = (f"c{cfg.block_c} m{cfg.block_m} w{cfg.warps} ({cfg.block_c // (32 * cfg.warps) * cfg.block_m} a thread)"
+                     + (" x * (1/scale)" if cfg.recip else ""))
+            pol = Policy(tile=(cfg.block_m, cfg.block_c), warps=cfg.warps, notes=(tq.RECIP_NOTE,) if cfg.recip else ())
 
             def call(i, pol=pol, label=label):
                 q = torch.empty(m, k, device="cuda", dtype=torch.float8_e4m3fn)

@@ -1,5 +1,5 @@
 """triton_quantize_sm90 on the CPU: the PTX of its cubins (16-byte loads of x, IEEE divisions, the
-round-to-nearest-even FP8 conversion), its entries and policy, what supports() declines, and the
+round-to-nearest-even FP8 conversion; the tune set's variant that multiplies by 1 / scale), its entries and policy, what supports() declines, and the
 routing of xgemm.quantize_fp8 (launch recorded, tests/fake_cuda.py). Triton's interpreter rounds
 FP8 wrongly (126.85 -> 64 in e4m3), so the values are checked on the H200 only
 (tests/gpu/test_triton_quantize_gpu.py)."""
@@ -36,6 +36,24 @@ def test_ptx_one_pass(built, cfg):
     assert re.search(rf"cvt\.rn\.satfinite\.{fp8}x2\.f32", ptx)                   # RNE conversion
     assert "div.rn.f32" in ptx and "div.approx" not in ptx and "div.full" not in ptx   # IEEE divisions
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_ptx_recip_variant_divides_once_a_scale(gluon_cache_dir):
+    """The tune set's recip variant (q = x * (1 / scale)) divides once a scale and multiplies each
+    value, where the contract's kernel divides each value; its key round-trips and run() takes it
+    from a policy's note only (policy() never sets it)."""
+    plain = tq.Config("bfloat16", "float8_e4m3fn", 8192, 1, 8192, 8)
+    recip = plain._replace(recip=1)
+    assert recip.key in tq.tune_entries() and recip.key not in tq.gluon_entries()
+    assert tq.Config.from_key(recip.key) == recip and tq.Config.from_key(plain.key).recip == 0
+    counts = {}
+    for cfg in (plain, recip):
+        ptx = gluon_cache.compile_kernel(cfg.key)[0].asm["ptx"]
+        counts[cfg.recip] = (len(re.findall(r"div\.rn\.f32", ptx)), len(re.findall(r"\bmul\.(rn\.)?f32", ptx)))
+    # 32 values a thread: a division each (and amax / fp8_max), or amax / fp8_max, 1 / scale and a
+    # multiply each
+    assert counts[0][0] == 32 + 1 and counts[1][0] == 2 and counts[1][1] >= 32, counts
+    assert tq.RECIP_NOTE not in tq.KERNEL.policy(_problem(8, 8192)).notes
 
 
 def test_config_keys_entries_and_policy(built):

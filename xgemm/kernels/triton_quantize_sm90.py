@@ -39,20 +39,21 @@ _OUT_SHORT = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 _OUT_LONG = {v: k for k, v in _OUT_SHORT.items()}
 
 
-class Config(namedtuple("Config", "in_dtype out_dtype block_c block_m seg warps")):
+class Config(namedtuple("Config", "in_dtype out_dtype block_c block_m seg warps recip", defaults=(0,))):
     """One compiled variant: BLOCK_M rows of BLOCK_C columns a program, a scale per `seg` columns
-    (seg == block_c: the row recipe)."""
+    (seg == block_c: the row recipe). recip 1: q = x * (1 / scale), one IEEE division a scale
+    instead of one a value (not the contract's rounding, which divides: a tune candidate only)."""
     __slots__ = ()
 
     @property
     def key(self) -> str:
         return (f"{NAME}/{SHORT_DTYPE[self.in_dtype]}-{_OUT_SHORT[self.out_dtype]}/"
-                f"c{self.block_c}-m{self.block_m}-s{self.seg}-w{self.warps}")
+                f"c{self.block_c}-m{self.block_m}-s{self.seg}-w{self.warps}" + ("-r1" if self.recip else ""))
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
         (i, o), f = parse_key(key, NAME)
-        return cls(LONG_DTYPE[i], _OUT_LONG[o], f["c"], f["m"], f["s"], f["w"])
+        return cls(LONG_DTYPE[i], _OUT_LONG[o], f["c"], f["m"], f["s"], f["w"], f.get("r", 0))
 
     def check(self) -> None:
         pow2 = lambda v: v > 0 and v & (v - 1) == 0        # noqa: E731
@@ -77,13 +78,19 @@ def choose(cols: int, in_dtype: str, out_dtype: str, recipe: str) -> Config:
 
 
 # (BLOCK_C, BLOCK_M, warps) around choose()'s pick, bf16 -> e4m3 rows of 4096 and 8192: 8 to 128
-# values a thread, 1 to 4 rows a program; built on request for benchmarks/fp8.py --only tune
+# values a thread, 1 to 4 rows a program; built on request for benchmarks/fp8.py --only tune. The
+# sweep of 2026-12-02 had the picks best at 0.80-0.83x copy, with ~20 instructions a value (an IEEE
+# division among them) near the SMs' issue rate: the picks again with a multiply by 1 / scale test it
 TUNE = ((4096, 1, 4), (4096, 1, 8), (4096, 1, 16), (4096, 2, 4), (4096, 2, 8), (4096, 4, 16),
         (8192, 1, 4), (8192, 1, 8), (8192, 1, 16), (8192, 2, 8), (8192, 2, 16), (8192, 4, 16))
+TUNE_RECIP = ((4096, 1, 4), (4096, 1, 8), (8192, 1, 8), (8192, 1, 16))
+# a tune policy's note that runs the recip variant (run() reads it; policy() never sets it)
+RECIP_NOTE = "q = x * (1 / scale)"
 
 
 def tune_entries() -> List[str]:
-    return [Config("bfloat16", "float8_e4m3fn", c, m, c, w).key for c, m, w in TUNE]
+    return ([Config("bfloat16", "float8_e4m3fn", c, m, c, w).key for c, m, w in TUNE]
+            + [Config("bfloat16", "float8_e4m3fn", c, m, c, w, 1).key for c, m, w in TUNE_RECIP])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,7 +103,8 @@ def _define():
 
     @triton.jit
     def xgemm_quantize_fp8(x_ptr, q_ptr, s_ptr, R, C, ldx, n_seg,
-                           FMAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, SEG: tl.constexpr):
+                           FMAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, SEG: tl.constexpr,
+                           RECIP: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_C)
         rows64 = rows.to(tl.int64)
@@ -107,8 +115,13 @@ def _define():
         amax = tl.max(tl.reshape(mag, (BLOCK_M, BLOCK_C // SEG, SEG)), axis=2)
         scale = tl.math.div_rn(amax, tl.full(amax.shape, FMAX, tl.float32))
         scale = tl.where(scale > 0, scale, 1.0)
-        full = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_M, BLOCK_C // SEG, SEG)), (BLOCK_M, BLOCK_C))
-        y = tl.clamp(tl.math.div_rn(x, full), -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
+        if RECIP:
+            inv = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
+            full = tl.reshape(tl.broadcast_to(inv[:, :, None], (BLOCK_M, BLOCK_C // SEG, SEG)), (BLOCK_M, BLOCK_C))
+            y = tl.clamp(x * full, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
+        else:
+            full = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_M, BLOCK_C // SEG, SEG)), (BLOCK_M, BLOCK_C))
+            y = tl.clamp(tl.math.div_rn(x, full), -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
         tl.store(q_ptr + rows64[:, None] * C + cols[None, :],
                  y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
         segs = tl.arange(0, BLOCK_C // SEG)
@@ -125,7 +138,8 @@ def gluon_compile_args(key: str, arch: str):
     cfg.check()
     sig = {"x_ptr": f"*{SHORT_DTYPE[cfg.in_dtype]}", "q_ptr": "*fp8e4nv" if cfg.out_dtype == "float8_e4m3fn"
            else "*fp8e5", "s_ptr": "*fp32", "R": "i32", "C": "i32", "ldx": "i64", "n_seg": "i32"}
-    constexprs = {"FMAX": fp8_checks.FP8_MAX[cfg.out_dtype], "BLOCK_M": cfg.block_m, "BLOCK_C": cfg.block_c, "SEG": cfg.seg}
+    constexprs = {"FMAX": fp8_checks.FP8_MAX[cfg.out_dtype], "BLOCK_M": cfg.block_m, "BLOCK_C": cfg.block_c,
+                  "SEG": cfg.seg, "RECIP": cfg.recip}
     sig.update({k: "constexpr" for k in constexprs})
     # 16-byte bases, cols and row stride multiples of 16 bytes of x: 16-byte loads (and the
     # masks constant over each vector). C is promised a multiple of vec only, what supports()
@@ -189,7 +203,8 @@ class TritonQuantizeSm90:
     def run(self, problem, policy, operands, out, stream) -> None:
         """operands (x, scale): scale is the float32 [R, segments] array it writes beside q (out)."""
         x, scale = operands
-        cfg = self._config(problem)._replace(block_m=policy.tile[0], block_c=policy.tile[1], warps=policy.warps)
+        cfg = self._config(problem)._replace(block_m=policy.tile[0], block_c=policy.tile[1], warps=policy.warps,
+                                             recip=int(RECIP_NOTE in policy.notes))
         entry = gluon_cache.lookup(cfg.key)
         launcher = launch.get_launcher(entry.cubin, entry.meta, x.device.index)
         rows, cols = problem.x.shape
