@@ -1,5 +1,6 @@
-"""xgemm.jax on a CUDA GPU: the native FFI launches the Gluon softmax cubins inside jax.jit, grads match
-jnp, and XLA can capture the custom call in a CUDA graph (command buffer). Skipped without CUDA.
+"""xgemm.jax on a CUDA GPU: the native FFI launches the Gluon softmax cubins inside jax.jit, the CuTe
+GEMM and FP8 classes run through TVM-FFI, grads match jnp, and XLA can capture the custom call in a
+CUDA graph (command buffer). Skipped without CUDA.
 
 Needs the Gluon cubins for the shapes below in the xgemm cache (XGEMM_CACHE_DIR), built on any
 machine with triton >= 3.8 (`python -m xgemm build-cache`).
@@ -84,6 +85,34 @@ def test_unaligned_half_gemm_runs_on_padded_arrays(shape):
                                   np.asarray(jnp.asarray(ref, jnp.bfloat16)).astype(np.float64))
     plan = xj.explain_gemm(*args, alpha=2.0, beta=-1.0 if sc else 0.0)
     assert plan.kernel_name == "cute_gemm_sm90" and any("zero-padded" in c for c in plan.copies), str(plan)
+
+
+@pytest.mark.parametrize("recipe", ["row", "block"])
+def test_scaled_matmul_runs_the_fp8_class_inside_jit(recipe):
+    """jit(xj.scaled_matmul) on the GPU: one TVM-FFI custom call to cute_gemm_sm90's promoting FP8
+    class (row-wise scales as vectors, block-wise ones as they are), within the promoted bound (4
+    wgmma steps of 2**-13 a k-tile, plus bf16's rounding) of the float64 product of the dequantized
+    operands. The shape is test_cute_epilogue_gpu's BLOCK_API: ragged M, N and K."""
+    dev = _gpu()
+    m, n, k = 1000, 1040, 592
+    kb, nb = -(-k // 128), -(-n // 128)
+    rng = np.random.default_rng(3)
+    a8 = jnp.asarray(rng.standard_normal((m, k)) * 2, jnp.float8_e4m3fn)
+    b8 = jnp.asarray(rng.standard_normal((k, n)) * 2, jnp.float8_e4m3fn)
+    shapes = {"row": ((m, 1), (1, n)), "block": ((m, kb), (kb, nb))}[recipe]
+    sa, sb = (jnp.asarray(rng.uniform(0.5, 1.5, s), jnp.float32) for s in shapes)
+    args = [jax.device_put(x, dev) for x in (a8, b8, sa, sb)]
+    f = jax.jit(xj.scaled_matmul)
+    assert "xgemm_tvm_ffi_call" in f.lower(*args).compile().as_text()
+    y = np.asarray(f(*args).astype(jnp.float32), np.float64)
+    a64, b64, sa64, sb64 = (np.asarray(x.astype(jnp.float32), np.float64) for x in (a8, b8, sa, sb))
+    if recipe == "block":
+        sa64 = np.repeat(sa64, 128, 1)[:, :k]
+        sb64 = np.repeat(np.repeat(sb64, 128, 0), 128, 1)[:k, :n]
+    ad, bd = a64 * sa64, b64 * sb64
+    ref, mag = ad @ bd, np.abs(ad) @ np.abs(bd)
+    bound = 2.0 ** -8 * (np.abs(ref) + 1.0) + 4 * 2.0 ** -13 * mag
+    assert np.isfinite(y).all() and (np.abs(y - ref) / bound).max() <= 1.0, (np.abs(y - ref) / bound).max()
 
 
 def test_grads_match_jnp_on_gpu():
