@@ -87,7 +87,8 @@ def torch_cases(torch):
     # backward included): the backward is their difference, trial by trial (run_torch)
     bwd = dict([keep(f"{name} {BOTH}", step(layer)) for name, layer in layers.items()]
                + [keep(f"{name} {FWD}", lambda layer=layer: layer(ag, wg)) for name, layer in layers.items()])
-    refs_bwd = {name: ref_swiglu if name.endswith(FWD) else _grad_ref(torch, a, w, dy) for name in bwd}
+    ref_dx = _grad_ref(torch, a, w, dy)
+    refs_bwd = {name: ref_swiglu if name.endswith(FWD) else ref_dx for name in bwd}
     flops_bwd = {name: (4 if name.endswith(FWD) else 12) * M * N * K for name in bwd}
     return [("bias_gelu_tanh", (M, N, K), 2 * M * N * K, bias_gelu, refs_gelu),
             ("swiglu", (M, 2 * N, K), 4 * M * N * K, swiglu, dict.fromkeys(swiglu, ref_swiglu)),
