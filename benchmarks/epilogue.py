@@ -101,20 +101,14 @@ BOTH, FWD = "fwd+bwd", "fwd (autograd)"
 def _backward_records(case, shape, by_name, log) -> list:
     """xgemm's SwiGLU forward + backward and its backward alone against torch's unfused layer: per
     trial, the backward's time is the forward + backward's minus the forward's (both ran in that
-    trial), and the ratio is torch's over ours (> 1: ours is faster)."""
-    recs = []
-    if not all(f"{n} {part}" in by_name for n in ("xgemm gated", "torch unfused") for part in (BOTH, FWD)):
-        return recs
-    for what, ours, peer in ((BOTH, by_name[f"xgemm gated {BOTH}"], by_name[f"torch unfused {BOTH}"]),
-                             ("bwd alone", [b - f for b, f in zip(by_name[f"xgemm gated {BOTH}"],
-                                                                  by_name[f"xgemm gated {FWD}"])],
-                              [b - f for b, f in zip(by_name[f"torch unfused {BOTH}"], by_name[f"torch unfused {FWD}"])])):
-        lo, mid, hi = h.paired_ratio(ours, peer)
-        impl = f"xgemm gated {what} vs torch unfused {what}"
-        recs.append(dict(case=case, shape=list(shape), dtype="bfloat16", impl=impl, metric="ratio",
-                         value=round(mid, 3), ci=[round(lo, 3), round(hi, 3)], verified=True))
-        log(f"{case:18s} {impl}: {mid:.3f}x per trial (95% CI {lo:.3f}-{hi:.3f})")
-    return recs
+    trial); _harness.paired_records' ratios (> 1: ours is faster)."""
+    layers = ("xgemm gated", "torch unfused")
+    if not all(f"{n} {part}" in by_name for n in layers for part in (BOTH, FWD)):
+        return []
+    both = {f"{n} {BOTH}": by_name[f"{n} {BOTH}"] for n in layers}
+    alone = {f"{n} bwd alone": [b - f for b, f in zip(by_name[f"{n} {BOTH}"], by_name[f"{n} {FWD}"])] for n in layers}
+    return [rec for times in (both, alone)
+            for rec in h.paired_records(case, shape, "bfloat16", next(iter(times)), times, log)]
 
 
 def _grad_ref(torch, a, w, dy):

@@ -139,9 +139,8 @@ def prepare_kernel(c: Checked, fn: str = "scaled_matmul", use_fast_accum: bool =
         return None
     plan, (va, vb, vbias) = planned
     # a tensor-wise scale repeated into the vector the problem describes (M + N floats)
-    scales = [arrays.view(x if c.recipe.name == "block" else x.reshape(-1) if x.numel() == size
-                          else x.reshape(-1).expand(size).contiguous(), name, fn)
-              for x, name, size in ((c.scale_a, "scale_a", plan.problem.m), (c.scale_b, "scale_b", plan.problem.n))]
+    scales = [arrays.view(x if x is not None else getattr(c, name).reshape(-1).expand(size).contiguous(), name, fn)
+              for name, x, size in _kernel_scales(c, plan.problem.m, plan.problem.n)]
     result = sys.modules["torch"].empty((plan.problem.m, plan.problem.n), device=c.a.device,
                                         dtype=arrays.framework_dtype("torch", c.out_dtype))
     return prepare.Prepared(plan, (va, vb, None, vbias, *scales), arrays.view(result, "out", fn), lambda r: result)
@@ -151,6 +150,14 @@ def _accumulates_as_asked(plan: Any, use_fast_accum: bool) -> bool:
     """A plan's class keeps its sums in the wgmma accumulator unless the plan promotes them: only a
     use_fast_accum call takes that."""
     return use_fast_accum or fp8_checks.PROMOTE_NOTE in plan.policy.notes
+
+
+def _kernel_scales(c: Checked, m: int, n: int) -> list:
+    """[(name, scale, size)] as the kernel reads them: a row-wise scale as the vector of a's rows or
+    b's columns, block-wise ones as they are ((M, K/128), (K/128, N/128)), or None where a
+    tensor-wise scale is repeated into a fresh vector of size (prepare_kernel makes it)."""
+    return [(name, x if c.recipe.name == "block" else x.reshape(-1) if x.numel() == size else None, size)
+            for x, name, size in ((c.scale_a, "scale_a", m), (c.scale_b, "scale_b", n))]
 
 
 def _plan_kernel(c: Checked, fn: str, use_fast_accum: bool) -> Any:
@@ -163,16 +170,9 @@ def _plan_kernel(c: Checked, fn: str, use_fast_accum: bool) -> Any:
     (m, k), n = c.a.shape, c.b.shape[1]
     vb = arrays.view(c.b, "b", fn)
     vbias = arrays.view(c.bias, "bias", fn) if c.bias is not None else None
-    # the kernel reads a scale per row of a and per column of b: a row-wise scale as it is, a
-    # tensor-wise one as the fresh compact vector prepare_kernel repeats it into; block-wise scales
-    # as they are, (M, K/128) and (K/128, N/128)
-    if c.recipe.name == "block":
-        scales = tuple(arrays.operand(arrays.view(x, name, fn)) for x, name in ((c.scale_a, "scale_a"),
-                                                                                 (c.scale_b, "scale_b")))
-    else:
-        scales = tuple(arrays.operand(arrays.view(x.reshape(-1), name, fn)) if x.numel() == size
-                       else Operand((size,), (1,), "float32", ROW, 16)
-                       for x, name, size in ((c.scale_a, "scale_a", m), (c.scale_b, "scale_b", n)))
+    # a tensor-wise scale as the fresh compact vector prepare_kernel repeats it into
+    scales = tuple(arrays.operand(arrays.view(x, name, fn)) if x is not None
+                   else Operand((size,), (1,), "float32", ROW, 16) for name, x, size in _kernel_scales(c, m, n))
     problem = GemmProblem(m=m, n=n, k=k, batch=(), a=arrays.operand(va), b=arrays.operand(vb), c=None,
                           epilogue=Epilogue(out_dtype=c.out_dtype), framework="torch", device=va.device,
                           bias=arrays.operand(vbias) if vbias is not None else None, scales=scales,
@@ -272,10 +272,10 @@ def _kernel_words(c: Checked, fn: str, use_fast_accum: bool) -> Optional[str]:
     if planned is None or not _accumulates_as_asked(planned[0], use_fast_accum):
         return None
     plan = planned[0]
-    promoted = fp8_checks.PROMOTE_NOTE in plan.policy.notes
     if c.recipe.name == "block":
         return (f"{plan.kernel.name} ({plan.policy.summary()}), each k-tile's sum multiplied by its block "
                 f"scales and added in float32")
+    promoted = fp8_checks.PROMOTE_NOTE in plan.policy.notes
     return (f"{plan.kernel.name} ({plan.policy.summary()}), the scales applied in its epilogue, "
             + ("its k-tile sums added in float32" if promoted else "its sums kept in the wgmma accumulator"))
 

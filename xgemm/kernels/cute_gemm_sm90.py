@@ -119,11 +119,11 @@ class _Sm90Kernel:
                 # read element by element, any strides
                 if scale.dtype != "float32" or scale.shape != shape:
                     return f"{name} (shape {scale.shape}, {scale.dtype}) is not a float32 {shape} of block scales"
-        for name, vec, extent in zip(("scale_a", "scale_b"), () if _block_scales(problem) else problem.scales or (),
-                                     (problem.m, problem.n)):
-            # the class checks a scale per row of A / column of B (a tensor-wise one: repeated by the caller)
-            if vec.dtype != "float32" or vec.shape != (extent,) or (extent > 1 and vec.strides != (1,)):
-                return f"{name} (shape {vec.shape}, {vec.dtype}) is not a contiguous float32 vector of {extent}"
+        else:
+            for name, vec, extent in zip(("scale_a", "scale_b"), problem.scales or (), (problem.m, problem.n)):
+                # a scale per row of A / column of B (a tensor-wise one: repeated by the caller)
+                if vec.dtype != "float32" or vec.shape != (extent,) or (extent > 1 and vec.strides != (1,)):
+                    return f"{name} (shape {vec.shape}, {vec.dtype}) is not a contiguous float32 vector of {extent}"
         gated = problem.epilogue.activation in GATED
         width = 2 * problem.n if gated else problem.n          # a gated bias covers [gate | up]
         bias = problem.bias

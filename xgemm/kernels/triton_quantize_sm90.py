@@ -115,13 +115,10 @@ def _define():
         amax = tl.max(tl.reshape(mag, (BLOCK_M, BLOCK_C // SEG, SEG)), axis=2)
         scale = tl.math.div_rn(amax, tl.full(amax.shape, FMAX, tl.float32))
         scale = tl.where(scale > 0, scale, 1.0)
-        if RECIP:
-            inv = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
-            full = tl.reshape(tl.broadcast_to(inv[:, :, None], (BLOCK_M, BLOCK_C // SEG, SEG)), (BLOCK_M, BLOCK_C))
-            y = tl.clamp(x * full, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
-        else:
-            full = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_M, BLOCK_C // SEG, SEG)), (BLOCK_M, BLOCK_C))
-            y = tl.clamp(tl.math.div_rn(x, full), -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
+        # the tune-only RECIP variant multiplies each value by 1 / scale (Config)
+        per = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale) if RECIP else scale
+        full = tl.reshape(tl.broadcast_to(per[:, :, None], (BLOCK_M, BLOCK_C // SEG, SEG)), (BLOCK_M, BLOCK_C))
+        y = tl.clamp(x * full if RECIP else tl.math.div_rn(x, full), -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
         tl.store(q_ptr + rows64[:, None] * C + cols[None, :],
                  y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
         segs = tl.arange(0, BLOCK_C // SEG)
