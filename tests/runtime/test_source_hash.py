@@ -71,3 +71,26 @@ def test_cute_fingerprint_follows_the_code(tmp_path):
     files["code"].write_text(SOURCE.replace("return x + 1", "return x + 2"))
     fp = {name: cute_cache.fingerprint(str(path)) for name, path in files.items()}
     assert fp["plain"] == fp["docs"] != fp["code"]
+
+
+def test_code_text_is_remembered_by_the_file_bytes(tmp_path, monkeypatch):
+    """code_text_of parses a source once per content (a kernel module takes 5-35 ms, more than a
+    first call): a second call reads the memo, an edited file is parsed again, a truncated memo is
+    recomputed, and an unwritable cache root still answers."""
+    import ast
+    src = tmp_path / "kernel.py"
+    src.write_text(SOURCE)
+    monkeypatch.setenv("XGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    parses = []
+    real = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda *a, **k: parses.append(1) or real(*a, **k))
+    assert cache.code_text_of(src) == cache.code_text(SOURCE) and len(parses) == 2     # its parse, code_text's
+    assert cache.code_text_of(src) == cache.code_text(SOURCE) and len(parses) == 3     # the memo: code_text's only
+    (memo,) = (tmp_path / "cache" / "code").iterdir()
+    memo.write_text(memo.read_text()[:-5])
+    assert cache.code_text_of(src) == cache.code_text(SOURCE)
+    src.write_text(SOURCE.replace("return x + 1", "return x + 2"))
+    assert cache.code_text_of(src) != cache.code_text(SOURCE)
+    (tmp_path / "blocked").write_text("a file where the cache directory should be")
+    monkeypatch.setenv("XGEMM_CACHE_DIR", str(tmp_path / "blocked"))
+    assert cache.code_text_of(src) == cache.code_text(src.read_text())

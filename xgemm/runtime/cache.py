@@ -2,10 +2,12 @@
 the disk misbehaves: the per-entry file lock and the once-per-cause warnings.
 
 Beneath the root: cute/<fingerprint>/ (CuTe objects, runtime/cute_cache.py), gluon/ (prebuilt
-cubins, runtime/gluon_cache.py) and ffi/ (the native libraries, runtime/native_build.py).
+cubins, runtime/gluon_cache.py), ffi/ (the native libraries, runtime/native_build.py) and code/
+(the kernel sources' code text, code_text_of).
 
 The compiled caches key on code_text of their kernels' sources: an edit of a docstring or a
-comment line keeps what was built.
+comment line keeps what was built. Parsing a kernel module takes 5-35 ms, more than a first call, so
+code_text_of remembers each source's code text under code/<sha256 of the file>.
 
 Faults never stop a call: a corrupt entry is rebuilt (corrupt()), a directory that cannot be
 created or written keeps what was built in memory for the process (unwritable()), each with one
@@ -14,6 +16,7 @@ errors.CacheWarning per process per cause.
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import time
 import warnings
@@ -140,3 +143,26 @@ def code_text(source: str) -> str:
     out = [line.rstrip() for i, line in enumerate(source.splitlines(), 1)
            if i in keep or (i not in drop and line.strip() and not line.lstrip().startswith("#"))]
     return "\n".join(out)
+
+
+def code_text_of(path: Path) -> str:
+    """code_text of the file at path, remembered under <root>/code/<sha256 of its bytes> (with the
+    sha256 of the text first, so a truncated memo is recomputed); an unwritable cache computes it
+    each time."""
+    raw = path.read_bytes()
+    memo = root() / "code" / hashlib.sha256(raw).hexdigest()
+    try:
+        digest, _, text = memo.read_text().partition("\n")
+        if hashlib.sha256(text.encode()).hexdigest() == digest:
+            return text
+    except (OSError, UnicodeDecodeError):
+        pass
+    text = code_text(raw.decode())
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+        tmp.write_text(hashlib.sha256(text.encode()).hexdigest() + "\n" + text)
+        os.replace(tmp, memo)
+    except OSError:
+        pass
+    return text

@@ -143,7 +143,7 @@ def fingerprint(source: Optional[str] = None) -> str:
         h.update(f"xgemm-compile-schema={SCHEMA}".encode())
         sources = [Path(problem.__file__)] + ([Path(source)] if source else [])
         for src in sources:
-            data = cache.code_text(src.read_text()).encode()
+            data = cache.code_text_of(src).encode()
             h.update(src.name.encode() + len(data).to_bytes(8, "little") + data)
         _fingerprints[tag] = h.hexdigest()[:24]
     return _fingerprints[tag]

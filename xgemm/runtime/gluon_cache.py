@@ -91,7 +91,7 @@ def source_hash(kernel: str) -> str:
         if spec is None or spec.origin is None:
             raise KernelUnavailableError(f"Gluon kernel {kernel!r}: module {registry.module_name(kernel)} is not installed")
         h = hashlib.sha256(f"xgemm-gluon-schema-{SCHEMA}\n".encode())
-        h.update(cache.code_text(Path(spec.origin).read_text()).encode())
+        h.update(cache.code_text_of(Path(spec.origin)).encode())
         _source_hashes[kernel] = h.hexdigest()[:16]
     return _source_hashes[kernel]
 
