@@ -25,12 +25,14 @@ any CPU). xgemm comes from the environment (installed, or PYTHONPATH=$PWD for a 
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import random
 import statistics
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,11 +70,13 @@ def capture(fn, reps: int, warm: int = 3, graph_stream: bool = True, on_fail=Non
     torch.cuda.synchronize()
     try:
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, **({"stream": stream} if graph_stream else {})):
+        with _nonempty(), torch.cuda.graph(g, **({"stream": stream} if graph_stream else {})):
             for i in range(reps):
                 fn(i)
         torch.cuda.synchronize()
         return g.replay, "graph"
+    except EmptyGraph:
+        raise
     except Exception as exc:   # noqa: BLE001 - fall back to events, and say so
         if not fallback:
             raise
@@ -93,10 +97,28 @@ def graph_of(fn, calls=20):
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with _nonempty(), torch.cuda.graph(g):
         for _ in range(calls):
             fn()
     return g
+
+
+class EmptyGraph(RuntimeError):
+    """A capture recorded no work: the calls ran on a stream other than the capturing one, so
+    timing its replays would time nothing."""
+
+
+@contextlib.contextmanager
+def _nonempty():
+    """Raise EmptyGraph where torch warns that the graph captured in the block is empty."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        if "Graph is empty" in str(w.message):
+            raise EmptyGraph("the CUDA graph captured no work: the calls launch on another stream "
+                             "than torch's current one")
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def event_ms(run) -> float:

@@ -107,14 +107,21 @@ def _time_shape(torch, m, n, k, args, log) -> list:
     return records + _time_quantize(torch, x, args, log)
 
 
+def _row_quantized(torch, x):
+    """x quantized row-wise to e4m3, written out here apart from xgemm's code, as float32."""
+    xf = x.float()
+    amax = xf.abs().amax(1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 448.0, 1.0)
+    return (xf * (1.0 / scale)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
+
+
 def _time_quantize(torch, x, args, log) -> list:
     """quantize_fp8(x, "row") against a copy of x, in GB/s of the bytes each moves."""
     import xgemm
     m, k = x.shape
     out = {}
-    xf = x.float()                   # the row recipe written out here, apart from xgemm's code
-    amax = xf.abs().amax(1, keepdim=True)
-    q_ref = (xf / torch.where(amax > 0, amax / 448.0, 1.0)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
+    xf = x.float()
+    q_ref = _row_quantized(torch, x)
     impls = {"xgemm quantize_fp8 row": lambda i: out.__setitem__("xgemm quantize_fp8 row", xgemm.quantize_fp8(x, "row")[0]),
              "copy (x.clone())": lambda i: out.__setitem__("copy (x.clone())", x.clone())}
     refs = {"xgemm quantize_fp8 row": q_ref, "copy (x.clone())": xf}
@@ -155,8 +162,9 @@ PROMOTE_TILES = (128, 192)
 
 def promote_candidates(m: int, n: int, k: int) -> list:
     """(label, class spec, Epi) of the promoting FP8 class (tensor / row scales as vectors) at each
-    PROMOTE_TILES width, the policy's cluster, raster and swizzle otherwise; tests/gpu/prebuild_classes.py
-    compiles them ahead."""
+    PROMOTE_TILES width with one wgmma accumulator, and at 128 with two in turn (Epi.overlap, the
+    default call's class); the policy's cluster, raster and swizzle otherwise.
+    tests/gpu/prebuild_classes.py compiles them ahead."""
     import dataclasses
 
     from xgemm.core.problem import COL, ROW
@@ -164,21 +172,21 @@ def promote_candidates(m: int, n: int, k: int) -> list:
     from xgemm.kernels.cute_gemm_sm90_policy import choose_fp8_promoted_policy
     base = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1))
     out = []
-    for tn in PROMOTE_TILES:
+    for tn, overlap in [(tn, False) for tn in PROMOTE_TILES] + [(128, True)]:
         cfg = dataclasses.replace(base, tile_n=tn)
         spec = (cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True, (False,) * 4,
                 k90.max_clusters(k90.H200_SMS, cfg), "sm_90a")
-        out.append((f"promoted 128x{tn}", spec, k90.Epi(scale_m=True, scale_n=True, promote=True)))
+        out.append((f"promoted 128x{tn}" + (" overlapped" if overlap else ""), spec,
+                    k90.Epi(scale_m=True, scale_n=True, promote=True, overlap=overlap)))
     return out
 
 
 def run_tune(args, log) -> list:
-    """--only tune: the promoting FP8 class at each PROMOTE_TILES width against torch._scaled_mm's
+    """--only tune: the promoting FP8 class at each promote_candidates entry against torch._scaled_mm's
     default (row-wise scales, the class called directly); then triton_quantize_sm90 at each
-    prebuilt candidate of its TUNE and TUNE_RECIP sets (built on request, docs/development.md), row
-    recipe, bf16 -> e4m3, at the benchmark's two shapes, launched through the kernel with that
-    candidate's policy; q checked (the recip variants against the dividing reference: within its
-    tolerance, not bit-exact), GB/s of the bytes moved."""
+    prebuilt candidate of its TUNE set (built on request, docs/development.md), row recipe, bf16 ->
+    e4m3, at the benchmark's two shapes, launched through the kernel with that candidate's policy;
+    q checked, GB/s of the bytes moved."""
     if args.only != "tune":             # opt-in
         return []
     import torch
@@ -193,13 +201,14 @@ def _tune_promoted(torch, args, log) -> list:
         a8, b8, sa, sb = ops["row"]
         ref = _reference(torch, a8, b8, sa, sb)
         out, impls = {}, {}
-        stream = torch.cuda.current_stream().cuda_stream
         for label, spec, epi in promote_candidates(m, n, k):
             fn = k90.compiled(*spec, epi=epi)
 
             def call(i, fn=fn, label=label):
                 d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                fn(a8, b8, d, None, None, sa.reshape(-1), sb.reshape(-1), 1.0, 0.0, stream)
+                # torch's stream of the moment: the harness captures on its own
+                fn(a8, b8, d, None, None, sa.reshape(-1), sb.reshape(-1), 1.0, 0.0,
+                   torch.cuda.current_stream().cuda_stream)
                 out[label] = d
             impls[label] = call
         impls["torch._scaled_mm row"] = lambda i: out.__setitem__("torch._scaled_mm row", torch._scaled_mm(
@@ -220,8 +229,7 @@ def _tune_quantize(torch, args, log) -> list:
     for m, k in ((8192, 8192), (16384, 4096)):
         x = torch.randn(m, k, device="cuda").bfloat16()
         xf = x.float()
-        amax = xf.abs().amax(1, keepdim=True)
-        q_ref = (xf / torch.where(amax > 0, amax / 448.0, 1.0)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
+        q_ref = _row_quantized(torch, x)
         vx = arrays.view(x, "x", "tune")
         problem = QuantizeProblem(arrays.operand(vx), "row", (1, k), (m, 1), "float8_e4m3fn", "torch", vx.device)
         out, impls = {}, {}
@@ -229,9 +237,8 @@ def _tune_quantize(torch, args, log) -> list:
             cfg = tq.Config.from_key(key)
             if cfg.block_c != k or gluon_cache.available(key):
                 continue
-            label = (f"c{cfg.block_c} m{cfg.block_m} w{cfg.warps} ({cfg.block_c // (32 * cfg.warps) * cfg.block_m} a thread)"
-                     + (" x * (1/scale)" if cfg.recip else ""))
-            pol = Policy(tile=(cfg.block_m, cfg.block_c), warps=cfg.warps, notes=(tq.RECIP_NOTE,) if cfg.recip else ())
+            label = f"c{cfg.block_c} m{cfg.block_m} w{cfg.warps} ({cfg.block_c // (32 * cfg.warps) * cfg.block_m} a thread)"
+            pol = Policy(tile=(cfg.block_m, cfg.block_c), warps=cfg.warps)
 
             def call(i, pol=pol, label=label):
                 q = torch.empty(m, k, device="cuda", dtype=torch.float8_e4m3fn)

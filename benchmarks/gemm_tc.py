@@ -78,6 +78,10 @@ SWEEP_SWAP = [((128, 192, 2, 1, True, False, 8), False), ((128, 192, 2, 1, True,
               ((128, 192, 2, 1, True, False, 4), True), ((128, 192, 2, 1, True, False, 16), True),
               ((128, 192, 2, 1, True, True, 8), True), ((128, 192, 2, 1, True, True, 4), True),
               ((128, 192, 1, 2, True, False, 8), True), ((128, 192, 1, 2, True, True, 8), True)]
+# --sweep-set long: the large row's 128x192 and the mid row's 128x128, both on the transposed problem
+# (the policy's runs of row-major A and B), for the long-K and wide-N shapes where the wave model
+# prefers 128x128 by a few points of predicted fill
+SWEEP_LONG = [SWEEP_SWAP[1], SWEEP_SWAP[3]]
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
@@ -137,9 +141,9 @@ def sweep_entries(set_name: str):
         from xgemm.kernels import gluon_splitk_sm90 as sk
         return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} x{c.split}]", impl_splitk_config(c), f"sk{tuple(c)}")
                 for c in sk.tune_configs("bfloat16", "bfloat16", False)]
-    if set_name == "swap":
+    if set_name in ("swap", "long"):
         return [(_tag(c) + ("T" if t else ""), impl_xgemm_config(c, t), f"cfg{c}{'T' if t else ''}")
-                for c, t in SWEEP_SWAP]
+                for c, t in (SWEEP_SWAP if set_name == "swap" else SWEEP_LONG)]
     cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT, "raster": SWEEP_RASTER,
             "zero_init": SWEEP_ZERO_INIT, "waves": SWEEP_WAVES}[set_name]
     return [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in cfgs]
@@ -185,7 +189,7 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init", "waves", "swap"), default="big")
+    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init", "waves", "swap", "long"), default="big")
     ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)

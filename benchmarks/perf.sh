@@ -6,7 +6,8 @@
 # device tool brings back only a few files from $OUT).
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
-# "tests decode model softmax epilogue fp8 grouped fuzz"; also groupedtune, fp8tune), TESTS (tests/gpu), MODEL_SUBSET (core),
+# "tests decode model softmax epilogue fp8 grouped fuzz"; also groupedtune, fp8tune, and the policy
+# sweeps longk (LONGK_SHAPES) and splitk (SPLITK_SHAPES)), TESTS (tests/gpu), TESTS_S (220), MODEL_SUBSET (core),
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
 # FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer: code still switched
 # off, docs/development.md; default none, e.g. "XGEMM_DECODE=1").
@@ -29,8 +30,10 @@ want() { case " ${STAGES:-tests decode model softmax epilogue fp8 grouped fuzz} 
 stage prebuild 240 python3 -c "from xgemm.runtime import cute_cache as c; print(len(c.prebuild(jobs=16)), 'CuTe classes')"
 tail -1 "$LOGS/prebuild.log"
 if want tests; then
-  stage tests 220 python3 -m pytest -q -p no:cacheprovider -n 4 --timeout=200 ${TESTS:-tests/gpu}
-  grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -20; tail -2 "$LOGS/tests.log"
+  # -v: each result is logged as it lands, so a run cut at the cap still names its failures
+  stage tests "${TESTS_S:-220}" python3 -m pytest -v -p no:cacheprovider -n 4 --timeout=200 ${TESTS:-tests/gpu}
+  grep -E "(FAILED|ERROR) tests/" "$LOGS/tests.log" | sed 's/^.*\(FAILED\|ERROR\) /\1 /' | sort -u | head -20
+  grep -cE "PASSED tests/" "$LOGS/tests.log" | sed 's/$/ passed/'; tail -1 "$LOGS/tests.log"
 fi
 R=$LOGS/results; mkdir -p "$R"
 # the benchmarks measure the code still switched off (docs/development.md) with it on; their own
@@ -61,6 +64,18 @@ if want groupedtune; then
   # the grouped kernel at each prebuilt tile candidate (results/tune; the candidates are built on request)
   stage groupedtune 120 python3 benchmarks/grouped.py --only tune --out "$R/tune"
   tail -16 "$LOGS/groupedtune.log"
+fi
+if want longk; then
+  # cute_gemm_sm90's 128x192 and 128x128 tiles (transposed run) where the wave model prefers 128x128
+  stage longk 150 python3 benchmarks/gemm_tc.py --shapes "${LONGK_SHAPES:-4096x8192x57344,4096x57344x8192,4096x29568x8192,4096x8192x29568}" \
+    --dtypes bfloat16 --sweep --sweep-set long --reps 6 --trials 5 --out "$R/longk.json"
+  grep -E "^\|" "$LOGS/longk.log" | tail -8
+fi
+if want splitk; then
+  # gluon_splitk_sm90's tiles x splits on decode shapes (B row-major, bf16)
+  stage splitk 120 python3 benchmarks/gemm_tc.py --shapes "${SPLITK_SHAPES:-1x18432x7168,1x24576x1536,1x57344x8192,1x8192x28672,16x8192x8192,64x4096x4096}" \
+    --dtypes bfloat16 --impls cublas,xgemm --sweep --sweep-set splitk --reps 20 --trials 5 --out "$R/splitk.json"
+  grep -E "^\|" "$LOGS/splitk.log" | tail -8
 fi
 if want fuzz; then
   # the switched-on code under the fuzzer's torch cases (FP8, fused epilogues), a short budget

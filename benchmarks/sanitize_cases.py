@@ -14,8 +14,9 @@ gluon_matmul_sm90 (B row- and column-major), gluon_splitk_sm90 and cute_mma_sm80
 GEMMs back to back on one stream, fp16 and fp32); cute_gemm_sm90 forced into each config of
 tests/gpu/test_gemm_tc_gpu.py's CONFIG_CASES (1x1, 2x1 and 1x2 clusters, pingpong and cooperative,
 labels "cute config ..."); gluon_softmax with one CTA per row and with
-2-, 8- and 16-CTA clusters (DSMEM); the fused epilogues (bias + GELU, SwiGLU), the FP8 classes
-(row scales, fast accumulation), quantize_fp8, and the grouped kernel in both modes. jax part: the jit custom calls (CuTe GEMM, its transposed
+2-, 8- and 16-CTA clusters (DSMEM); the fused epilogues (bias + GELU, SwiGLU), the gate op
+(triton_gate_sm90) forward and backward, the FP8 classes (row scales with fast accumulation,
+block scales promoted), quantize_fp8, and the grouped kernel in both modes. jax part: the jit custom calls (CuTe GEMM, its transposed
 run with C, softmax single-CTA and cluster). control part: the peers' Hopper GEMMs (cuBLAS through
 torch.matmul, quack's when it imports), to read a tool's verdict on kernels that are not ours
 (sanitize.sh runs it under racecheck; its logs, *-control.log, are reported, never failures).
@@ -159,6 +160,26 @@ def model_layer_kernels(mat) -> int:
         torch.cuda.synchronize()
         ref = (a8.double() * sa.double()) @ (b8.double() * sb.double()).t()
         bad += not _check("scaled_matmul row fast", d, ref, 6e-2)
+    if _mark("gate op fwd+bwd", "triton_gate_sm90"):
+        # xgemm::gate alone (the gated product before it is a wgmma kernel, which racecheck cannot take)
+        from xgemm.torch import ops
+        h = (a @ b).requires_grad_()
+        y = ops.gate_op(h, "swiglu")
+        y.backward(torch.ones_like(y))
+        torch.cuda.synchronize()
+        hd = h.detach().double().requires_grad_()
+        ref = torch.nn.functional.silu(hd[:, :512]) * hd[:, 512:]
+        ref.sum().backward()
+        bad += not _check("gate op fwd+bwd", y, ref.detach(), 2e-2)
+        bad += not _check("gate op fwd+bwd (dh)", h.grad, hd.grad, 2e-2)
+    if _mark("scaled_matmul block", "cute_gemm_sm90 (FP8, block scales)"):
+        ab8, sab = xgemm.quantize_fp8(mat(512, 1024), "block_1x128")
+        wb8, swb = xgemm.quantize_fp8(mat(768, 1024), "block_128x128")     # per 128x128 block of b.t()
+        d = xgemm.scaled_matmul(ab8, wb8.t(), sab, swb.t().contiguous())
+        torch.cuda.synchronize()
+        ref = ((ab8.double() * sab.double().repeat_interleave(128, 1))
+               @ (wb8.double() * swb.double().repeat_interleave(128, 0).repeat_interleave(128, 1)).t())
+        bad += not _check("scaled_matmul block", d, ref, 2e-2)
     sizes = torch.tensor([0, 1, 300, 129, 0, 383], device=dev)
     offs = torch.cumsum(sizes, 0).to(torch.int32)
     bounds = [0] + offs.tolist()

@@ -72,6 +72,11 @@ typedef CUresult (*PFN_cuStreamGetCtx)(CUstream, CUcontext*);
 typedef CUresult (*PFN_cuStreamIsCapturing)(CUstream, int*);
 typedef CUresult (*PFN_cuCtxPushCurrent)(CUcontext);
 typedef CUresult (*PFN_cuCtxPopCurrent)(CUcontext*);
+// A thread without a current context (the torch fast path binds the primary one)
+typedef CUresult (*PFN_cuCtxGetCurrent)(CUcontext*);
+typedef CUresult (*PFN_cuCtxSetCurrent)(CUcontext);
+typedef CUresult (*PFN_cuDeviceGet)(int*, int);
+typedef CUresult (*PFN_cuDevicePrimaryCtxRetain)(CUcontext*, int);
 // The peer exchange (peer_exchange.h)
 typedef CUresult (*PFN_cuEventCreate)(CUevent*, unsigned int);
 typedef CUresult (*PFN_cuEventRecord)(CUevent, CUstream);

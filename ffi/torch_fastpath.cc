@@ -102,6 +102,10 @@ int64_t g_hits = 0;
 bool g_allow_cpu = false;                   // tests: CPU tensors stand for one CUDA device
 uint64_t g_test_stream = 0;
 PFN_cuLaunchKernelEx g_launch = nullptr;
+PFN_cuCtxGetCurrent g_ctx_get = nullptr;
+PFN_cuCtxSetCurrent g_ctx_set = nullptr;
+PFN_cuDeviceGet g_device_get = nullptr;
+PFN_cuDevicePrimaryCtxRetain g_primary_retain = nullptr;
 PyObject* g_cuda_error = nullptr;           // (call, code, detail) -> exception instance
 PyObject* g_tvm_error = nullptr;            // (kind, message) -> exception instance
 std::string g_driver_path = "libcuda.so.1";
@@ -232,14 +236,43 @@ PyObject* RunTvm(const TvmCall& call, void* const ptrs[4], uint64_t stream) {
   Py_RETURN_NONE;
 }
 
-// Only cuLaunchKernelEx: modules and functions come loaded from the Python side.
+// cuLaunchKernelEx and the calls that bind a thread's context: modules and functions come loaded
+// from the Python side.
 bool LoadDriver() {
   if (g_launch) return true;
-  std::string unused;                       // the message below says the same for both failures
+  std::string unused;                       // the message below says the same for every failure
   void* lib = xgemm_foreign::OpenCudaDriver(g_driver_path, &unused);
-  if (!lib || !xgemm_foreign::CudaSym(lib, "cuLaunchKernelEx", &g_launch, &unused))
-    PyErr_Format(PyExc_RuntimeError, "xgemm native fast path: no cuLaunchKernelEx in %s", g_driver_path.c_str());
-  return g_launch != nullptr;
+  const bool ok = lib && xgemm_foreign::CudaSym(lib, "cuCtxGetCurrent", &g_ctx_get, &unused) &&
+                  xgemm_foreign::CudaSym(lib, "cuCtxSetCurrent", &g_ctx_set, &unused) &&
+                  xgemm_foreign::CudaSym(lib, "cuDeviceGet", &g_device_get, &unused) &&
+                  xgemm_foreign::CudaSym(lib, "cuDevicePrimaryCtxRetain", &g_primary_retain, &unused) &&
+                  xgemm_foreign::CudaSym(lib, "cuLaunchKernelEx", &g_launch, &unused);
+  if (!ok) {
+    g_launch = nullptr;
+    PyErr_Format(PyExc_RuntimeError, "xgemm native fast path: no CUDA driver entry points in %s",
+                 g_driver_path.c_str());
+  }
+  return ok;
+}
+
+// A thread that has run no CUDA runtime call has no current context: torch's autograd worker
+// threads (c10's SetDevice skips cudaSetDevice when the device index already matches) and fresh
+// user threads. Driver-API launches need one, so the device's primary context (the runtime's, the
+// one the tensors live in) is made current once per thread and device, as the runtime would.
+// False when it cannot be: the call is then a miss and the Python path reports the error.
+bool BindThread(int index) {
+  thread_local int bound = -1;
+  if (bound == index) return true;
+  CUcontext current = nullptr;
+  if (g_ctx_get(&current) != 0) return false;
+  if (current == nullptr) {
+    int dev = 0;
+    CUcontext primary = nullptr;
+    if (g_device_get(&dev, index) != 0 || g_primary_retain(&primary, dev) != 0 || g_ctx_set(primary) != 0)
+      return false;
+  }
+  bound = index;
+  return true;
 }
 
 PyObject* RunCu(const CuLaunch& cu, void* const ptrs[4], uint64_t stream) {
@@ -279,6 +312,8 @@ PyObject* Hit(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   std::optional<c10::DeviceGuard> guard;
   if (device.is_cuda()) {
     guard.emplace(device);
+    if (!LoadDriver()) return nullptr;
+    if (!BindThread(device.index())) Py_RETURN_NONE;
     stream = CurrentStream(device);
   }
   at::Tensor out = at::empty(e.out_sizes, at::TensorOptions().dtype(e.out_dtype).device(device));

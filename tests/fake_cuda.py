@@ -6,7 +6,8 @@ What is stubbed -- and nothing else, so the Python that runs is the real hot pat
 - the device: arrays.views' torch-device cache maps torch "cpu" to Device("cuda", 0, (9, 0)), and
   fastpath._torch_cuda is re-made from its own source with cuda read as cpu (same cost);
 - the stream: torch.cuda.current_stream(...) and torch._C._cuda_getCurrentRawStream(...) give
-  STREAM (a CPU torch has neither; their real cost is measured on the GPU host);
+  STREAM (a CPU torch has neither; their real cost is measured on the GPU host); the calling thread
+  counts as bound to the device's context (driver.bind_thread's check runs, its driver calls never);
 - CuTe: xgemm.runtime.cute_cache.cute(key, build) and cute_eager(key, build) return a Recorder per key in
   place of the compiled function (so nothing compiles); cute_gemm_sm90._sm_count gives 132 (H200);
 - Gluon: launch._driver() is xgemm.runtime.driver (real CUlaunchConfig struct) with module loading
@@ -97,6 +98,9 @@ class Fake:
         self._set(cute_gemm_sm90, "_sm_count", lambda index: SM_COUNT)
         self._set(launch, "_driver", lambda: self._driver)
         self._driver = self._make_driver()
+        # this thread counts as bound to device 0's context: driver.bind_thread's check still runs
+        from xgemm.runtime import driver
+        self._set(driver._bound, "index", 0)
         return self
 
     def __exit__(self, *exc) -> None:

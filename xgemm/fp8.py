@@ -22,7 +22,7 @@ quantize_fp8 recipes and their scale shapes for x [R, C]: "tensor" () (x of any 
 [R, 1], "col" [1, C] (the weight b [K, N] per output column), "block_1x128" [R, ceil(C/128)],
 "block_128x128" [ceil(R/128), ceil(C/128)]. One pass: amax over the block's finite |x|, scale =
 amax / fp8_max (448 for e4m3fn, 57344 for e5m2), and 1.0 where amax is 0 (an all-zero block gives
-zeros and a finite positive scale); q = clamp(x / scale, -fp8_max, fp8_max) cast to fp8. So values
+zeros and a finite positive scale); q = clamp(x * (1 / scale), -fp8_max, fp8_max) cast to fp8. So values
 beyond the range, +-inf included, saturate to +-fp8_max (the clamp TransformerEngine / DeepSeek
 quantizers do: a bare cast gives NaN for e4m3fn in NumPy and JAX, saturates in torch on the CPU,
 and gives inf for e5m2), and NaN stays NaN without spoiling its block's scale.

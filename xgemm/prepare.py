@@ -17,6 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from xgemm import arrays, errors
 from xgemm.core import checks, epilogues, layout, policy
 from xgemm.core.problem import ROW, STRIDED, Epilogue, GemmProblem, Operand, SoftmaxProblem
+from xgemm.runtime import driver
 
 
 @dataclass
@@ -109,7 +110,10 @@ def run(prep: "Prepared | Any") -> Any:
     if not isinstance(prep, Prepared):      # JAX: already computed by its primitive
         return prep
     plan = prep.plan
-    stream = arrays.current_stream(plan.problem.framework, plan.problem.device)
+    device = plan.problem.device
+    if device.kind == "cuda":
+        driver.bind_thread(device.index)        # a thread with no context yet (torch's autograd workers)
+    stream = arrays.current_stream(plan.problem.framework, device)
     result = plan.kernel.run(plan.problem, plan.policy, prep.operands, prep.out, stream)
     return prep.finish(prep.out.obj if result is None else result)
 

@@ -66,6 +66,11 @@ CUresult cuStreamGetCtx(void* stream, void** ctx) { *ctx = &g_fake_context; retu
 CUresult cuStreamIsCapturing(void* stream, int* status) { *status = 0; return 0; }
 CUresult cuCtxPushCurrent_v2(void* ctx) { return ctx == &g_fake_context ? 0 : 201; }
 CUresult cuCtxPopCurrent_v2(void** ctx) { *ctx = &g_fake_context; return 0; }
+// the torch fast path binds a thread's context (its CPU tests run on CPU tensors: never called)
+CUresult cuCtxGetCurrent(void** ctx) { *ctx = &g_fake_context; return 0; }
+CUresult cuCtxSetCurrent(void* ctx) { return ctx == &g_fake_context ? 0 : 201; }
+CUresult cuDeviceGet(int* dev, int ordinal) { *dev = ordinal; return 0; }
+CUresult cuDevicePrimaryCtxRetain(void** ctx, int dev) { *ctx = &g_fake_context; return 0; }
 
 }  // extern "C"
 

@@ -1,6 +1,6 @@
 """The benchmarks' statistics on CPU: benchmarks/_harness.py's median_ci (a distribution-free
-confidence interval from order statistics), paired_ratio (peer time / ours, trial by trial) and
-trial_orders (who runs after whom)."""
+confidence interval from order statistics), paired_ratio (peer time / ours, trial by trial),
+trial_orders (who runs after whom) and the empty-capture guard."""
 from __future__ import annotations
 
 import importlib.util
@@ -75,3 +75,19 @@ def test_records_markdown_lists_values_ratios_and_failures():
                              dict(case="c", impl="y", value=0.0, metric="TFLOP/s", verified=False), {"meta": {}}])
     assert "| c | x vs y | 1.234x | yes |" in md and "| c | y | 0.0 TFLOP/s | NO |" in md
     assert md.count("\n") == 4          # header, rule, two records; the meta record is not a row
+
+
+def test_an_empty_capture_is_an_error_not_a_timing():
+    """A capture whose calls launched on another stream than torch's is empty: torch only warns
+    (the fp8 tune of 2026-12-02 timed such graphs at 3.7 us for an 8192^3 product). The harness
+    raises instead; other warnings pass through."""
+    import warnings
+
+    import pytest
+    with pytest.raises(_harness.EmptyGraph):
+        with _harness._nonempty():
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be "
+                          "captured on wrong device or stream.", UserWarning)
+    with pytest.warns(UserWarning, match="something else"):
+        with _harness._nonempty():
+            warnings.warn("something else", UserWarning)

@@ -191,3 +191,32 @@ def test_extent_one_dims_with_any_stride(dtype, case):
     exact(d, a.double().cpu() @ gb, dtype)
     if out is not None:
         assert d is out
+
+
+def test_launches_from_threads_without_a_context():
+    """A thread that has made no CUDA runtime call has no current context: torch's autograd
+    workers (the 2026-12-02 run's gated backward failed there with CUDA_ERROR_INVALID_CONTEXT) and
+    fresh user threads. Each kernel family launches from one, eagerly and in a backward pass."""
+    import threading
+    a, ga = ints(256, 512, dtype="bfloat16")
+    b, gb = ints(512, 384, dtype="bfloat16")
+    out, errors = {}, []
+
+    def work():
+        try:
+            out["matmul"] = xgemm.matmul(a, b)                     # CuTe (TVM-FFI)
+            out["softmax"] = xgemm.softmax(a.float())               # Gluon (driver launch)
+            out["repeat"] = xgemm.matmul(a, b)                      # the fast path
+        except Exception as exc:     # noqa: BLE001 -- reported below, with the thread's traceback
+            errors.append(exc)
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert not errors, errors
+    exact(out["matmul"], ga @ gb, "bfloat16")
+    exact(out["repeat"], ga @ gb, "bfloat16")
+    torch.testing.assert_close(out["softmax"], torch.softmax(a.float(), -1))
+    x = a.clone().requires_grad_()
+    y = xgemm.gated(x, torch.cat([b, b], 1), activation="swiglu")   # the gate op under autograd
+    y.float().sum().backward()                                      # on torch's autograd worker
+    assert x.grad is not None and torch.isfinite(x.grad.float()).all()

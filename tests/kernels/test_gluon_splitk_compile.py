@@ -57,21 +57,33 @@ def _pick(m, n, k):
     return c.bn, c.bk, c.stages, c.split
 
 
-def test_about_one_cta_per_sm():
+def test_the_policy_fills_the_sms():
     assert _pick(64, 8192, 8192) == (64, 128, 4, 1)       # 128 tiles of 64x64: no split
     assert _pick(64, 4096, 4096) == (64, 128, 4, 2)       # 64 tiles x 2
     assert _pick(64, 2048, 8192) == (64, 64, 6, 4)        # 4-CTA clusters: the 96 KB tile
     assert _pick(64, 16384, 4096) == (128, 128, 4, 1)     # 256 tiles of 64 > 132: BN 128
     assert _pick(1, 1024, 1024) == (64, 64, 6, 4)         # split 8 would leave 2 K blocks per CTA
-    assert _pick(64, 65536, 4096) == (128, 128, 4, 1)     # several waves: no split
+    # a 128-column tile for every SM or more: the 96 KB tile, two CTAs an SM, no split
+    assert _pick(1, 18432, 7168) == _pick(64, 65536, 4096) == (128, 64, 4, 1)
+    # decode M: 128-column tiles split in two where 64-column ones would run unsplit
+    assert _pick(1, 8192, 28672) == _pick(16, 8192, 8192) == (128, 128, 4, 2)
+    assert _pick(64, 8192, 28672) == (64, 128, 4, 1)
     for cfg in sk.tune_configs("bfloat16", "bfloat16", False):
         cfg.check()
     keys = sk.gluon_entries("sm_90a")
-    assert len(keys) == len(set(keys)) == 64 and not sk.gluon_entries("sm_100a")
+    assert len(keys) == len(set(keys)) == 72 and not sk.gluon_entries("sm_100a")
     for i in sk.IN_DTYPES:           # every config the policy can pick is in the default build
         for m, n, k in [(64, 8192, 8192), (64, 4096, 4096), (64, 2048, 8192), (64, 16384, 4096), (1, 1024, 1024),
-                        (8, 1024, 65536)]:
+                        (8, 1024, 65536), (1, 18432, 7168), (1, 8192, 28672)]:
             assert sk.choose(m, n, k, i, "float32", True, 132).key in keys
+
+
+def test_sm_fill_counts_a_wave_of_resident_ctas():
+    """Two 96 KB CTAs fit an SM: 144 of them run as one wave on all 132 SMs; 128 KB ones take two."""
+    wide = sk.choose(1, 18432, 7168, "bfloat16", "bfloat16", False, 132)
+    assert sk.resident_per_sm(wide) == 2 and sk.sm_fill(1, 18432, wide, 132) == 1.0
+    deep = wide._replace(bk=128)
+    assert sk.resident_per_sm(deep) == 1 and sk.sm_fill(1, 18432, deep, 132) == 144 / 264
 
 
 def _problem(m, n, k, *, dtype="bfloat16", b_major=ROW, beta=0.0, batch=(), align=16):

@@ -8,8 +8,7 @@ SMs busy, not the tile full. explain() shows both (cute_gemm_sm90: "waves N% ful
 busy)"; gluon_splitk_sm90: "M% of SMs busy").
 
 KNOWN_BELOW lists the products whose best pick today falls under the floor, with the fill it
-predicts: few output tiles over a long K, which want split-K or stream-K in the CuTe kernel, or a
-split-K grid with a nearly empty second wave. The list only shrinks: a product that reaches the
+predicts: few output tiles over a long K, which want split-K or stream-K in the CuTe kernel. The list only shrinks: a product that reaches the
 floor must leave it, and no other product may fall under the floor.
 """
 from __future__ import annotations
@@ -33,10 +32,8 @@ KNOWN_BELOW = {
     (512, 1536, 7168, 1): 0.73, (512, 1536, 24576, 1): 0.73, (4096, 576, 7168, 1): 0.73,
     (1, 512, 32768, 1): 0.48, (8, 512, 32768, 1): 0.48, (64, 512, 32768, 1): 0.48,
     (1, 576, 7168, 1): 0.55, (8, 576, 7168, 1): 0.55, (64, 576, 7168, 1): 0.55,
-    (1, 18432, 7168, 1): 0.55, (8, 18432, 7168, 1): 0.55, (64, 18432, 7168, 1): 0.55,
     (1, 1536, 7168, 1): 0.73, (8, 1536, 7168, 1): 0.73, (64, 1536, 7168, 1): 0.73,
     (1, 1536, 24576, 1): 0.73, (8, 1536, 24576, 1): 0.73, (64, 1536, 24576, 1): 0.73,
-    (1, 24576, 1536, 1): 0.73, (8, 24576, 1536, 1): 0.73, (64, 24576, 1536, 1): 0.73,
 }
 
 

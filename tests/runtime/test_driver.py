@@ -52,3 +52,38 @@ def test_no_driver_is_a_typed_error():
         driver.sm_count(0)
     with pytest.raises(driver.CudaError, match="libcuda"):
         driver.device_count()
+
+
+def test_bind_thread_makes_the_primary_context_current_once_per_thread(monkeypatch):
+    """A thread with no current context (torch's autograd workers: the 2026-12-02 H200 run's gate
+    backward failed with CUDA_ERROR_INVALID_CONTEXT) gets the device's primary context, once; a
+    thread whose context is already current keeps it; each thread is checked on its own."""
+    import threading
+    calls, current = [], {}
+
+    def get_current(out):
+        calls.append("get")
+        out._obj.value = current.get(threading.get_ident())
+        return 0
+
+    def set_current(ctx):
+        calls.append(("set", ctx))
+        current[threading.get_ident()] = ctx
+        return 0
+    fns = {"cuCtxGetCurrent": get_current, "cuCtxSetCurrent": set_current}
+    monkeypatch.setattr(driver, "_fn", lambda name: fns[name])
+    monkeypatch.setattr(driver, "primary_context", lambda index: 0x1000 + index)
+    monkeypatch.setattr(driver, "_bound", threading.local())
+
+    def worker():
+        driver.bind_thread(0)
+        driver.bind_thread(0)
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert calls == ["get", ("set", 0x1000)]
+    calls.clear()
+    current[threading.get_ident()] = 0x2000          # this thread: a context of its own already
+    driver.bind_thread(0)
+    driver.bind_thread(0)
+    assert calls == ["get"] and current[threading.get_ident()] == 0x2000

@@ -200,8 +200,9 @@ def dequantize(xp: Any, q: Any, scale: Any, block: Tuple[int, int], acc: Any, de
 
 def quantize(xp: Any, x: Any, block: Optional[Tuple[int, int]], dtype: Any, fmax: float, f32: Any,
              device: Any = None) -> Tuple[Any, Any]:
-    """(q, scale): scale = amax / fmax per block (amax over the finite |x|; 1 where that is 0), q = x / scale
-    clamped to [-fmax, fmax] then cast (so +-inf saturate and NaN stays NaN)."""
+    """(q, scale): scale = amax / fmax per block (amax over the finite |x|; 1 where that is 0), q = x * (1 /
+    scale) clamped to [-fmax, fmax] then cast (so +-inf saturate and NaN stays NaN). A multiply by the
+    reciprocal, as torchao's and TransformerEngine's quantizers do: one division a block, not one a value."""
     x = xp.astype(x, f32)
     mag = xp.where(xp.isfinite(x), xp.abs(x), xp.zeros((), dtype=f32, device=device))
     if block is None:
@@ -218,8 +219,9 @@ def quantize(xp: Any, x: Any, block: Optional[Tuple[int, int]], dtype: Any, fmax
     # one ulp off the IEEE quotient that the quantize kernel computes
     scale = amax / xp.asarray(fmax, dtype=f32, device=device)
     scale = xp.where(scale > 0, scale, xp.ones((), dtype=f32, device=device))   # all zeros (or underflow)
-    full = scale if block is None else _expand(xp, scale, tuple(x.shape), block, device)
-    q = xp.clip(x / full, -fmax, fmax)
+    inv = xp.ones((), dtype=f32, device=device) / scale
+    full = inv if block is None else _expand(xp, inv, tuple(x.shape), block, device)
+    q = xp.clip(x * full, -fmax, fmax)
     return xp.astype(q, dtype), scale
 
 

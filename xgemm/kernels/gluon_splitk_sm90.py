@@ -98,15 +98,19 @@ class Config(namedtuple("Config", "in_dtype out_dtype bn bk stages split b_kmajo
 # The policy: tiles and split per problem
 # ----------------------------------------------------------------------------------------------
 # Tuned with `benchmarks/gemm_tc.py --sweep --sweep-set splitk` (every TUNE tile at every split,
-# bf16, one process with cuBLAS; the table is in docs/performance.md). What decides: about one
-# CTA per SM (a second wave or a second CTA per SM loses) and many bytes in flight per CTA (deep
-# K tiles). 4- and 8-CTA clusters must fit in one GPC: at one CTA per SM (over 113 KB of shared
+# bf16, one process with cuBLAS; the tables are in docs/performance.md). What decides: every SM
+# streaming B for the whole run and many bytes in flight per CTA (deep K tiles). A grid that fits
+# the SMs' resident slots at once runs as one wave whatever its count, so a 96 KB tile (two CTAs
+# an SM) serves N of 128 columns per SM and more without a split, where a 128 KB one ran a second
+# wave. 4- and 8-CTA clusters must fit in one GPC: at one CTA per SM (over 113 KB of shared
 # memory) only half as many such clusters are resident as at two CTAs per SM, so those splits
 # take a tile of at most 96 KB.
 TUNE = ((128, 64, 4), (128, 128, 3), (128, 128, 4), (64, 64, 6), (64, 128, 4), (64, 128, 6), (32, 128, 6),
         (64, 256, 3))
 SPLITS = (1, 2, 4, 8)
 TILES = {64: ((128, 4), (64, 6)), 128: ((128, 4), (64, 4))}   # bn -> ((bk, stages) for split <= 2, for 4/8)
+WIDE = (128, 64, 4)       # (bn, bk, stages) of a grid with a 128-column tile for every SM: 96 KB
+DECODE_M = 16             # M up to this: 128-column tiles split in two rather than 64-column ones unsplit
 
 
 def _tiles(m: int, n: int, bn: int) -> int:
@@ -114,11 +118,20 @@ def _tiles(m: int, n: int, bn: int) -> int:
     return -(-m // BM) * -(-n // bn)
 
 
+def resident_per_sm(cfg: Config) -> int:
+    """CTAs of this config one SM holds at once (shared memory decides; at most two)."""
+    return max(1, min(2, SMEM_LIMIT // cfg.smem_bytes()))
+
+
 def sm_fill(m: int, n: int, cfg: Config, sms: int = H200_SMS) -> float:
-    """The share of the SM slots over the waves its CTAs (tiles x split) take that hold one: the
-    split exists to bring this near 1 when M is too small to give every SM a tile."""
+    """The share of the SMs streaming B, averaged over the waves of resident CTAs (tiles x split):
+    the CTAs of one wave run together, so a wave keeps min(1, its CTAs / SMs) of the SMs busy.
+    The split exists to bring this near 1 when M is too small to give every SM a tile."""
     ctas = _tiles(m, n, cfg.bn) * cfg.split
-    return ctas / (-(-ctas // sms) * sms)
+    resident = sms * resident_per_sm(cfg)
+    waves = -(-ctas // resident)
+    last = ctas - (waves - 1) * resident
+    return (waves - 1 + min(1.0, last / sms)) / waves
 
 
 def _tile(bn: int, split: int) -> Tuple[int, int]:
@@ -127,8 +140,13 @@ def _tile(bn: int, split: int) -> Tuple[int, int]:
 
 def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool,
            sms: int = H200_SMS) -> Config:
-    """BN 64 while its tiles fit one wave, else 128; then the largest split that keeps
-    tiles * split within the SMs and at least 4 K blocks per CTA."""
+    """A 128-column tile for every SM or more: WIDE, unsplit (two CTAs an SM: one wave up to twice
+    the SMs). Else BN 64 while its tiles fit one wave, else 128; then the largest split that keeps
+    tiles * split within the SMs and at least 4 K blocks per CTA. At decode M, 64-column tiles
+    left unsplit become 128-column ones split in two: the same CTAs, each reading 256-byte rows of
+    B over half of K (1 x 8192 x 28672: 1.02x cuBLAS against 0.95x, docs/performance.md)."""
+    if _tiles(m, n, 128) >= sms:
+        return Config(in_dtype, out_dtype, *WIDE, 1, b_kmajor)
     bn = 64 if _tiles(m, n, 64) <= sms else 128
     tiles = _tiles(m, n, bn)
     split = 1
@@ -137,6 +155,8 @@ def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool
         if tiles * s > sms or k < 4 * s * _tile(bn, s)[0]:
             break
         split = s
+    if m <= DECODE_M and bn == 64 and split == 1 and 2 * _tiles(m, n, 128) <= sms and k >= 8 * _tile(128, 2)[0]:
+        bn, split = 128, 2
     return Config(in_dtype, out_dtype, bn, *_tile(bn, split), split, b_kmajor)
 
 
@@ -317,7 +337,7 @@ def tune_configs(in_dtype: str, out_dtype: str, b_kmajor: bool) -> List[Config]:
 
 def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
     """sm_90a: {fp16, bf16} in x {same, fp32} out x B {N-major, K-major} x every (tile, split) the
-    policy can pick: 8 each, 64 in all (tune=True: every TUNE tile at every split); none for other
+    policy can pick: 9 each, 72 in all (tune=True: every TUNE tile at every split); none for other
     archs."""
     if arch != "sm_90a":
         return []
@@ -329,6 +349,7 @@ def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
                     keys += [c.key for c in tune_configs(i, o, bk)]
                 else:
                     keys += [Config(i, o, bn, *_tile(bn, s), s, bk).key for bn in TILES for s in SPLITS]
+                    keys.append(Config(i, o, *WIDE, 1, bk).key)
     return keys
 
 

@@ -4,9 +4,9 @@ Triton and prebuilt to cubins like the Gluon kernels.
 Contract
   op        q, scale = quantize_fp8(x, recipe) for recipe "row" (scale [R, 1]) and "block_1x128"
             (scale [R, ceil(C / 128)]), as core/fp8_checks.quantize computes them: amax over the
-            block's finite |x|, scale = amax / fp8_max (1 where that is 0), q = clamp(x / scale,
-            -fp8_max, fp8_max) rounded to nearest even, NaN kept. Bit-exact with the reference:
-            the divisions are IEEE (div.rn), not the approximate ones.
+            block's finite |x|, scale = amax / fp8_max (1 where that is 0), q = clamp(x * (1 /
+            scale), -fp8_max, fp8_max) rounded to nearest even, NaN kept. Bit-exact with the
+            reference: its two divisions a scale are IEEE (div.rn), not the approximate ones.
   dtypes    x float32 | float16 | bfloat16; q float8_e4m3fn | float8_e5m2; scale float32.
   layout    x 2-D, its last dim contiguous, any row stride; 16-byte aligned base, cols and row
             stride multiples of 16 bytes (16-byte loads); q and scale fresh and compact.
@@ -39,21 +39,20 @@ _OUT_SHORT = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 _OUT_LONG = {v: k for k, v in _OUT_SHORT.items()}
 
 
-class Config(namedtuple("Config", "in_dtype out_dtype block_c block_m seg warps recip", defaults=(0,))):
+class Config(namedtuple("Config", "in_dtype out_dtype block_c block_m seg warps")):
     """One compiled variant: BLOCK_M rows of BLOCK_C columns a program, a scale per `seg` columns
-    (seg == block_c: the row recipe). recip 1: q = x * (1 / scale), one IEEE division a scale
-    instead of one a value (not the contract's rounding, which divides: a tune candidate only)."""
+    (seg == block_c: the row recipe)."""
     __slots__ = ()
 
     @property
     def key(self) -> str:
         return (f"{NAME}/{SHORT_DTYPE[self.in_dtype]}-{_OUT_SHORT[self.out_dtype]}/"
-                f"c{self.block_c}-m{self.block_m}-s{self.seg}-w{self.warps}" + ("-r1" if self.recip else ""))
+                f"c{self.block_c}-m{self.block_m}-s{self.seg}-w{self.warps}")
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
         (i, o), f = parse_key(key, NAME)
-        return cls(LONG_DTYPE[i], _OUT_LONG[o], f["c"], f["m"], f["s"], f["w"], f.get("r", 0))
+        return cls(LONG_DTYPE[i], _OUT_LONG[o], f["c"], f["m"], f["s"], f["w"])
 
     def check(self) -> None:
         pow2 = lambda v: v > 0 and v & (v - 1) == 0        # noqa: E731
@@ -62,35 +61,27 @@ class Config(namedtuple("Config", "in_dtype out_dtype block_c block_m seg warps 
         assert SEGMENT <= self.block_c <= MAX_COLS and self.seg in (SEGMENT, self.block_c), self
 
 
-ELEMS_PER_THREAD = 32
+ELEMS_PER_THREAD = 16
 
 
 def choose(cols: int, in_dtype: str, out_dtype: str, recipe: str) -> Config:
-    """BLOCK_C = cols rounded up to a power of two (>= 128); 32 values of x a thread: 4 warps up
-    to 4096 columns (more rows a program below), 8 at 8192, 16 at 16384. The first model gave a
-    thread 64-128 values, 111-196 registers and 2 programs an SM, and ran at 0.31-0.45x copy on
-    the H200 (2026-12-02); at 32 values ptxas gives 48-56 registers (no spills), ~9 programs an
-    SM. To be confirmed on the H200 (issue 21)."""
+    """BLOCK_C = cols rounded up to a power of two (>= 128); 16 values of x a thread: 4 warps up
+    to 2048 columns (more rows a program below), 8 at 4096, 16 at 8192 and 16384 (32 a thread
+    there). The launch-shape sweep is in docs/performance.md (Measurements behind the code)."""
     block_c = max(SEGMENT, 1 << (cols - 1).bit_length())
     warps = min(16, max(4, block_c // (32 * ELEMS_PER_THREAD)))
     block_m = max(1, 32 * warps * ELEMS_PER_THREAD // block_c)
     return Config(in_dtype, out_dtype, block_c, block_m, block_c if recipe == "row" else SEGMENT, warps)
 
 
-# (BLOCK_C, BLOCK_M, warps) around choose()'s pick, bf16 -> e4m3 rows of 4096 and 8192: 8 to 128
-# values a thread, 1 to 4 rows a program; built on request for benchmarks/fp8.py --only tune. The
-# sweep of 2026-12-02 had the picks best at 0.80-0.83x copy, with ~20 instructions a value (an IEEE
-# division among them) near the SMs' issue rate: the picks again with a multiply by 1 / scale test it
-TUNE = ((4096, 1, 4), (4096, 1, 8), (4096, 1, 16), (4096, 2, 4), (4096, 2, 8), (4096, 4, 16),
-        (8192, 1, 4), (8192, 1, 8), (8192, 1, 16), (8192, 2, 8), (8192, 2, 16), (8192, 4, 16))
-TUNE_RECIP = ((4096, 1, 4), (4096, 1, 8), (8192, 1, 8), (8192, 1, 16))
-# a tune policy's note that runs the recip variant (run() reads it; policy() never sets it)
-RECIP_NOTE = "q = x * (1 / scale)"
+# (BLOCK_C, BLOCK_M, warps) around choose()'s pick, bf16 -> e4m3 rows of 4096 and 8192: 8 to 64
+# values a thread, 1 to 4 rows a program; built on request for benchmarks/fp8.py --only tune
+TUNE = ((4096, 1, 4), (4096, 1, 8), (4096, 1, 16), (4096, 2, 8), (4096, 2, 16),
+        (8192, 1, 8), (8192, 1, 16), (8192, 2, 16))
 
 
 def tune_entries() -> List[str]:
-    return ([Config("bfloat16", "float8_e4m3fn", c, m, c, w).key for c, m, w in TUNE]
-            + [Config("bfloat16", "float8_e4m3fn", c, m, c, w, 1).key for c, m, w in TUNE_RECIP])
+    return [Config("bfloat16", "float8_e4m3fn", c, m, c, w).key for c, m, w in TUNE]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,8 +94,7 @@ def _define():
 
     @triton.jit
     def xgemm_quantize_fp8(x_ptr, q_ptr, s_ptr, R, C, ldx, n_seg,
-                           FMAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, SEG: tl.constexpr,
-                           RECIP: tl.constexpr):
+                           FMAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, SEG: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_C)
         rows64 = rows.to(tl.int64)
@@ -115,10 +105,11 @@ def _define():
         amax = tl.max(tl.reshape(mag, (BLOCK_M, BLOCK_C // SEG, SEG)), axis=2)
         scale = tl.math.div_rn(amax, tl.full(amax.shape, FMAX, tl.float32))
         scale = tl.where(scale > 0, scale, 1.0)
-        # the tune-only RECIP variant multiplies each value by 1 / scale (Config)
-        per = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale) if RECIP else scale
-        full = tl.reshape(tl.broadcast_to(per[:, :, None], (BLOCK_M, BLOCK_C // SEG, SEG)), (BLOCK_M, BLOCK_C))
-        y = tl.clamp(x * full if RECIP else tl.math.div_rn(x, full), -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
+        # one division a scale, a multiply a value: a division a value (~20 instructions) kept the
+        # kernel at 0.80-0.83x copy, issue-bound (docs/performance.md)
+        inv = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
+        full = tl.reshape(tl.broadcast_to(inv[:, :, None], (BLOCK_M, BLOCK_C // SEG, SEG)), (BLOCK_M, BLOCK_C))
+        y = tl.clamp(x * full, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
         tl.store(q_ptr + rows64[:, None] * C + cols[None, :],
                  y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
         segs = tl.arange(0, BLOCK_C // SEG)
@@ -136,7 +127,7 @@ def gluon_compile_args(key: str, arch: str):
     sig = {"x_ptr": f"*{SHORT_DTYPE[cfg.in_dtype]}", "q_ptr": "*fp8e4nv" if cfg.out_dtype == "float8_e4m3fn"
            else "*fp8e5", "s_ptr": "*fp32", "R": "i32", "C": "i32", "ldx": "i64", "n_seg": "i32"}
     constexprs = {"FMAX": fp8_checks.FP8_MAX[cfg.out_dtype], "BLOCK_M": cfg.block_m, "BLOCK_C": cfg.block_c,
-                  "SEG": cfg.seg, "RECIP": cfg.recip}
+                  "SEG": cfg.seg}
     sig.update({k: "constexpr" for k in constexprs})
     # 16-byte bases, cols and row stride multiples of 16 bytes of x: 16-byte loads (and the
     # masks constant over each vector). C is promised a multiple of vec only, what supports()
@@ -200,8 +191,7 @@ class TritonQuantizeSm90:
     def run(self, problem, policy, operands, out, stream) -> None:
         """operands (x, scale): scale is the float32 [R, segments] array it writes beside q (out)."""
         x, scale = operands
-        cfg = self._config(problem)._replace(block_m=policy.tile[0], block_c=policy.tile[1], warps=policy.warps,
-                                             recip=int(RECIP_NOTE in policy.notes))
+        cfg = self._config(problem)._replace(block_m=policy.tile[0], block_c=policy.tile[1], warps=policy.warps)
         entry = gluon_cache.lookup(cfg.key)
         launcher = launch.get_launcher(entry.cubin, entry.meta, x.device.index)
         rows, cols = problem.x.shape

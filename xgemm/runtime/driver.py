@@ -115,6 +115,8 @@ _SIGNATURES = {
     "cuDevicePrimaryCtxRetain": [ctypes.POINTER(_P), _I],
     "cuCtxPushCurrent_v2": [_P],
     "cuCtxPopCurrent_v2": [ctypes.POINTER(_P)],
+    "cuCtxGetCurrent": [ctypes.POINTER(_P)],
+    "cuCtxSetCurrent": [_P],
     "cuModuleLoadData": [ctypes.POINTER(_P), ctypes.c_char_p],
     "cuModuleGetFunction": [ctypes.POINTER(_P), _P, ctypes.c_char_p],
     "cuFuncSetAttribute": [_P, _I, _I],
@@ -294,6 +296,24 @@ def primary_context(index: int) -> int:
         with _lock:
             ctx = _contexts.setdefault(index, c.value)
     return ctx
+
+
+_bound = threading.local()
+
+
+def bind_thread(index: int) -> None:
+    """Make the device's primary context current on this thread when none is: a thread that has
+    run no CUDA runtime call has none (torch's autograd worker threads, whose device guard skips
+    cudaSetDevice when the index already matches, and fresh user threads), and a driver-API launch
+    there fails with CUDA_ERROR_INVALID_CONTEXT. The runtime would bind the same context; once per
+    thread and device."""
+    if getattr(_bound, "index", None) == index:
+        return
+    current = _P()
+    check(_fn("cuCtxGetCurrent")(ctypes.byref(current)), "cuCtxGetCurrent")
+    if not current.value:
+        check(_fn("cuCtxSetCurrent")(primary_context(index)), "cuCtxSetCurrent", f"device {index}")
+    _bound.index = index
 
 
 class current_context:

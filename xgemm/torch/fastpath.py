@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 from xgemm import arrays
 from xgemm.core import policy
+from xgemm.runtime import driver
 from xgemm.torch import native as torch_native
 
 _gemm: dict = {}
@@ -77,14 +78,18 @@ def _number(v: Any) -> bool:
 
 def _stream_getter(problem: Any) -> Callable[[int], int]:
     """index -> the current stream of that device as an int: torch's raw getter (one C call;
-    torch.cuda.current_stream builds a Stream object) where it exists, else arrays'."""
+    torch.cuda.current_stream builds a Stream object) where it exists, else arrays'; first the
+    thread is bound to the device's context, as prepare.run does (torch's autograd workers have
+    none)."""
     if problem.device.kind != "cuda":
         return lambda index: 0
     raw = getattr(sys.modules["torch"]._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw
     device = problem.device
-    return lambda index: arrays.current_stream("torch", device)
+
+    def stream(index: int, bind=driver.bind_thread) -> int:
+        bind(index)
+        return raw(index) if raw is not None else arrays.current_stream("torch", device)
+    return stream
 
 
 def _bind(binder: Optional[Callable], *args: Any) -> Optional[Callable]:
