@@ -163,7 +163,7 @@ def model_layer_kernels(mat) -> int:
     if _mark("gate op fwd+bwd", "triton_gate_sm90"):
         # xgemm::gate alone (the gated product before it is a wgmma kernel, which racecheck cannot take)
         from xgemm.torch import ops
-        h = (a @ b).requires_grad_()
+        h = torch.randn(512, 1024, device=dev).bfloat16().requires_grad_()
         y = ops.gate_op(h, "swiglu")
         y.backward(torch.ones_like(y))
         torch.cuda.synchronize()

@@ -231,14 +231,14 @@ def ptx(tmp_path_factory):
         "coop_fp8_promote": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                       COL, ROW, None, True, nob, 66, "sm_90a", opts,
                                       epi=K90.Epi(scale_m=True, scale_n=True, promote=True)),
-        # the same with two wgmma accumulators in turn (the default call's class)
+        # the same with two wgmma accumulators in turn (a tune candidate: 0.70x on the H200)
         "coop_fp8_overlap": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                       COL, ROW, None, True, nob, 66, "sm_90a", opts,
                                       epi=K90.Epi(scale_m=True, scale_n=True, promote=True, overlap=True)),
         # block-wise scales (1x128 A, 128x128 B): each k-tile's sum scaled as it is promoted
         "coop_fp8_block": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                     COL, ROW, None, True, nob, 66, "sm_90a", opts,
-                                    epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True, overlap=True)),
+                                    epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True)),
         # gated (SwiGLU): B = [gate | up] through a 4-D TMA view, D half as wide
         "pp_gated_silu": K90.build(K90.Config(128, 128, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
                                    ROW, None, True, nob, 66, "sm_90a", opts,
@@ -330,16 +330,17 @@ def test_ptx_sm90_fp8_promote(ptx):
 @needs_dsl
 def test_promoting_classes_keep_their_accumulators_in_registers(tmp_path):
     """The promoting FP8 class on cooperative 128x192 tiles (96 accumulator registers a thread,
-    twice: the width benchmarks/fp8.py --only tune times beside 128), and the overlapped block-scaled
-    class on 128x128 (64, three times), assemble with no stack and no local memory (cuobjdump,
+    twice: the width benchmarks/fp8.py --only tune times beside 128), and the block-scaled class on
+    128x128, overlapped (64, three times) or not, assemble with no stack and no local memory (cuobjdump,
     shipped with triton); 128x224 would hold more than the class allows."""
     import subprocess
     knobs = pytest.importorskip("triton.knobs")
     tool = knobs.nvidia.cuobjdump.path
     epi = K90.Epi(scale_m=True, scale_n=True, promote=True)
-    for cfg, e in ((K90.Config(128, 192, 2, 1, False, True, 8), epi),
-                   (K90.Config(128, 128, 2, 1, False, True, 8), dataclasses.replace(epi, overlap=True, block=True))):
-        out = tmp_path / f"{cfg.tile_n}"
+    for i, (cfg, e) in enumerate(((K90.Config(128, 192, 2, 1, False, True, 8), epi),
+                                  (K90.Config(128, 128, 2, 1, False, True, 8), dataclasses.replace(epi, overlap=True, block=True)),
+                                  (K90.Config(128, 128, 2, 1, False, True, 8), dataclasses.replace(epi, block=True)))):
+        out = tmp_path / f"class{i}"
         out.mkdir()
         K90.build(cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True,
                   (False,) * 4, 66, "sm_90a", f"--keep-cubin --dump-dir={out}", epi=e)
@@ -355,8 +356,9 @@ def test_promoting_classes_keep_their_accumulators_in_registers(tmp_path):
 @needs_dsl
 def test_ptx_sm90_fp8_overlapped_promotion(ptx):
     """With two wgmma accumulators in turn, a step issues k-tile t and waits for t - 1 only
-    (wait_group 1) before promoting it, so the tensor cores run through each promotion; the steps
-    come in pairs (two promotions traced in the loop, one after it), and nothing spills."""
+    (wait_group 1) before promoting it; the steps come in pairs (two promotions traced in the loop,
+    one after it), and nothing spills. (It ran at 0.70x the one-accumulator class on the H200,
+    2026-12-02: a tune candidate, not the default.)"""
     overlap = ptx["coop_fp8_overlap"][1]
     assert _count(overlap, r"wgmma\.wait_group\.sync\.aligned\s+1;") == 2
     assert _count(overlap, r"\badd\.(rn\.)?f32\b") >= 3 * 64
@@ -369,19 +371,21 @@ def test_ptx_sm90_fp8_overlapped_promotion(ptx):
 @needs_dsl
 def test_ptx_sm90_fp8_block_scales(ptx):
     """A block-scaled class multiplies each k-tile's sum by its scales as it promotes it (an fma a
-    register: two promotions in the overlapped loop, one after it) and the epilogue applies none.
-    A thread's 64 registers share two rows of A and one block of B: three scale loads and two
-    products a k-tile, issued right after the k-tile's wgmmas, so that they overlap them (issued
-    just before the wait, their latency cost 40% of the promoting class's rate on the H200)."""
+    register, in the loop and after it) and the epilogue applies none. A thread's 64 registers
+    share two rows of A and one block of B: three scale loads and two products a k-tile, issued
+    right after the k-tile's wgmmas, so that they overlap them (issued just before the wait, the
+    class ran at 0.6x the promoting class's rate on the H200)."""
     block, promote = ptx["coop_fp8_block"][1], ptx["coop_fp8_promote"][1]
-    assert _count(block, r"\bfma\.rn\.f32\b") == 3 * 64 and _count(block, r"\bmul\.(rn\.)?f32\b") == 3 * 2
+    assert _count(block, r"\bfma\.rn\.f32\b") == 2 * 64 and _count(block, r"\bmul\.(rn\.)?f32\b") == 2 * 2
     # the promoting class loads its scale vectors in the epilogue, the block-scaled one none there:
-    # k-tile 0's before the loop, then each step's after its wgmmas
-    assert _count(block, r"\bld\.global") == 3 * 3 < _count(promote, r"\bld\.global")
+    # k-tile 0's before the loop, then each k-tile's after its wgmmas
+    assert _count(block, r"\bld\.global") == 2 * 3 < _count(promote, r"\bld\.global")
+    assert _count(block, r"wgmma\.wait_group\.sync\.aligned\s+1;") == 0
     assert "ld.local" not in block and "st.local" not in block
     loop = block[block.rindex('.pragma "nounroll"'):]
-    first = loop.index("wgmma.commit_group")
-    assert _count(loop[:first], r"\bld\.global") == 0, loop[:first]
+    waits = loop.index("wgmma.wait_group.sync.aligned")
+    commit = loop.index("wgmma.commit_group", waits)
+    assert _count(loop[:commit], r"\bld\.global") == 0 and _count(loop[commit:], r"\bld\.global") == 3
     with pytest.raises(AssertionError, match="block scales"):
         K90.Epi(scale_m=True, scale_n=True, block=True).check()
     with pytest.raises(AssertionError, match="crosses B's scale blocks"):

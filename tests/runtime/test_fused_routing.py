@@ -108,7 +108,7 @@ def test_scaled_matmul_launches_the_fp8_class():
             y = xgemm.scaled_matmul(a, b, *block, use_fast_accum=fast)
         (key, args), = _cute_calls(fake)
         assert key[2].tile_n == 128 and not key[2].pingpong
-        assert key[-1] == K90.Epi(None, None, None, True, True, promote=True, block=True, overlap=True)
+        assert key[-1] == K90.Epi(None, None, None, True, True, promote=True, block=True)
         assert args[5] is block[0] and args[6] is block[1] and args[2].data_ptr() == y.data_ptr()
         assert "multiplied by its block scales" in text, text
     for scales, fast in ((row, True), (block, True), (row, False), (block, False)):
@@ -165,7 +165,7 @@ def test_default_accumulation_runs_the_promoting_class_and_fast_accum_the_fast_o
             if fast:
                 assert key[-1] == K90.Epi(scale_m=True, scale_n=True) and key[2].pingpong
             else:
-                assert key[-1] == K90.Epi(scale_m=True, scale_n=True, promote=True, overlap=True)
+                assert key[-1] == K90.Epi(scale_m=True, scale_n=True, promote=True)
                 assert key[2].tile_m == 128 and key[2].tile_n == 128 and not key[2].pingpong
     with Fake(keep=True):
         text = str(xgemm.explain(a, b, *row, op="scaled_matmul"))

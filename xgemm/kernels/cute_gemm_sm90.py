@@ -151,12 +151,9 @@ class _Sm90Kernel:
         if not problem.fused:
             return None
         bias, scaled, act = problem.bias, problem.scales is not None, problem.epilogue.activation
-        promote = scaled and PROMOTE_NOTE in policy.notes
-        # two wgmma accumulators in turn where a third fits (64 registers each: 128x128 tiles)
-        overlap = promote and policy.tile[0] * policy.tile[1] <= 128 * 128
         return Epi(("m" if swapped(policy) else "n") if bias is not None else None,
                    bias.dtype if bias is not None else None, GATED.get(act, act), scaled, scaled, act in GATED,
-                   promote=promote, block=_block_scales(problem), overlap=overlap)
+                   promote=scaled and PROMOTE_NOTE in policy.notes, block=_block_scales(problem))
 
     def supports(self, problem) -> Optional[str]:
         dev = problem.device
