@@ -65,7 +65,8 @@ class Epi:
     and the epilogue applies none. overlap (with promote): two wgmma accumulators in turn, so that
     k-tile t's wgmmas run while k-tile t - 1's sum is promoted (three accumulators a thread: up to
     64 registers each, cooperative 128x128). It ran at 0.70x the one-accumulator class on the
-    H200 (docs/performance.md): benchmarks/fp8.py --only tune times it; no policy picks it."""
+    H200: ptxas serializes its wgmmas (C7514: non-wgmma reads of an accumulator inside the
+    pipeline stage; docs/performance.md). benchmarks/fp8.py --only tune times it; no policy picks it."""
     bias: Optional[str] = None
     bias_dtype: Optional[str] = None
     activation: Optional[str] = None
