@@ -235,6 +235,10 @@ def ptx(tmp_path_factory):
         "coop_fp8_overlap": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                       COL, ROW, None, True, nob, 66, "sm_90a", opts,
                                       epi=K90.Epi(scale_m=True, scale_n=True, promote=True, overlap=True)),
+        # the same with its warpgroups one wgmma batch apart (a tune candidate, untimed)
+        "coop_fp8_stagger": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
+                                      COL, ROW, None, True, nob, 66, "sm_90a", opts,
+                                      epi=K90.Epi(scale_m=True, scale_n=True, promote=True, stagger=True)),
         # block-wise scales (1x128 A, 128x128 B): each k-tile's sum scaled as it is promoted
         "coop_fp8_block": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                     COL, ROW, None, True, nob, 66, "sm_90a", opts,
@@ -366,6 +370,25 @@ def test_ptx_sm90_fp8_overlapped_promotion(ptx):
     with pytest.raises(AssertionError, match="three times"):
         K90.build(K90.Config(128, 192, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
                   True, (False,) * 4, 66, epi=K90.Epi(scale_m=True, scale_n=True, promote=True, overlap=True))
+
+
+@needs_dsl
+def test_ptx_sm90_fp8_staggered_promotion(ptx):
+    """A staggered class's warpgroup 1 waits at named barrier 2 (256 threads) each tile until
+    warpgroup 0 has issued its first k-tile and arrived there; otherwise its mainloop is the
+    promoting class's (wait_group 0 each k-tile, no spills). Pingpong classes cannot take it."""
+    stagger, promote = ptx["coop_fp8_stagger"][1], ptx["coop_fp8_promote"][1]
+    assert re.search(r"bar(rier)?\.sync(\.aligned)?\s+2,\s*256;", stagger), "no wait at barrier 2"
+    assert re.search(r"bar(rier)?\.arrive(\.aligned)?\s+2,\s*256;", stagger), "no arrive at barrier 2"
+    assert not re.search(r"bar(rier)?\.(sync|arrive)(\.aligned)?\s+2,", promote)
+    for text in (stagger, promote):
+        assert _count(text, r"wgmma\.wait_group\.sync\.aligned\s+1;") == 0
+    assert "ld.local" not in stagger and "st.local" not in stagger
+    with pytest.raises(AssertionError, match="stagger"):
+        K90.build(K90.Config(128, 64, 2, 1, True, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
+                  True, (False,) * 4, 66, epi=K90.Epi(scale_m=True, scale_n=True, promote=True, stagger=True))
+    with pytest.raises(AssertionError, match="stagger"):
+        K90.Epi(scale_m=True, scale_n=True, stagger=True).check()
 
 
 @needs_dsl

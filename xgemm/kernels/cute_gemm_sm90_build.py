@@ -66,7 +66,10 @@ class Epi:
     k-tile t's wgmmas run while k-tile t - 1's sum is promoted (three accumulators a thread: up to
     64 registers each, cooperative 128x128). It ran at 0.70x the one-accumulator class on the
     H200: ptxas serializes its wgmmas (C7514: non-wgmma reads of an accumulator inside the
-    pipeline stage; docs/performance.md). benchmarks/fp8.py --only tune times it; no policy picks it."""
+    pipeline stage; docs/performance.md). benchmarks/fp8.py --only tune times it; no policy picks it.
+    stagger (with promote, cooperative): warpgroup 1 issues each tile's first k-tile after
+    warpgroup 0 has, so its wgmmas run one batch behind: while one warpgroup promotes (its warps'
+    FADDs), the other's wgmmas keep the tensor cores busy. Untimed (a tune candidate)."""
     bias: Optional[str] = None
     bias_dtype: Optional[str] = None
     activation: Optional[str] = None
@@ -76,6 +79,7 @@ class Epi:
     promote: bool = False
     block: bool = False
     overlap: bool = False
+    stagger: bool = False
 
     def check(self) -> None:
         assert self.bias in (None, "n", "m") and (self.bias is None) == (self.bias_dtype is None), self
@@ -88,6 +92,7 @@ class Epi:
         assert not self.promote or (self.scale_m and self.scale_n and not self.gated), f"{self}: promote is FP8's"
         assert not self.block or (self.promote and self.bias != "m"), f"{self}: block scales are promoted, untransposed"
         assert not self.overlap or self.promote, f"{self}: overlap is the promoting mainloop's"
+        assert not self.stagger or self.promote, f"{self}: stagger is the promoting mainloop's"
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -151,6 +156,8 @@ def _device():
             self.gated = epi is not None and epi.gated
             self.promote = epi is not None and epi.promote
             self.overlap = epi is not None and epi.overlap
+            self.stagger = epi is not None and epi.stagger
+            assert not (self.stagger and cfg.pingpong), f"{cfg}: stagger offsets a cooperative tile's warpgroups"
             assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
             # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
             self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
@@ -628,6 +635,11 @@ def _device():
                 while valid:
                     if const_expr(self.pingpong):
                         cute.arch.barrier(barrier_id=BAR_MMA0 + wg_idx, number_of_threads=256)
+                    if const_expr(self.stagger):
+                        if wg_idx == 1:
+                            # one wgmma batch behind warpgroup 0 (Epi.stagger; BAR_MMA0 is
+                            # pingpong's, unused by a cooperative class)
+                            cute.arch.barrier(barrier_id=BAR_MMA0, number_of_threads=256)
                     # ---------------------------------------------------------- mainloop
                     ab_release = ab_read.clone()
                     if const_expr(self.cfg.zero_init):
@@ -644,6 +656,9 @@ def _device():
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.commit_group()
                     ab_read.advance()
+                    if const_expr(self.stagger):
+                        if wg_idx == 0:
+                            cute.arch.barrier_arrive(barrier_id=BAR_MMA0, number_of_threads=256)
                     if const_expr(self.block):
                         self._block_scales(mScaleM, mScaleN, tCcAcc, tc, 0, k_scale)
                     if const_expr(self.overlap):
