@@ -162,10 +162,9 @@ PROMOTE_TILES = (128, 192)
 
 def promote_candidates(m: int, n: int, k: int) -> list:
     """(label, class spec, Epi) of the promoting FP8 class (tensor / row scales as vectors) at each
-    PROMOTE_TILES width with one wgmma accumulator (128: the default call's class), and at 128 with
-    two in turn (Epi.overlap) and with its warpgroups one wgmma batch apart (Epi.stagger); the
-    policy's cluster, raster and swizzle otherwise. tests/gpu/prebuild_classes.py compiles them
-    ahead."""
+    PROMOTE_TILES width (128: the default call's class), and at 128 with its warpgroups one wgmma
+    batch apart (Epi.stagger); the policy's cluster, raster and swizzle otherwise.
+    tests/gpu/prebuild_classes.py compiles them ahead."""
     import dataclasses
 
     from xgemm.core.problem import COL, ROW
@@ -173,8 +172,7 @@ def promote_candidates(m: int, n: int, k: int) -> list:
     from xgemm.kernels.cute_gemm_sm90_policy import choose_fp8_promoted_policy
     base = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1))
     out = []
-    variants = [(tn, "", {}) for tn in PROMOTE_TILES] + [(128, " overlapped", {"overlap": True}),
-                                                        (128, " staggered", {"stagger": True})]
+    variants = [(tn, "", {}) for tn in PROMOTE_TILES] + [(128, " staggered", {"stagger": True})]
     for tn, tag, knobs in variants:
         cfg = dataclasses.replace(base, tile_n=tn)
         spec = (cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True, (False,) * 4,

@@ -231,10 +231,6 @@ def ptx(tmp_path_factory):
         "coop_fp8_promote": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                       COL, ROW, None, True, nob, 66, "sm_90a", opts,
                                       epi=K90.Epi(scale_m=True, scale_n=True, promote=True)),
-        # the same with two wgmma accumulators in turn (a tune candidate: 0.70x on the H200)
-        "coop_fp8_overlap": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
-                                      COL, ROW, None, True, nob, 66, "sm_90a", opts,
-                                      epi=K90.Epi(scale_m=True, scale_n=True, promote=True, overlap=True)),
         # the same with its warpgroups one wgmma batch apart (a tune candidate, untimed)
         "coop_fp8_stagger": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                       COL, ROW, None, True, nob, 66, "sm_90a", opts,
@@ -335,14 +331,13 @@ def test_ptx_sm90_fp8_promote(ptx):
 def test_promoting_classes_keep_their_accumulators_in_registers(tmp_path):
     """The promoting FP8 class on cooperative 128x192 tiles (96 accumulator registers a thread,
     twice: the width benchmarks/fp8.py --only tune times beside 128), and the block-scaled class on
-    128x128, overlapped (64, three times) or not, assemble with no stack and no local memory (cuobjdump,
-    shipped with triton); 128x224 would hold more than the class allows."""
+    128x128, assemble with no stack and no local memory (cuobjdump, shipped with triton); 128x224
+    would hold more than the class allows."""
     import subprocess
     knobs = pytest.importorskip("triton.knobs")
     tool = knobs.nvidia.cuobjdump.path
     epi = K90.Epi(scale_m=True, scale_n=True, promote=True)
     for i, (cfg, e) in enumerate(((K90.Config(128, 192, 2, 1, False, True, 8), epi),
-                                  (K90.Config(128, 128, 2, 1, False, True, 8), dataclasses.replace(epi, overlap=True, block=True)),
                                   (K90.Config(128, 128, 2, 1, False, True, 8), dataclasses.replace(epi, block=True)))):
         out = tmp_path / f"class{i}"
         out.mkdir()
@@ -355,21 +350,6 @@ def test_promoting_classes_keep_their_accumulators_in_registers(tmp_path):
     with pytest.raises(AssertionError, match="accumulator registers"):
         K90.build(K90.Config(128, 224, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
                   True, (False,) * 4, 66, epi=epi)
-
-
-@needs_dsl
-def test_ptx_sm90_fp8_overlapped_promotion(ptx):
-    """With two wgmma accumulators in turn, a step issues k-tile t and waits for t - 1 only
-    (wait_group 1) before promoting it; the steps come in pairs (two promotions traced in the loop,
-    one after it), and nothing spills. (It ran at 0.70x the one-accumulator class on the H200,
-    2026-12-02: a tune candidate, not the default.)"""
-    overlap = ptx["coop_fp8_overlap"][1]
-    assert _count(overlap, r"wgmma\.wait_group\.sync\.aligned\s+1;") == 2
-    assert _count(overlap, r"\badd\.(rn\.)?f32\b") >= 3 * 64
-    assert "ld.local" not in overlap and "st.local" not in overlap
-    with pytest.raises(AssertionError, match="three times"):
-        K90.build(K90.Config(128, 192, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
-                  True, (False,) * 4, 66, epi=K90.Epi(scale_m=True, scale_n=True, promote=True, overlap=True))
 
 
 @needs_dsl

@@ -62,14 +62,11 @@ class Epi:
     DeepSeek-V3 and CUTLASS's non-fast-accum FP8 kernels do. block (FP8, with promote): the scales
     are block-wise, scale_m (M, K/128) per row of A and 128-deep k-block, scale_n (K/128, N/128)
     per 128x128 block of B; each k-tile's sum is multiplied by its two scales as it is promoted,
-    and the epilogue applies none. overlap (with promote): two wgmma accumulators in turn, so that
-    k-tile t's wgmmas run while k-tile t - 1's sum is promoted (three accumulators a thread: up to
-    64 registers each, cooperative 128x128). It ran at 0.70x the one-accumulator class on the
-    H200: ptxas serializes its wgmmas (C7514: non-wgmma reads of an accumulator inside the
-    pipeline stage; docs/performance.md). benchmarks/fp8.py --only tune times it; no policy picks it.
-    stagger (with promote, cooperative): warpgroup 1 issues each tile's first k-tile after
-    warpgroup 0 has, so its wgmmas run one batch behind: while one warpgroup promotes (its warps'
-    FADDs), the other's wgmmas keep the tensor cores busy. Untimed (a tune candidate)."""
+    and the epilogue applies none. stagger (with promote, cooperative): warpgroup 1 issues each
+    tile's first k-tile after warpgroup 0 has, so its wgmmas run one batch behind: while one
+    warpgroup promotes (its warps' FADDs), the other's wgmmas keep the tensor cores busy. Untimed
+    (a tune candidate). (Two wgmma accumulators in turn, tried before it, ran at 0.70x: ptxas
+    serializes the wgmmas, docs/performance.md.)"""
     bias: Optional[str] = None
     bias_dtype: Optional[str] = None
     activation: Optional[str] = None
@@ -78,7 +75,6 @@ class Epi:
     gated: bool = False
     promote: bool = False
     block: bool = False
-    overlap: bool = False
     stagger: bool = False
 
     def check(self) -> None:
@@ -91,7 +87,6 @@ class Epi:
                                   and not (self.scale_m or self.scale_n)), self
         assert not self.promote or (self.scale_m and self.scale_n and not self.gated), f"{self}: promote is FP8's"
         assert not self.block or (self.promote and self.bias != "m"), f"{self}: block scales are promoted, untransposed"
-        assert not self.overlap or self.promote, f"{self}: overlap is the promoting mainloop's"
         assert not self.stagger or self.promote, f"{self}: stagger is the promoting mainloop's"
 
 NAME = "cute_gemm_sm90"
@@ -155,7 +150,6 @@ def _device():
             self.scale_n = epi is not None and epi.scale_n and not self.block
             self.gated = epi is not None and epi.gated
             self.promote = epi is not None and epi.promote
-            self.overlap = epi is not None and epi.overlap
             self.stagger = epi is not None and epi.stagger
             assert not (self.stagger and cfg.pingpong), f"{cfg}: stagger offsets a cooperative tile's warpgroups"
             assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
@@ -179,7 +173,6 @@ def _device():
             # a promoting class holds a second accumulator as large as the first: up to 96 registers
             # a thread each (cooperative 128x192), 192 of the 232 a consumer thread gets
             assert not self.promote or acc_regs <= 96, f"{cfg}: {acc_regs} accumulator registers a thread, twice"
-            assert not self.overlap or acc_regs <= 64, f"{cfg}: {acc_regs} accumulator registers a thread, three times"
             # a k-tile's B scale is one value: a tile spans no more than one 128-column block
             assert not self.block or 128 % cfg.tile_n == 0, f"{cfg}: tile_n {cfg.tile_n} crosses B's scale blocks"
             # setmaxnreg budgets: 2 x 128 x mma + 128 x load <= 64K registers
@@ -538,12 +531,8 @@ def _device():
                 acc = cute.make_rmem_tensor(
                     thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
                 acc_main = None
-                acc_odd = None               # overlap: the odd k-tiles' wgmma accumulator
                 if const_expr(self.promote):
                     acc_main = cute.make_rmem_tensor(
-                        thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
-                if const_expr(self.overlap):
-                    acc_odd = cute.make_rmem_tensor(
                         thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
                 # block scales: each accumulator register's (m, n) in the tile, and its k-tile's scale
                 tCcAcc = None
@@ -661,41 +650,7 @@ def _device():
                             cute.arch.barrier_arrive(barrier_id=BAR_MMA0, number_of_threads=256)
                     if const_expr(self.block):
                         self._block_scales(mScaleM, mScaleN, tCcAcc, tc, 0, k_scale)
-                    if const_expr(self.overlap):
-                        # k-tile t's wgmmas go into acc (t even) or acc_odd (t odd); each step issues
-                        # t, waits for t - 1 only (wait_group 1), releases its stage and promotes it
-                        # while t runs (times its block scales, whose successors load meanwhile).
-                        # The steps come in pairs (the accumulators' roles are fixed in the code); a
-                        # pair's second step runs on copies of the pipeline states, which advance
-                        # after it by whether it ran, so no state changes inside a branch.
-                        acc_main.fill(0.0)
-                        for k_tile in cutlass.range(1, k_tile_cnt, 2, unroll=1):
-                            for half in cutlass.range_constexpr(2):
-                                acc_new, acc_prev = (acc_odd, acc) if half == 0 else (acc, acc_odd)
-                                if k_tile + half < k_tile_cnt:
-                                    read, release = ab_read.clone(), ab_release.clone()
-                                    if const_expr(half == 1):
-                                        read.advance()
-                                        release.advance()
-                                    ab_pipeline.consumer_wait(read)
-                                    tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-                                    warpgroup.fence()
-                                    for kb in cutlass.range_constexpr(num_k_blocks):
-                                        cute.gemm(tiled_mma, acc_new, tCrA[(None, None, kb, read.index)],
-                                                  tCrB[(None, None, kb, read.index)], acc_new)
-                                        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-                                    warpgroup.commit_group()
-                                    warpgroup.wait_group(1)
-                                    ab_pipeline.consumer_release(release)
-                                    if const_expr(self.block):
-                                        acc_main.store(acc_main.load() + acc_prev.load() * k_scale.load())
-                                        self._block_scales(mScaleM, mScaleN, tCcAcc, tc, k_tile + half, k_scale)
-                                    else:
-                                        acc_main.store(acc_main.load() + acc_prev.load())
-                            more = Int32(cutlass.select_(k_tile + 1 < k_tile_cnt, Int32(2), Int32(1)))
-                            ab_read.advance(more)
-                            ab_release.advance(more)
-                    elif const_expr(self.promote):
+                    if const_expr(self.promote):
                         # every k-tile's sum goes into float32 registers: wait for it, add it,
                         # and let the next k-tile's first wgmma overwrite the accumulator
                         acc_main.fill(0.0)
@@ -739,10 +694,6 @@ def _device():
                     warpgroup.wait_group(0)
                     ab_pipeline.consumer_release(ab_release)
                     ab_release.advance()
-                    if const_expr(self.overlap):
-                        # the last k-tile's sum is in acc_odd when k_tile_cnt is even
-                        if k_tile_cnt % 2 == 0:
-                            acc.store(acc_odd.load())
                     if const_expr(self.block):
                         acc.store(acc.load() * k_scale.load() + acc_main.load())
                     elif const_expr(self.promote):
