@@ -136,7 +136,8 @@ def model_layer_kernels(mat) -> int:
     import torch
 
     import xgemm
-    from xgemm import grouped
+    from xgemm import arrays, grouped
+    from xgemm.core import fp8_checks
     bad, dev = 0, "cuda"
     a, b, v = mat(512, 256), mat(256, 1024), torch.randn(1024, device=dev).bfloat16()
     for label, call, ref in (
@@ -177,8 +178,9 @@ def model_layer_kernels(mat) -> int:
         wb8, swb = xgemm.quantize_fp8(mat(768, 1024), "block_128x128")     # per 128x128 block of b.t()
         d = xgemm.scaled_matmul(ab8, wb8.t(), sab, swb.t().contiguous())
         torch.cuda.synchronize()
-        ref = ((ab8.double() * sab.double().repeat_interleave(128, 1))
-               @ (wb8.double() * swb.double().repeat_interleave(128, 0).repeat_interleave(128, 1)).t())
+        xp, f64 = arrays.namespace("torch"), torch.float64
+        ref = (fp8_checks.dequantize(xp, ab8, sab, (1, 128), f64, dev)
+               @ fp8_checks.dequantize(xp, wb8, swb, (128, 128), f64, dev).t())
         bad += not _check("scaled_matmul block", d, ref, 2e-2)
     sizes = torch.tensor([0, 1, 300, 129, 0, 383], device=dev)
     offs = torch.cumsum(sizes, 0).to(torch.int32)
