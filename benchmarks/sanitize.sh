@@ -49,5 +49,12 @@ if [ "${SAN_CONTROL:-1}" = 1 ] && [[ " $tools " == *" racecheck "* ]]; then
   timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
     python3 benchmarks/sanitize_cases.py --part control > "$out/racecheck-control.log" 2>&1
   echo "racecheck control: rc $?; $(grep -ho 'RACECHECK SUMMARY.*\|ERROR SUMMARY.*' "$out/racecheck-control.log" | tail -1)"
+  # a trivial kernel of our own (shared memory and bar.sync only), unclustered and in 2-CTA clusters,
+  # with the same options as the cases: whether the tool itself fails on cluster launches
+  for n in 1 2; do
+    timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool racecheck --racecheck-report all ${SAN_EXTRA:-} \
+      --print-limit 20 python3 benchmarks/sanitize_cases.py --part cluster$n > "$out/racecheck-cluster$n-control.log" 2>&1
+    echo "racecheck cluster probe $n: rc $?; $(grep -ho 'Internal Sanitizer Error.*\|RACECHECK SUMMARY.*' "$out/racecheck-cluster$n-control.log" | head -2 | tr '\n' ' ')"
+  done
 fi
 python3 benchmarks/sanitize_cases.py --report "$out"

@@ -1,7 +1,7 @@
 """What benchmarks/sanitize.sh runs under compute-sanitizer: every kernel family and policy row once,
 on small shapes, each output checked against torch in float64.
 
-    python benchmarks/sanitize_cases.py --part torch|jax [--cases REGEX]   # the launches (GPU)
+    python benchmarks/sanitize_cases.py --part torch|jax|control|cluster1|cluster2 [--cases REGEX]   # (GPU)
     python benchmarks/sanitize_cases.py --report DIR          # per tool and kernel, from DIR/*.log
 
 --cases runs only the cases whose label matches (re.search): a tool that kills the process on one
@@ -9,7 +9,8 @@ case (racecheck's "failed to handle a hardware exception" on a cluster launch) i
 
 torch part: cute_gemm_sm90 in each row of its policy table (small, medium, mid, large, skinny M,
 skinny N), the transposed run and the untransposed one, batched with an fp32 C; forced
-gluon_matmul_sm90 (B row- and column-major), gluon_splitk_sm90 and cute_mma_sm80; cute_sgemm
+gluon_matmul_sm90 (B row- and column-major), gluon_splitk_sm90 (split, and the unsplit wide tile) and
+cute_mma_sm80; cute_sgemm
 (tiled and split-K with its reduce kernel); zero-padded staging; PDL chains (eight dependent
 GEMMs back to back on one stream, fp16 and fp32); cute_gemm_sm90 forced into each config of
 tests/gpu/test_gemm_tc_gpu.py's CONFIG_CASES (1x1, 2x1 and 1x2 clusters, pingpong and cooperative,
@@ -20,6 +21,9 @@ block scales promoted), quantize_fp8, and the grouped kernel in both modes. jax 
 run with C, softmax single-CTA and cluster). control part: the peers' Hopper GEMMs (cuBLAS through
 torch.matmul, quack's when it imports), to read a tool's verdict on kernels that are not ours
 (sanitize.sh runs it under racecheck; its logs, *-control.log, are reported, never failures).
+cluster1 / cluster2 parts: xgemm_cluster_probe, a trivial PTX kernel (shared memory and bar.sync
+only) launched unclustered and in 2-CTA clusters: whether a tool fails on cluster launches as such
+(sanitize.sh runs them under racecheck beside the control; reported, never failures).
 
 Before each case a line `=== CASE <label> kernel=<name>` goes to stdout (flushed), and the case
 ends with a device synchronize, so the sanitizer's reports that follow a marker are that case's.
@@ -98,6 +102,8 @@ def torch_part() -> int:
     gemm("gluon matmul", mat(512, 256), mat(256, 512), force="gluon_matmul_sm90")
     gemm("gluon matmul B col", mat(512, 256), mat(256, 512, major="col"), force="gluon_matmul_sm90")
     gemm("gluon split-K", mat(16, 8192), mat(8192, 1024), force="gluon_splitk_sm90")
+    # a 128-column tile for every SM: the unsplit WIDE tile, launched without a cluster
+    gemm("gluon split-K wide", mat(1, 512), mat(512, 32768), force="gluon_splitk_sm90")
     gemm("cute sm80 mma", mat(256, 128, torch.float16), mat(128, 256, torch.float16), force="cute_mma_sm80")
     gemm("cute sgemm", mat(512, 512, torch.float32), mat(512, 512, torch.float32), rtol=2e-4)
     gemm("cute sgemm split-K", mat(64, 8192, torch.float32), mat(8192, 64, torch.float32), rtol=2e-4)
@@ -377,9 +383,68 @@ def control_part() -> int:
     return bad
 
 
+# A kernel with nothing of ours in it: each CTA writes tid into shared memory, syncs, and reads
+# another thread's word back (no DSMEM, no TMA, no mbarrier). Racecheck stopped with "failed to
+# handle a hardware exception" on every one of our kernels launched with a cluster of 2 or more
+# CTAs and passed every 1x1 launch (H200, 2026-12-02); this launch, once unclustered and once in
+# clusters of 2, says whether the tool or the kernels are at fault.
+_PROBE_PTX = b"""
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .entry xgemm_cluster_probe(.param .u64 out)
+{
+  .reg .b32 %r<10>;
+  .reg .b64 %rd<5>;
+  .shared .align 4 .b32 buf[256];
+  mov.u32 %r1, %tid.x;
+  mov.u32 %r2, buf;
+  shl.b32 %r3, %r1, 2;
+  add.s32 %r4, %r2, %r3;
+  st.shared.u32 [%r4], %r1;
+  bar.sync 0;
+  sub.s32 %r5, 255, %r1;
+  shl.b32 %r6, %r5, 2;
+  add.s32 %r7, %r2, %r6;
+  ld.shared.u32 %r8, [%r7];
+  mov.u32 %r9, %ctaid.x;
+  mad.lo.s32 %r9, %r9, 256, %r1;
+  ld.param.u64 %rd1, [out];
+  cvta.to.global.u64 %rd2, %rd1;
+  mul.wide.u32 %rd3, %r9, 4;
+  add.s64 %rd4, %rd2, %rd3;
+  st.global.u32 [%rd4], %r8;
+  ret;
+}
+\0"""
+
+
+def cluster_probe(cluster: int) -> int:
+    """xgemm_cluster_probe over 4 CTAs of 256 threads, in clusters of `cluster`; out[c, t] must be
+    255 - t."""
+    import ctypes
+
+    import torch
+
+    from xgemm.runtime import driver
+    out = torch.full((4, 256), -1, dtype=torch.int32, device="cuda")
+    kernel = driver.load_kernel(_PROBE_PTX, "xgemm_cluster_probe", 0, shared=0)
+    cfg = driver.launch_config(256, 0, cluster=cluster)
+    cfg.gridDimX, cfg.hStream = 4, torch.cuda.current_stream().cuda_stream
+    arg = ctypes.c_uint64(out.data_ptr())
+    params = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
+    print(f"=== CASE cluster probe {cluster} kernel=xgemm_cluster_probe", flush=True)
+    driver.check(driver.launcher()(ctypes.byref(cfg), kernel.func, params, None), "cuLaunchKernelEx")
+    torch.cuda.synchronize()
+    want = (255 - torch.arange(256, device="cuda", dtype=torch.int32)).expand(4, 256)
+    ok = bool((out == want).all())
+    print(f"    {'ok' if ok else 'WRONG'} cluster probe {cluster}", flush=True)
+    return int(not ok)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=("torch", "jax", "control"))
+    p.add_argument("--part", choices=("torch", "jax", "control", "cluster1", "cluster2"))
     p.add_argument("--report", type=Path)
     p.add_argument("--cases", default="", help="only the cases whose label matches this regex")
     args = p.parse_args(argv)
@@ -387,7 +452,8 @@ def main(argv=None) -> int:
     SELECT = re.compile(args.cases)
     if args.report:
         return report(args.report)
-    bad = {"torch": torch_part, "jax": jax_part, "control": control_part}[args.part]()
+    bad = {"torch": torch_part, "jax": jax_part, "control": control_part,
+           "cluster1": lambda: cluster_probe(1), "cluster2": lambda: cluster_probe(2)}[args.part]()
     print(f"{bad} wrong outputs", flush=True)
     return 1 if bad else 0
 
