@@ -162,8 +162,8 @@ PROMOTE_TILES = (128, 192)
 
 def promote_candidates(m: int, n: int, k: int) -> list:
     """(label, class spec, Epi) of the promoting FP8 class (tensor / row scales as vectors) at each
-    PROMOTE_TILES width (128: the default call's class), and at 128 with its warpgroups one wgmma
-    batch apart (Epi.stagger); the policy's cluster, raster and swizzle otherwise.
+    PROMOTE_TILES width (128: the default call's class); the policy's cluster, raster and swizzle
+    otherwise.
     tests/gpu/prebuild_classes.py compiles them ahead."""
     import dataclasses
 
@@ -172,12 +172,11 @@ def promote_candidates(m: int, n: int, k: int) -> list:
     from xgemm.kernels.cute_gemm_sm90_policy import choose_fp8_promoted_policy
     base = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1))
     out = []
-    variants = [(tn, "", {}) for tn in PROMOTE_TILES] + [(128, " staggered", {"stagger": True})]
-    for tn, tag, knobs in variants:
+    for tn in PROMOTE_TILES:
         cfg = dataclasses.replace(base, tile_n=tn)
         spec = (cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True, (False,) * 4,
                 k90.max_clusters(k90.H200_SMS, cfg), "sm_90a")
-        out.append((f"promoted 128x{tn}{tag}", spec, k90.Epi(scale_m=True, scale_n=True, promote=True, **knobs)))
+        out.append((f"promoted 128x{tn}", spec, k90.Epi(scale_m=True, scale_n=True, promote=True)))
     return out
 
 

@@ -62,11 +62,9 @@ class Epi:
     DeepSeek-V3 and CUTLASS's non-fast-accum FP8 kernels do. block (FP8, with promote): the scales
     are block-wise, scale_m (M, K/128) per row of A and 128-deep k-block, scale_n (K/128, N/128)
     per 128x128 block of B; each k-tile's sum is multiplied by its two scales as it is promoted,
-    and the epilogue applies none. stagger (with promote, cooperative): warpgroup 1 issues each
-    tile's first k-tile after warpgroup 0 has, so its wgmmas run one batch behind: while one
-    warpgroup promotes (its warps' FADDs), the other's wgmmas keep the tensor cores busy. Untimed
-    (a tune candidate). (Two wgmma accumulators in turn, tried before it, ran at 0.70x: ptxas
-    serializes the wgmmas, docs/performance.md.)"""
+    and the epilogue applies none. (Two other promoting mainloops were timed and removed: two
+    wgmma accumulators in turn, and warpgroup 1 one wgmma batch behind warpgroup 0;
+    docs/performance.md.)"""
     bias: Optional[str] = None
     bias_dtype: Optional[str] = None
     activation: Optional[str] = None
@@ -75,7 +73,6 @@ class Epi:
     gated: bool = False
     promote: bool = False
     block: bool = False
-    stagger: bool = False
 
     def check(self) -> None:
         assert self.bias in (None, "n", "m") and (self.bias is None) == (self.bias_dtype is None), self
@@ -87,7 +84,6 @@ class Epi:
                                   and not (self.scale_m or self.scale_n)), self
         assert not self.promote or (self.scale_m and self.scale_n and not self.gated), f"{self}: promote is FP8's"
         assert not self.block or (self.promote and self.bias != "m"), f"{self}: block scales are promoted, untransposed"
-        assert not self.stagger or self.promote, f"{self}: stagger is the promoting mainloop's"
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -150,8 +146,6 @@ def _device():
             self.scale_n = epi is not None and epi.scale_n and not self.block
             self.gated = epi is not None and epi.gated
             self.promote = epi is not None and epi.promote
-            self.stagger = epi is not None and epi.stagger
-            assert not (self.stagger and cfg.pingpong), f"{cfg}: stagger offsets a cooperative tile's warpgroups"
             assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
             # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
             self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
@@ -358,18 +352,51 @@ def _device():
             bidx, bidy, _ = cute.arch.block_idx()
             return (c_m * cm + bidx % cm, c_n * cn + bidy % cn, l), valid
 
-        def _block_scales(self, mScaleM, mScaleN, tCcAcc, tc, kt, out):
-            """out[v] = the dequantization scale of accumulator register v for k-tile kt (Epi.block):
-            A's scale of its row times B's scale of the tile's 128-column block. Called right after
-            the k-tile's wgmmas are issued, so the loads overlap them; a thread's registers share
-            two rows, whose loads repeat per register and fold into one each."""
+        def _register_rows(self, tiled_mma):
+            """(row of each accumulator register, distinct rows), relative to a thread's first row,
+            at trace time: the wgmma C layout gives every thread the same offsets (two rows, 8
+            apart), so a thread loads one A scale per row it holds, not one per register. Checked
+            here on a thread of each bit of the thread index (all 256: 12 s a class)."""
+            ident = cute.make_identity_tensor(self.tile_shape_mnk[:2])
+
+            def rel(t):
+                c = tiled_mma.get_slice(t).partition_C(ident)
+                return [c[v][0] - c[0][0] for v in range(cute.size(c))]
+            offs = rel(0)
+            n = self.mma_threads_per_tile
+            for t in [2 ** b for b in range(n.bit_length() - 1)] + [n - 1]:
+                assert rel(t) == offs, f"thread {t}: accumulator rows {rel(t)} are not {offs}"
+            rows = sorted(set(offs))
+            return [rows.index(o) for o in offs], rows
+
+        def _block_scale_views(self, mScaleM, mScaleN, tCcAcc, tc, rows):
+            """Per tile (Epi.block): the 1-D k-block views of A's scales for each of this thread's
+            rows and of B's scales for the tile's 128-column block, so that the k-loop's loads
+            add only k to an address worked out here."""
             nb = cutlass.min(tc[1] * self.tile_shape_mnk[1] // 128, mScaleN.shape[0] - 1)
-            sb = mScaleN[nb, kt]
             m_last = mScaleM.shape[0] - 1
-            row0 = tc[0] * self.tile_shape_mnk[0]
-            for v in range(cute.size(out)):     # a Python loop: unrolled as the kernel is traced
-                # rows past A's edge hold values TMA never stores: clamp their index
-                out[v] = mScaleM[cutlass.min(row0 + tCcAcc[v][0], m_last), kt] * sb
+            first = tc[0] * self.tile_shape_mnk[0] + tCcAcc[0][0]
+            # rows past A's edge hold values TMA never stores: clamp their index
+            return [mScaleM[(cutlass.min(first + r, m_last), None)] for r in rows], mScaleN[(nb, None)]
+
+        def _promote_scaled(self, acc_main, acc, scales, reg_row):
+            """acc_main += acc * (A's scale of the register's row * B's scale): one FFMA a register."""
+            rows = max(reg_row) + 1
+            row_scale = [scales[i] * scales[rows] for i in range(rows)]
+            for v in range(len(reg_row)):          # a Python loop: unrolled as the kernel is traced
+                acc_main[v] = acc_main[v] + acc[v] * row_scale[reg_row[v]]
+
+        def _load_block_scales(self, views, kt, k_tiles, out):
+            """out = (A's scale of each of the thread's rows, B's scale) for k-block kt, loaded right
+            after kt's wgmmas are issued and read by its promotion after they end; and k-block
+            kt + 1's prefetched into L1, so that the next k-tile's loads return within its wgmmas'
+            time (from L2, under the mainloop's TMA traffic, they did not: the class ran at 0.66-
+            0.73x the promoting class's rate, H200, docs/performance.md)."""
+            rows, col = views
+            ahead = cutlass.min(kt + 1, k_tiles - 1)
+            for i, t in enumerate((*rows, col)):
+                out[i] = t[kt]
+                cute.arch.prefetch((t.iterator + t.layout(ahead)).llvm_ptr, cache_level="L1")
 
         def _epilogue_ops(self, tRS_rD, tRS_cD, vectors, tc, epi_idx, epi_tiles_mn, size_rD, up=None):
             """* the scales, + bias, then the activation (gated: times the up half's value, up =
@@ -534,15 +561,18 @@ def _device():
                 if const_expr(self.promote):
                     acc_main = cute.make_rmem_tensor(
                         thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
-                # block scales: each accumulator register's (m, n) in the tile, and its k-tile's scale
+                # block scales: each accumulator register's (m, n) in the tile; the scales of the
+                # k-tile being promoted (A's per row the thread holds, then B's)
                 tCcAcc = None
-                k_scale = None
+                reg_row, scale_rows = None, None
+                k_scales = None
                 if const_expr(self.block):
                     # this thread's registers: thr_mma is the warpgroup's slice (A and B are shared by
                     # its 128 threads), whose C partition would give every thread thread 0's rows
                     tCcAcc = tiled_mma.get_slice(epi_tidx).partition_C(
                         cute.make_identity_tensor(self.tile_shape_mnk[:2]))
-                    k_scale = cute.make_rmem_tensor(thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), Float32)
+                    reg_row, scale_rows = self._register_rows(tiled_mma)
+                    k_scales = cute.make_rmem_tensor((len(scale_rows) + 1,), Float32)
                 num_k_blocks = cute.size(tCrA, mode=[2])
 
                 # epilogue partitions: registers -> smem (stmatrix / st.shared), smem -> registers
@@ -624,11 +654,6 @@ def _device():
                 while valid:
                     if const_expr(self.pingpong):
                         cute.arch.barrier(barrier_id=BAR_MMA0 + wg_idx, number_of_threads=256)
-                    if const_expr(self.stagger):
-                        if wg_idx == 1:
-                            # one wgmma batch behind warpgroup 0 (Epi.stagger; BAR_MMA0 is
-                            # pingpong's, unused by a cooperative class)
-                            cute.arch.barrier(barrier_id=BAR_MMA0, number_of_threads=256)
                     # ---------------------------------------------------------- mainloop
                     ab_release = ab_read.clone()
                     if const_expr(self.cfg.zero_init):
@@ -645,11 +670,10 @@ def _device():
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.commit_group()
                     ab_read.advance()
-                    if const_expr(self.stagger):
-                        if wg_idx == 0:
-                            cute.arch.barrier_arrive(barrier_id=BAR_MMA0, number_of_threads=256)
+                    scale_views = None
                     if const_expr(self.block):
-                        self._block_scales(mScaleM, mScaleN, tCcAcc, tc, 0, k_scale)
+                        scale_views = self._block_scale_views(mScaleM, mScaleN, tCcAcc, tc, scale_rows)
+                        self._load_block_scales(scale_views, 0, k_tile_cnt, k_scales)
                     if const_expr(self.promote):
                         # every k-tile's sum goes into float32 registers: wait for it, add it,
                         # and let the next k-tile's first wgmma overwrite the accumulator
@@ -660,7 +684,7 @@ def _device():
                             ab_pipeline.consumer_release(ab_release)
                             ab_release.advance()
                             if const_expr(self.block):
-                                acc_main.store(acc_main.load() + acc.load() * k_scale.load())
+                                self._promote_scaled(acc_main, acc, k_scales, reg_row)
                             else:
                                 acc_main.store(acc_main.load() + acc.load())
                             tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
@@ -672,10 +696,7 @@ def _device():
                             warpgroup.commit_group()
                             ab_read.advance()
                             if const_expr(self.block):
-                                # this k-tile's scales, loaded while its wgmmas run: issued just
-                                # before the wait that needs them, their latency ran at 0.6x the
-                                # promoting class's rate (docs/performance.md)
-                                self._block_scales(mScaleM, mScaleN, tCcAcc, tc, k_tile, k_scale)
+                                self._load_block_scales(scale_views, k_tile, k_tile_cnt, k_scales)
                     else:
                         for k_tile in cutlass.range(1, k_tile_cnt, unroll=1):
                             ab_pipeline.consumer_wait(ab_read)
@@ -695,7 +716,8 @@ def _device():
                     ab_pipeline.consumer_release(ab_release)
                     ab_release.advance()
                     if const_expr(self.block):
-                        acc.store(acc.load() * k_scale.load() + acc_main.load())
+                        self._promote_scaled(acc_main, acc, k_scales, reg_row)
+                        acc.store(acc_main.load())                    # the epilogue reads acc
                     elif const_expr(self.promote):
                         acc.store(acc.load() + acc_main.load())    # the epilogue reads acc
 
