@@ -97,7 +97,10 @@ def _problem(m, n, k, *, dtype="bfloat16", b_major=ROW, beta=0.0, batch=(), alig
 
 def test_supports_only_skinny_aligned_plain_problems(built):
     assert sk.KERNEL.supports(_problem(64, 4096, 4096)) is None
+    # K < 1024 only where N gives every SM a 128-column tile (the unsplit WIDE tile), and K >= 256
+    assert sk.KERNEL.supports(_problem(1, 32768, 512)) is None
     for prob, why in [(_problem(65, 8192, 8192), "M = 65"), (_problem(64, 8192, 512), "K = 512"),
+                      (_problem(1, 32768, 128), "K = 128"),
                       (_problem(64, 8192, 8192, beta=1.0), "beta"), (_problem(64, 8196, 8192), "multiples of 8"),
                       (_problem(64, 8192, 8192, align=8), "aligned"), (_problem(64, 8192, 8192, batch=(2,)), "batch"),
                       (_problem(64, 8192, 8192, dtype="float32"), "dtypes")]:

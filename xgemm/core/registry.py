@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Tuple
 TABLE: Dict[str, Tuple[str, ...]] = {
     "gemm": (
         "triton_gemv_sm90",     # decode, M <= 16: narrow strips of B over all of K (off: slower than cuBLAS so far)
-        "gluon_splitk_sm90",    # skinny M (<= 64), K >= 1024: K split over a cluster; declines the rest
+        "gluon_splitk_sm90",    # skinny M (<= 64), K >= 1024 (or a wide N): K split over a cluster; declines the rest
         "cute_gemm_sm90",       # fp16/bf16 TMA + wgmma, persistent: every big problem
         "gluon_matmul_sm90",    # slower than cute_gemm_sm90 where both accept; reached when it declines
         "cute_mma_sm80",        # fp16/bf16 mma.sync

@@ -13,7 +13,8 @@ Contract
             loads (cp.async src-size 0) and masked stores.
   arch      sm_90a (wgmma, clusters, distributed shared memory): built by triton >= 3.8
             (xgemm/runtime/gluon_cache.py), launched without triton (xgemm/runtime/launch.py eagerly, ffi/ under jit).
-  limits    M, N, K < 2**31 (the kernel tiles any M; the policy sends it M <= 64 with K >= 1024);
+  limits    M, N, K < 2**31 (the kernel tiles any M; the policy sends it M <= 64 with K >= 1024, or
+            K >= 256 where N has a 128-column tile for every SM);
             SPLIT (CTAs per cluster) in {1, 2, 4, 8}.
 
 Why (the shape class it serves)
@@ -384,7 +385,9 @@ class GluonSplitkSm90(PointerGemm):
         m, n, k = problem.m, problem.n, problem.k
         if m > BM:
             return f"M = {m} > {BM}: the tiled kernels fill the GPU there"
-        if k < 1024:
+        sms = sm_count(problem.device.index)
+        if k < 1024 and (k < 4 * WIDE[1] or _tiles(m, n, 128) < sms):
+            # a 128-column tile for every SM runs unsplit (WIDE): it serves any K of 4 blocks or more
             return f"K = {k} < 1024: too little K to split (the tiled kernels serve)"
         if min(m, n, k) < 1 or max(m, n, k) >= 2 ** 31:
             return f"shape {m}x{n}x{k} out of range"
@@ -392,7 +395,7 @@ class GluonSplitkSm90(PointerGemm):
             return "A must be ROW (K-major) and B ROW or COL"
         if n % 8 or k % 8 or a.alignment < 16 or b.alignment < 16:
             return "16-byte cp.async vectors need N and K multiples of 8 and 16-byte aligned A and B"
-        cfg = choose(m, n, k, a.dtype, ep.out_dtype, b.majorness == COL, sm_count(problem.device.index))
+        cfg = choose(m, n, k, a.dtype, ep.out_dtype, b.majorness == COL, sms)
         return gluon_cache.available(cfg.key)
 
     @staticmethod
