@@ -51,10 +51,11 @@ if [ "${SAN_CONTROL:-1}" = 1 ] && [[ " $tools " == *" racecheck "* ]]; then
   echo "racecheck control: rc $?; $(grep -ho 'RACECHECK SUMMARY.*\|ERROR SUMMARY.*' "$out/racecheck-control.log" | tail -1)"
   # a trivial kernel of our own (shared memory and bar.sync only), unclustered and in 2-CTA clusters,
   # with the same options as the cases: whether the tool itself fails on cluster launches
-  for n in 1 2; do
+  # (and in 2-CTA clusters through distributed shared memory)
+  for probe in cluster1 cluster2 dsmem2; do
     timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool racecheck --racecheck-report all ${SAN_EXTRA:-} \
-      --print-limit 20 python3 benchmarks/sanitize_cases.py --part cluster$n > "$out/racecheck-cluster$n-control.log" 2>&1
-    echo "racecheck cluster probe $n: rc $?; $(grep -ho 'Internal Sanitizer Error.*\|RACECHECK SUMMARY.*' "$out/racecheck-cluster$n-control.log" | head -2 | tr '\n' ' ')"
+      --print-limit 20 python3 benchmarks/sanitize_cases.py --part $probe > "$out/racecheck-$probe-control.log" 2>&1
+    echo "racecheck $probe probe: rc $?; $(grep -ho 'Internal Sanitizer Error.*\|RACECHECK SUMMARY.*\|    ok.*\|    WRONG.*' "$out/racecheck-$probe-control.log" | head -3 | tr '\n' ' ')"
   done
 fi
 python3 benchmarks/sanitize_cases.py --report "$out"

@@ -1,7 +1,7 @@
 """What benchmarks/sanitize.sh runs under compute-sanitizer: every kernel family and policy row once,
 on small shapes, each output checked against torch in float64.
 
-    python benchmarks/sanitize_cases.py --part torch|jax|control|cluster1|cluster2 [--cases REGEX]   # (GPU)
+    python benchmarks/sanitize_cases.py --part torch|jax|control|cluster1|cluster2|dsmem2 [--cases REGEX]   # (GPU)
     python benchmarks/sanitize_cases.py --report DIR          # per tool and kernel, from DIR/*.log
 
 --cases runs only the cases whose label matches (re.search): a tool that kills the process on one
@@ -22,8 +22,10 @@ run with C, softmax single-CTA and cluster). control part: the peers' Hopper GEM
 torch.matmul, quack's when it imports), to read a tool's verdict on kernels that are not ours
 (sanitize.sh runs it under racecheck; its logs, *-control.log, are reported, never failures).
 cluster1 / cluster2 parts: xgemm_cluster_probe, a trivial PTX kernel (shared memory and bar.sync
-only) launched unclustered and in 2-CTA clusters: whether a tool fails on cluster launches as such
-(sanitize.sh runs them under racecheck beside the control; reported, never failures).
+only) launched unclustered and in 2-CTA clusters; dsmem2: xgemm_dsmem_probe, the same through
+distributed shared memory (each CTA writes into its peer's buffer): whether a tool fails on cluster
+launches, or on DSMEM (sanitize.sh runs them under racecheck beside the control; reported, never
+failures).
 
 Before each case a line `=== CASE <label> kernel=<name>` goes to stdout (flushed), and the case
 ends with a device synchronize, so the sanitizer's reports that follow a marker are that case's.
@@ -418,33 +420,77 @@ _PROBE_PTX = b"""
 }
 \0"""
 
+# The same in 2-CTA clusters through distributed shared memory: each CTA stores rank * 1000 + tid
+# into its peer's buffer (mapa + st.shared::cluster), a cluster barrier, then each reads its own.
+# The trivial probe above passed racecheck in 2-CTA clusters (H200, 2026-12-02): this one asks
+# whether DSMEM, which every one of our cluster kernels uses, is what the tool cannot handle.
+_DSMEM_PROBE_PTX = b"""
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry xgemm_dsmem_probe(.param .u64 out)
+{
+  .reg .b32 %r<14>;
+  .reg .b64 %rd<5>;
+  .shared .align 4 .b32 buf[256];
+  mov.u32 %r1, %tid.x;
+  mov.u32 %r2, %cluster_ctarank;
+  xor.b32 %r3, %r2, 1;
+  mov.u32 %r4, buf;
+  shl.b32 %r5, %r1, 2;
+  add.s32 %r6, %r4, %r5;
+  mapa.shared::cluster.u32 %r7, %r6, %r3;
+  mad.lo.s32 %r8, %r2, 1000, %r1;
+  st.shared::cluster.u32 [%r7], %r8;
+  barrier.cluster.arrive.release.aligned;
+  barrier.cluster.wait.acquire.aligned;
+  sub.s32 %r9, 255, %r1;
+  shl.b32 %r10, %r9, 2;
+  add.s32 %r11, %r4, %r10;
+  ld.shared.u32 %r12, [%r11];
+  mov.u32 %r13, %ctaid.x;
+  mad.lo.s32 %r13, %r13, 256, %r1;
+  ld.param.u64 %rd1, [out];
+  cvta.to.global.u64 %rd2, %rd1;
+  mul.wide.u32 %rd3, %r13, 4;
+  add.s64 %rd4, %rd2, %rd3;
+  st.global.u32 [%rd4], %r12;
+  ret;
+}
+\0"""
 
-def cluster_probe(cluster: int) -> int:
+
+def cluster_probe(cluster: int, dsmem: bool = False) -> int:
     """xgemm_cluster_probe over 4 CTAs of 256 threads, in clusters of `cluster`; out[c, t] must be
-    255 - t."""
+    255 - t. dsmem: xgemm_dsmem_probe in clusters of 2; out[c, t] must be (c ^ 1) * 1000 + 255 - t
+    (its peer's rank, 1 - c % 2, is c % 2 ^ 1)."""
     import ctypes
 
     import torch
 
     from xgemm.runtime import driver
     out = torch.full((4, 256), -1, dtype=torch.int32, device="cuda")
-    kernel = driver.load_kernel(_PROBE_PTX, "xgemm_cluster_probe", 0, shared=0)
+    name = "xgemm_dsmem_probe" if dsmem else "xgemm_cluster_probe"
+    kernel = driver.load_kernel(_DSMEM_PROBE_PTX if dsmem else _PROBE_PTX, name, 0, shared=0)
     cfg = driver.launch_config(256, 0, cluster=cluster)
     cfg.gridDimX, cfg.hStream = 4, torch.cuda.current_stream().cuda_stream
     arg = ctypes.c_uint64(out.data_ptr())
     params = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
-    print(f"=== CASE cluster probe {cluster} kernel=xgemm_cluster_probe", flush=True)
+    label = f"{'dsmem' if dsmem else 'cluster'} probe {cluster}"
+    print(f"=== CASE {label} kernel={name}", flush=True)
     driver.check(driver.launcher()(ctypes.byref(cfg), kernel.func, params, None), "cuLaunchKernelEx")
     torch.cuda.synchronize()
     want = (255 - torch.arange(256, device="cuda", dtype=torch.int32)).expand(4, 256)
+    if dsmem:
+        want = want + 1000 * (torch.arange(4, device="cuda", dtype=torch.int32) % 2 ^ 1)[:, None]
     ok = bool((out == want).all())
-    print(f"    {'ok' if ok else 'WRONG'} cluster probe {cluster}", flush=True)
+    print(f"    {'ok' if ok else 'WRONG'} {label}", flush=True)
     return int(not ok)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=("torch", "jax", "control", "cluster1", "cluster2"))
+    p.add_argument("--part", choices=("torch", "jax", "control", "cluster1", "cluster2", "dsmem2"))
     p.add_argument("--report", type=Path)
     p.add_argument("--cases", default="", help="only the cases whose label matches this regex")
     args = p.parse_args(argv)
@@ -453,7 +499,8 @@ def main(argv=None) -> int:
     if args.report:
         return report(args.report)
     bad = {"torch": torch_part, "jax": jax_part, "control": control_part,
-           "cluster1": lambda: cluster_probe(1), "cluster2": lambda: cluster_probe(2)}[args.part]()
+           "cluster1": lambda: cluster_probe(1), "cluster2": lambda: cluster_probe(2),
+           "dsmem2": lambda: cluster_probe(2, dsmem=True)}[args.part]()
     print(f"{bad} wrong outputs", flush=True)
     return 1 if bad else 0
 
