@@ -385,26 +385,43 @@ def control_part() -> int:
     return bad
 
 
-# A kernel with nothing of ours in it: each CTA writes tid into shared memory, syncs, and reads
-# another thread's word back (no DSMEM, no TMA, no mbarrier). Racecheck stopped with "failed to
-# handle a hardware exception" on every one of our kernels launched with a cluster of 2 or more
-# CTAs and passed every 1x1 launch (H200, 2026-12-02); this launch, once unclustered and once in
-# clusters of 2, says whether the tool or the kernels are at fault.
-_PROBE_PTX = b"""
-.version 7.8
+# Probes with nothing of ours in them, 4 CTAs of 256 threads: each thread writes into a shared
+# buffer, then reads buf[255 - tid] of its own CTA's buffer into out[ctaid, tid]. Racecheck stopped
+# with "failed to handle a hardware exception" on every one of our kernels launched with a cluster
+# of 2 or more CTAs and passed every 1x1 launch (H200, 2026-12-02). xgemm_cluster_probe writes its
+# own CTA's buffer (bar.sync), launched unclustered and in clusters of 2: it passed both, so
+# clusters as such are not the cause. xgemm_dsmem_probe writes rank * 1000 + tid into its peer's
+# buffer through distributed shared memory (mapa + st.shared::cluster, a cluster barrier), which
+# every cluster kernel of ours uses.
+_PROBE_WRITES = {
+    "xgemm_cluster_probe": """st.shared.u32 [%r4], %r1;
+  bar.sync 0;""",
+    "xgemm_dsmem_probe": """mov.u32 %r10, %cluster_ctarank;
+  xor.b32 %r11, %r10, 1;
+  mapa.shared::cluster.u32 %r12, %r4, %r11;
+  mad.lo.s32 %r13, %r10, 1000, %r1;
+  st.shared::cluster.u32 [%r12], %r13;
+  barrier.cluster.arrive.release.aligned;
+  barrier.cluster.wait.acquire.aligned;""",
+}
+
+
+def _probe_ptx(name: str) -> bytes:
+    """The probe's PTX (the driver compiles it at load), NUL-terminated as cuModuleLoadData takes it."""
+    return f"""
+.version 8.0
 .target sm_90
 .address_size 64
-.visible .entry xgemm_cluster_probe(.param .u64 out)
-{
-  .reg .b32 %r<10>;
+.visible .entry {name}(.param .u64 out)
+{{
+  .reg .b32 %r<14>;
   .reg .b64 %rd<5>;
   .shared .align 4 .b32 buf[256];
   mov.u32 %r1, %tid.x;
   mov.u32 %r2, buf;
   shl.b32 %r3, %r1, 2;
   add.s32 %r4, %r2, %r3;
-  st.shared.u32 [%r4], %r1;
-  bar.sync 0;
+  {_PROBE_WRITES[name]}
   sub.s32 %r5, 255, %r1;
   shl.b32 %r6, %r5, 2;
   add.s32 %r7, %r2, %r6;
@@ -417,53 +434,14 @@ _PROBE_PTX = b"""
   add.s64 %rd4, %rd2, %rd3;
   st.global.u32 [%rd4], %r8;
   ret;
-}
-\0"""
-
-# The same in 2-CTA clusters through distributed shared memory: each CTA stores rank * 1000 + tid
-# into its peer's buffer (mapa + st.shared::cluster), a cluster barrier, then each reads its own.
-# The trivial probe above passed racecheck in 2-CTA clusters (H200, 2026-12-02): this one asks
-# whether DSMEM, which every one of our cluster kernels uses, is what the tool cannot handle.
-_DSMEM_PROBE_PTX = b"""
-.version 8.0
-.target sm_90
-.address_size 64
-.visible .entry xgemm_dsmem_probe(.param .u64 out)
-{
-  .reg .b32 %r<14>;
-  .reg .b64 %rd<5>;
-  .shared .align 4 .b32 buf[256];
-  mov.u32 %r1, %tid.x;
-  mov.u32 %r2, %cluster_ctarank;
-  xor.b32 %r3, %r2, 1;
-  mov.u32 %r4, buf;
-  shl.b32 %r5, %r1, 2;
-  add.s32 %r6, %r4, %r5;
-  mapa.shared::cluster.u32 %r7, %r6, %r3;
-  mad.lo.s32 %r8, %r2, 1000, %r1;
-  st.shared::cluster.u32 [%r7], %r8;
-  barrier.cluster.arrive.release.aligned;
-  barrier.cluster.wait.acquire.aligned;
-  sub.s32 %r9, 255, %r1;
-  shl.b32 %r10, %r9, 2;
-  add.s32 %r11, %r4, %r10;
-  ld.shared.u32 %r12, [%r11];
-  mov.u32 %r13, %ctaid.x;
-  mad.lo.s32 %r13, %r13, 256, %r1;
-  ld.param.u64 %rd1, [out];
-  cvta.to.global.u64 %rd2, %rd1;
-  mul.wide.u32 %rd3, %r13, 4;
-  add.s64 %rd4, %rd2, %rd3;
-  st.global.u32 [%rd4], %r12;
-  ret;
-}
-\0"""
+}}
+""".encode() + b"\0"
 
 
 def cluster_probe(cluster: int, dsmem: bool = False) -> int:
     """xgemm_cluster_probe over 4 CTAs of 256 threads, in clusters of `cluster`; out[c, t] must be
-    255 - t. dsmem: xgemm_dsmem_probe in clusters of 2; out[c, t] must be (c ^ 1) * 1000 + 255 - t
-    (its peer's rank, 1 - c % 2, is c % 2 ^ 1)."""
+    255 - t. dsmem: xgemm_dsmem_probe in clusters of 2; out[c, t] must be 1000 * (its peer's rank,
+    c % 2 ^ 1) + 255 - t."""
     import ctypes
 
     import torch
@@ -471,7 +449,7 @@ def cluster_probe(cluster: int, dsmem: bool = False) -> int:
     from xgemm.runtime import driver
     out = torch.full((4, 256), -1, dtype=torch.int32, device="cuda")
     name = "xgemm_dsmem_probe" if dsmem else "xgemm_cluster_probe"
-    kernel = driver.load_kernel(_DSMEM_PROBE_PTX if dsmem else _PROBE_PTX, name, 0, shared=0)
+    kernel = driver.load_kernel(_probe_ptx(name), name, 0, shared=0)
     cfg = driver.launch_config(256, 0, cluster=cluster)
     cfg.gridDimX, cfg.hStream = 4, torch.cuda.current_stream().cuda_stream
     arg = ctypes.c_uint64(out.data_ptr())
