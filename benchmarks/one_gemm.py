@@ -5,7 +5,10 @@ for Nsight Compute, so xgemm's kernel and a peer's can be profiled the same way.
         python benchmarks/one_gemm.py --impl xgemm --shape 8192x8192x8192 --dtype bfloat16
 
 --impl xgemm | quack | cublas. Inputs are random normal; the result is checked against
-torch.matmul (relative Frobenius error < 1e-2) after the profiled call.
+torch.matmul (relative Frobenius error < 1e-2) after the profiled call. --fp8 tensor | row | block
+| fast: xgemm.scaled_matmul on e4m3 operands quantized by xgemm.quantize_fp8 (fast: row scales,
+use_fast_accum), or with --impl cublas torch._scaled_mm where it takes the recipe; checked
+against the product of the dequantized operands.
 """
 from __future__ import annotations
 
@@ -23,8 +26,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--config", default="", help="xgemm only: a cute_gemm_sm90 Config as comma-separated "
                     "fields (e.g. 128,192,2,1,1,0,8,0,1), run through the kernel protocol")
+    ap.add_argument("--fp8", choices=("tensor", "row", "block", "fast"), default=None)
     args = ap.parse_args()
     m, n, k = (int(v) for v in args.shape.split("x"))
+    if args.fp8:
+        return _fp8(args, m, n, k)
     dtype = getattr(torch, args.dtype)
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     b = torch.randn(k, n, device="cuda", dtype=dtype)
@@ -54,6 +60,37 @@ def main() -> int:
     ref = a.float() @ b.float()
     rel = ((d.float() - ref).norm() / ref.norm()).item()
     print(f"{args.impl} {args.shape} {args.dtype}: rel err {rel:.2e} {'ok' if rel < 1e-2 else 'WRONG'}")
+    return 0 if rel < 1e-2 else 1
+
+
+def _fp8(args, m: int, n: int, k: int) -> int:
+    """The FP8 call of --fp8 (benchmarks/fp8.py's operands and reference), profiled like main()'s."""
+    import fp8 as bench
+
+    import xgemm
+    recipe = "row" if args.fp8 == "fast" else args.fp8
+    a8, b8, sa, sb = bench._operands(torch, m, n, k)[1][recipe]
+    fast = args.fp8 == "fast"
+    if args.impl == "xgemm":
+        call = lambda: xgemm.scaled_matmul(a8, b8, sa, sb, out_dtype=torch.bfloat16,   # noqa: E731
+                                           use_fast_accum=fast)
+    elif args.impl == "cublas":
+        if recipe == "block":          # torch takes block scales column-major (fp8.py)
+            sa, sb = sa.t().contiguous().t(), sb.t().contiguous().t()
+        call = lambda: torch._scaled_mm(a8, b8, sa, sb, out_dtype=torch.bfloat16,      # noqa: E731
+                                        use_fast_accum=fast)
+    else:
+        raise SystemExit("--fp8 profiles xgemm or cublas (torch._scaled_mm)")
+    for _ in range(args.warmup):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("prof")
+    d = call()
+    torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    ref = bench._reference(torch, a8, b8, sa, sb)
+    rel = ((d.float() - ref).norm() / ref.norm()).item()
+    print(f"{args.impl} fp8 {args.fp8} {args.shape}: rel err {rel:.2e} {'ok' if rel < 1e-2 else 'WRONG'}")
     return 0 if rel < 1e-2 else 1
 
 
