@@ -68,13 +68,16 @@ def test_the_policy_fills_the_sms():
     # decode M: 128-column tiles split in two where 64-column ones would run unsplit
     assert _pick(1, 8192, 28672) == _pick(16, 8192, 8192) == (128, 128, 4, 2)
     assert _pick(64, 8192, 28672) == (64, 128, 4, 1)
+    # decode M: a split of 4 doubles where its CTAs fit two an SM (24 tiles x 8 = 192 <= 264)
+    assert _pick(1, 1536, 7168) == _pick(16, 1536, 24576) == (64, 64, 6, 8)
+    assert _pick(64, 1536, 7168) == (64, 64, 6, 4) and _pick(1, 1536, 1024) == (64, 64, 6, 4)
     for cfg in sk.tune_configs("bfloat16", "bfloat16", False):
         cfg.check()
     keys = sk.gluon_entries("sm_90a")
     assert len(keys) == len(set(keys)) == 72 and not sk.gluon_entries("sm_100a")
     for i in sk.IN_DTYPES:           # every config the policy can pick is in the default build
         for m, n, k in [(64, 8192, 8192), (64, 4096, 4096), (64, 2048, 8192), (64, 16384, 4096), (1, 1024, 1024),
-                        (8, 1024, 65536), (1, 18432, 7168), (1, 8192, 28672)]:
+                        (8, 1024, 65536), (1, 18432, 7168), (1, 8192, 28672), (1, 1536, 7168)]:
             assert sk.choose(m, n, k, i, "float32", True, 132).key in keys
 
 

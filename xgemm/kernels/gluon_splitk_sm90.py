@@ -145,7 +145,9 @@ def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool
     the SMs). Else BN 64 while its tiles fit one wave, else 128; then the largest split that keeps
     tiles * split within the SMs and at least 4 K blocks per CTA. At decode M, 64-column tiles
     left unsplit become 128-column ones split in two: the same CTAs, each reading 256-byte rows of
-    B over half of K (1 x 8192 x 28672: 1.02x cuBLAS against 0.95x, docs/performance.md)."""
+    B over half of K (1 x 8192 x 28672: 1.02x cuBLAS against 0.95x, docs/performance.md). At decode
+    M a split of 4 becomes 8 where the CTAs fit the SMs two at a time (96 KB tiles): 1 x 1536 x 7168
+    ran 0.98x cuBLAS split 8 against 0.82x split 4 (H200, gemm_tc.py --sweep-set splitk)."""
     if _tiles(m, n, 128) >= sms:
         return Config(in_dtype, out_dtype, *WIDE, 1, b_kmajor)
     bn = 64 if _tiles(m, n, 64) <= sms else 128
@@ -158,6 +160,9 @@ def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool
         split = s
     if m <= DECODE_M and bn == 64 and split == 1 and 2 * _tiles(m, n, 128) <= sms and k >= 8 * _tile(128, 2)[0]:
         bn, split = 128, 2
+    if m <= DECODE_M and split == 4 and k >= 4 * 8 * _tile(bn, 8)[0] and tiles * 8 <= sms * resident_per_sm(
+            Config(in_dtype, out_dtype, bn, *_tile(bn, 8), 8, b_kmajor)):
+        split = 8       # the second resident CTA of each SM: decode CTAs wait on B's latency
     return Config(in_dtype, out_dtype, bn, *_tile(bn, split), split, b_kmajor)
 
 
