@@ -180,39 +180,61 @@ def promote_candidates(m: int, n: int, k: int) -> list:
     return out
 
 
+def block_candidates(m: int, n: int, k: int) -> list:
+    """(label, class spec, Epi) of the block-scaled class as the default call runs it, and with
+    its scales copied through the shared-memory ring (Epi.scale_ring, untimed so far)."""
+    import dataclasses
+
+    from xgemm.core.problem import COL, ROW
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    from xgemm.kernels.cute_gemm_sm90_policy import choose_fp8_promoted_policy
+    cfg = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1))
+    spec = (cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True, (False,) * 4,
+            k90.max_clusters(k90.H200_SMS, cfg), "sm_90a")
+    block = k90.Epi(scale_m=True, scale_n=True, promote=True, block=True)
+    return [("block", spec, block), ("block, scale ring", spec, dataclasses.replace(block, scale_ring=True))]
+
+
 def run_tune(args, log) -> list:
     """--only tune: the promoting FP8 class at each promote_candidates entry against torch._scaled_mm's
-    default (row-wise scales, the class called directly); then triton_quantize_sm90 at each
+    default (row-wise scales), the block-scaled class at each block_candidates entry against its
+    block-wise path (the classes called directly); then triton_quantize_sm90 at each
     prebuilt candidate of its TUNE set (built on request, docs/development.md), row recipe, bf16 ->
     e4m3, at the benchmark's two shapes, launched through the kernel with that candidate's policy;
     q checked, GB/s of the bytes moved."""
     if args.only != "tune":             # opt-in
         return []
     import torch
-    return _tune_promoted(torch, args, log) + _tune_quantize(torch, args, log)
+    return (_tune_classes(torch, args, log, "row", promote_candidates)
+            + _tune_classes(torch, args, log, "block", block_candidates) + _tune_quantize(torch, args, log))
 
 
-def _tune_promoted(torch, args, log) -> list:
+def _tune_classes(torch, args, log, recipe: str, candidates) -> list:
+    """Each candidates(m, n, k) class called directly on the recipe's operands (row scales as
+    vectors), beside torch._scaled_mm on the same recipe (block scales column-major, as it takes
+    them), every output checked against the dequantized product."""
     from xgemm.kernels import cute_gemm_sm90 as k90
     records = []
     for m, n, k in SHAPES:
         _, ops = _operands(torch, m, n, k)
-        a8, b8, sa, sb = ops["row"]
+        a8, b8, sa, sb = ops[recipe]
         ref = _reference(torch, a8, b8, sa, sb)
+        ours = (sa, sb) if recipe == "block" else (sa.reshape(-1), sb.reshape(-1))
         out, impls = {}, {}
-        for label, spec, epi in promote_candidates(m, n, k):
+        for label, spec, epi in candidates(m, n, k):
             fn = k90.compiled(*spec, epi=epi)
 
             def call(i, fn=fn, label=label):
                 d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 # torch's stream of the moment: the harness captures on its own
-                fn(a8, b8, d, None, None, sa.reshape(-1), sb.reshape(-1), 1.0, 0.0,
-                   torch.cuda.current_stream().cuda_stream)
+                fn(a8, b8, d, None, None, *ours, 1.0, 0.0, torch.cuda.current_stream().cuda_stream)
                 out[label] = d
             impls[label] = call
-        impls["torch._scaled_mm row"] = lambda i: out.__setitem__("torch._scaled_mm row", torch._scaled_mm(
-            a8, b8, sa, sb, out_dtype=torch.bfloat16))
-        records += h.time_checked(f"tune promoted {m}x{n}x{k}", (m, n, k), "float8_e4m3fn", 2 * m * n * k,
+        peer = f"torch._scaled_mm {recipe}"
+        ta, tb = (sa.t().contiguous().t(), sb.t().contiguous().t()) if recipe == "block" else (sa, sb)
+        impls[peer] = lambda i: out.__setitem__(peer, torch._scaled_mm(a8, b8, ta, tb, out_dtype=torch.bfloat16))
+        tag = "promoted" if recipe == "row" else recipe
+        records += h.time_checked(f"tune {tag} {m}x{n}x{k}", (m, n, k), "float8_e4m3fn", 2 * m * n * k,
                                   "TFLOP/s", impls, out, dict.fromkeys(impls, ref), args.reps, args.trials, log)[0]
         torch.cuda.empty_cache()
     return records

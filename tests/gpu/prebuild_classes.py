@@ -71,13 +71,14 @@ def model_shape_items() -> list:
 
 
 def fp8_tune_items() -> list:
-    """(module, key) of the promoting FP8 class at each tile width benchmarks/fp8.py --only tune times."""
+    """(module, key) of the promoting FP8 class at each tile width, and of the block-scaled class with
+    and without its scale ring, as benchmarks/fp8.py --only tune times them."""
     sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
     import fp8 as fp8_bench
 
     from xgemm.kernels import cute_gemm_sm90 as k90
     return [(k90.__name__, k90.class_key(*spec, epi)) for m, n, k in fp8_bench.SHAPES
-            for _, spec, epi in fp8_bench.promote_candidates(m, n, k)]
+            for _, spec, epi in fp8_bench.promote_candidates(m, n, k) + fp8_bench.block_candidates(m, n, k)]
 
 
 def _launch_case(fuzz, xgemm, case, seed):

@@ -235,6 +235,11 @@ def ptx(tmp_path_factory):
         "coop_fp8_block": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                     COL, ROW, None, True, nob, 66, "sm_90a", opts,
                                     epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True)),
+        # the same with its scales copied through the per-thread shared-memory ring (cp.async)
+        "coop_fp8_ring": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
+                                   COL, ROW, None, True, nob, 66, "sm_90a", opts,
+                                   epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True,
+                                               scale_ring=True)),
         # gated (SwiGLU): B = [gate | up] through a 4-D TMA view, D half as wide
         "pp_gated_silu": K90.build(K90.Config(128, 128, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
                                    ROW, None, True, nob, 66, "sm_90a", opts,
@@ -374,6 +379,26 @@ def test_ptx_sm90_fp8_block_scales(ptx):
     with pytest.raises(AssertionError, match="crosses B's scale blocks"):
         K90.build(K90.Config(128, 96, 1, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
                   True, (False,) * 4, 66, epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True))
+
+
+@needs_dsl
+def test_ptx_sm90_fp8_block_scale_ring(ptx):
+    """Epi.scale_ring: each thread copies its three scales of a k-tile (two rows of A, B's block) by
+    4-byte cp.async into its ring slot, one commit group a k-tile (k-tiles 0 and 1 before the loop,
+    the next one after each k-tile's wgmmas), and reads a slot back after wait_group 1, before the
+    promotion's fmas: no global load is left in the k-loop. The ring is shared memory, not local."""
+    ring = ptx["coop_fp8_ring"][1]
+    copies = r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 4, 4;"
+    assert _count(ring, copies) == 3 * 3 and _count(ring, r"cp\.async\.commit_group;") == 3
+    assert _count(ring, r"cp\.async\.wait_group\s+1;") == 2 and _count(ring, r"cp\.async\.wait_group\s+0;") == 1
+    assert _count(ring, r"\bfma\.rn\.f32\b") == 2 * 64 and "ld.local" not in ring and "st.local" not in ring
+    loop = ring[ring.rindex('.pragma "nounroll"'):]
+    loop = loop[:loop.index("wgmma.wait_group.sync.aligned", loop.index("wgmma.commit_group"))]
+    assert _count(loop, r"\bld\.global") == 0 and _count(loop, copies) == 3
+    assert loop.index("cp.async.wait_group") < loop.index("fma.rn.f32") < loop.index("wgmma.mma_async")
+    assert loop.index("wgmma.commit_group") < loop.index("cp.async.ca")
+    with pytest.raises(AssertionError, match="scale ring"):
+        K90.Epi(scale_m=True, scale_n=True, promote=True, scale_ring=True).check()
 
 
 @needs_dsl

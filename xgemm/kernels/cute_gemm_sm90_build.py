@@ -62,9 +62,13 @@ class Epi:
     DeepSeek-V3 and CUTLASS's non-fast-accum FP8 kernels do. block (FP8, with promote): the scales
     are block-wise, scale_m (M, K/128) per row of A and 128-deep k-block, scale_n (K/128, N/128)
     per 128x128 block of B; each k-tile's sum is multiplied by its two scales as it is promoted,
-    and the epilogue applies none. (Two other promoting mainloops were timed and removed: two
-    wgmma accumulators in turn, and warpgroup 1 one wgmma batch behind warpgroup 0;
-    docs/performance.md.)"""
+    and the epilogue applies none. scale_ring (with block; a tune candidate, untimed): each
+    consumer thread copies its k-tiles' scales by cp.async into a ring of SCALE_RING slots in
+    shared memory, one k-tile ahead, and reads them back after the copy group two k-tiles old has
+    landed, so that no global load sits on the promotion's path (the block class stalled 20% of
+    its samples on the scales' loads, Nsight Compute, docs/performance.md). (Two other promoting
+    mainloops were timed and removed: two wgmma accumulators in turn, and warpgroup 1 one wgmma
+    batch behind warpgroup 0; docs/performance.md.)"""
     bias: Optional[str] = None
     bias_dtype: Optional[str] = None
     activation: Optional[str] = None
@@ -73,6 +77,7 @@ class Epi:
     gated: bool = False
     promote: bool = False
     block: bool = False
+    scale_ring: bool = False
 
     def check(self) -> None:
         assert self.bias in (None, "n", "m") and (self.bias is None) == (self.bias_dtype is None), self
@@ -84,6 +89,7 @@ class Epi:
                                   and not (self.scale_m or self.scale_n)), self
         assert not self.promote or (self.scale_m and self.scale_n and not self.gated), f"{self}: promote is FP8's"
         assert not self.block or (self.promote and self.bias != "m"), f"{self}: block scales are promoted, untransposed"
+        assert not self.scale_ring or self.block, f"{self}: the scale ring holds block scales"
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -91,6 +97,7 @@ _FP8_DTYPES = fp8_checks.FP8_DTYPES
 _OUT_DTYPES = ("float16", "bfloat16", "float32")
 _ITEMSIZE = ITEMSIZE
 SMEM_BYTES = 232448          # sm_90 opt-in shared memory per block (227 KB)
+SCALE_RING = 3               # Epi.scale_ring's slots a thread: the k-tile promoted, the one landing, the next
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,6 +153,7 @@ def _device():
             self.scale_n = epi is not None and epi.scale_n and not self.block
             self.gated = epi is not None and epi.gated
             self.promote = epi is not None and epi.promote
+            self.scale_ring = epi is not None and epi.scale_ring
             assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
             # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
             self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
@@ -186,7 +194,7 @@ def _device():
             d_bytes = epi_elems * d_dtype.width // 8
             c_bytes = epi_elems * c_dtype.width // 8 if c_dtype is not None else 0
             ab_bytes = (tm * self.a_dtype.width + tn * self.b_dtype.width) * tk // 8
-            reserve = 1024 + 1024          # mbarriers + alignment padding
+            reserve = 1024 + 1024 + 4 * self.ring_elems      # mbarriers, alignment padding, the scale ring
             room = SMEM_BYTES - reserve - epi_stage * d_bytes - c_stage * c_bytes
             ab_stage = room // ab_bytes
             if self.cfg.stages:
@@ -224,6 +232,10 @@ def _device():
                 Float32, self.atom_layout_mnk, tiler_mn=(64, self.tile_shape_mnk[1]))
             # K tile: 4 MMA K steps, 128 bytes of a row (64 for 16-bit types, 128 for FP8)
             self.tile_shape_mnk = (*self.tile_shape_mnk[:2], cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4)
+            # block scales: each accumulator register's row among the thread's rows (_register_rows)
+            self.reg_row, self.scale_rows = self._register_rows(self.tiled_mma) if self.block else (None, None)
+            # the ring: (A's scale of each row, B's) x SCALE_RING slots x 256 consumer threads
+            self.ring_elems = (len(self.scale_rows) + 1) * SCALE_RING * 256 if self.scale_ring else 0
             self.ab_stage, self.epi_stage, self.c_stage = self._stages(self.d_dtype, self.c_dtype)
             self.cluster_layout_mnk = cute.make_layout(self.cluster_shape_mnk)
 
@@ -286,6 +298,7 @@ def _device():
                     cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem_staged)], 1024]
                 sB: cute.struct.Align[
                     cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem_staged)], 1024]
+                sScale: cute.struct.Align[cute.struct.MemRange[Float32, self.ring_elems], 16]
 
             self.shared_storage = SharedStorage
             self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
@@ -385,6 +398,22 @@ def _device():
             row_scale = [scales[i] * scales[rows] for i in range(rows)]
             for v in range(len(reg_row)):          # a Python loop: unrolled as the kernel is traced
                 acc_main[v] = acc_main[v] + acc[v] * row_scale[reg_row[v]]
+
+        def _ring_copy(self, views, kt, ring, slot, atom):
+            """Epi.scale_ring: k-block kt's scales (as _load_block_scales reads them) copied by
+            cp.async into this thread's ring slot, as one commit group."""
+            rows, col = views
+            for i, t in enumerate((*rows, col)):
+                cute.copy(atom, cute.make_tensor(t.iterator + t.layout(kt), cute.make_layout(1)),
+                          cute.make_tensor(ring.iterator + ring.layout((i, slot)), cute.make_layout(1)))
+            cute.arch.cp_async_commit_group()
+
+        def _ring_read(self, ring, slot, out):
+            """out = the ring slot's scales, once every copy group but the newest has landed: the
+            slot's group is the one before it (each thread reads only what it copied itself)."""
+            cute.arch.cp_async_wait_group(1)
+            for i in range(cute.size(out)):
+                out[i] = ring[(i, slot)]
 
         def _load_block_scales(self, views, kt, k_tiles, out):
             """out = (A's scale of each of the thread's rows, B's scale) for k-block kt, loaded right
@@ -489,6 +518,10 @@ def _device():
 
             sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
             sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
+            sScale = None
+            if const_expr(self.scale_ring):
+                sScale = storage.sScale.get_tensor(
+                    cute.make_layout((len(self.scale_rows) + 1, SCALE_RING, 256)))
             sD = storage.sD.get_tensor(d_smem_staged.outer, swizzle=d_smem_staged.inner)
             sC = None
             if const_expr(self.has_c):
@@ -571,8 +604,13 @@ def _device():
                     # its 128 threads), whose C partition would give every thread thread 0's rows
                     tCcAcc = tiled_mma.get_slice(epi_tidx).partition_C(
                         cute.make_identity_tensor(self.tile_shape_mnk[:2]))
-                    reg_row, scale_rows = self._register_rows(tiled_mma)
+                    reg_row, scale_rows = self.reg_row, self.scale_rows
                     k_scales = cute.make_rmem_tensor((len(scale_rows) + 1,), Float32)
+                ring = None
+                ring_copy = None
+                if const_expr(self.scale_ring):
+                    ring = sScale[(None, None, tidx)]          # this thread's (value, slot)
+                    ring_copy = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
                 num_k_blocks = cute.size(tCrA, mode=[2])
 
                 # epilogue partitions: registers -> smem (stmatrix / st.shared), smem -> registers
@@ -673,7 +711,11 @@ def _device():
                     scale_views = None
                     if const_expr(self.block):
                         scale_views = self._block_scale_views(mScaleM, mScaleN, tCcAcc, tc, scale_rows)
-                        self._load_block_scales(scale_views, 0, k_tile_cnt, k_scales)
+                        if const_expr(self.scale_ring):
+                            self._ring_copy(scale_views, 0, ring, 0, ring_copy)
+                            self._ring_copy(scale_views, cutlass.min(1, k_tile_cnt - 1), ring, 1, ring_copy)
+                        else:
+                            self._load_block_scales(scale_views, 0, k_tile_cnt, k_scales)
                     if const_expr(self.promote):
                         # every k-tile's sum goes into float32 registers: wait for it, add it,
                         # and let the next k-tile's first wgmma overwrite the accumulator
@@ -683,6 +725,8 @@ def _device():
                             warpgroup.wait_group(0)
                             ab_pipeline.consumer_release(ab_release)
                             ab_release.advance()
+                            if const_expr(self.scale_ring):
+                                self._ring_read(ring, (k_tile - 1) % SCALE_RING, k_scales)
                             if const_expr(self.block):
                                 self._promote_scaled(acc_main, acc, k_scales, reg_row)
                             else:
@@ -695,7 +739,10 @@ def _device():
                                 tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                             warpgroup.commit_group()
                             ab_read.advance()
-                            if const_expr(self.block):
+                            if const_expr(self.scale_ring):
+                                self._ring_copy(scale_views, cutlass.min(k_tile + 1, k_tile_cnt - 1), ring,
+                                                (k_tile + 1) % SCALE_RING, ring_copy)
+                            elif const_expr(self.block):
                                 self._load_block_scales(scale_views, k_tile, k_tile_cnt, k_scales)
                     else:
                         for k_tile in cutlass.range(1, k_tile_cnt, unroll=1):
@@ -715,6 +762,9 @@ def _device():
                     warpgroup.wait_group(0)
                     ab_pipeline.consumer_release(ab_release)
                     ab_release.advance()
+                    if const_expr(self.scale_ring):
+                        self._ring_read(ring, (k_tile_cnt - 1) % SCALE_RING, k_scales)
+                        cute.arch.cp_async_wait_group(0)   # the last (repeated) copy, before the next tile's
                     if const_expr(self.block):
                         self._promote_scaled(acc_main, acc, k_scales, reg_row)
                         acc.store(acc_main.load())                    # the epilogue reads acc
