@@ -50,16 +50,21 @@ def main() -> int:
         call = lambda: quack_gemm(a, b, tuned=False)   # noqa: E731
     else:
         call = lambda: a @ b                       # noqa: E731
-    for _ in range(args.warmup):
+    return _profile(call, args.warmup, lambda: a.float() @ b.float(), f"{args.impl} {args.shape} {args.dtype}")
+
+
+def _profile(call, warmup: int, reference, what: str) -> int:
+    """warmup calls, one inside the NVTX range "prof", its result checked against reference()."""
+    for _ in range(warmup):
         call()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push("prof")
     d = call()
     torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
-    ref = a.float() @ b.float()
+    ref = reference()
     rel = ((d.float() - ref).norm() / ref.norm()).item()
-    print(f"{args.impl} {args.shape} {args.dtype}: rel err {rel:.2e} {'ok' if rel < 1e-2 else 'WRONG'}")
+    print(f"{what}: rel err {rel:.2e} {'ok' if rel < 1e-2 else 'WRONG'}")
     return 0 if rel < 1e-2 else 1
 
 
@@ -81,17 +86,8 @@ def _fp8(args, m: int, n: int, k: int) -> int:
                                         use_fast_accum=fast)
     else:
         raise SystemExit("--fp8 profiles xgemm or cublas (torch._scaled_mm)")
-    for _ in range(args.warmup):
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push("prof")
-    d = call()
-    torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    ref = bench._reference(torch, a8, b8, sa, sb)
-    rel = ((d.float() - ref).norm() / ref.norm()).item()
-    print(f"{args.impl} fp8 {args.fp8} {args.shape}: rel err {rel:.2e} {'ok' if rel < 1e-2 else 'WRONG'}")
-    return 0 if rel < 1e-2 else 1
+    return _profile(call, args.warmup, lambda: bench._reference(torch, a8, b8, sa, sb),
+                    f"{args.impl} fp8 {args.fp8} {args.shape}")
 
 
 if __name__ == "__main__":
