@@ -232,10 +232,12 @@ def _device():
                 Float32, self.atom_layout_mnk, tiler_mn=(64, self.tile_shape_mnk[1]))
             # K tile: 4 MMA K steps, 128 bytes of a row (64 for 16-bit types, 128 for FP8)
             self.tile_shape_mnk = (*self.tile_shape_mnk[:2], cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4)
-            # block scales: each accumulator register's row among the thread's rows (_register_rows)
+            # block scales: each accumulator register's row among the thread's rows (_register_rows),
+            # and the scales a k-tile takes: A's of each of those rows, then B's
             self.reg_row, self.scale_rows = self._register_rows(self.tiled_mma) if self.block else (None, None)
-            # the ring: (A's scale of each row, B's) x SCALE_RING slots x 256 consumer threads
-            self.ring_elems = (len(self.scale_rows) + 1) * SCALE_RING * 256 if self.scale_ring else 0
+            self.scale_values = len(self.scale_rows) + 1 if self.block else 0
+            # the ring: scale_values x SCALE_RING slots x 256 consumer threads
+            self.ring_elems = self.scale_values * SCALE_RING * 256 if self.scale_ring else 0
             self.ab_stage, self.epi_stage, self.c_stage = self._stages(self.d_dtype, self.c_dtype)
             self.cluster_layout_mnk = cute.make_layout(self.cluster_shape_mnk)
 
@@ -382,7 +384,7 @@ def _device():
             rows = sorted(set(offs))
             return [rows.index(o) for o in offs], rows
 
-        def _block_scale_views(self, mScaleM, mScaleN, tCcAcc, tc, rows):
+        def _block_scale_views(self, mScaleM, mScaleN, tCcAcc, tc):
             """Per tile (Epi.block): the 1-D k-block views of A's scales for each of this thread's
             rows and of B's scales for the tile's 128-column block, so that the k-loop's loads
             add only k to an address worked out here."""
@@ -390,14 +392,14 @@ def _device():
             m_last = mScaleM.shape[0] - 1
             first = tc[0] * self.tile_shape_mnk[0] + tCcAcc[0][0]
             # rows past A's edge hold values TMA never stores: clamp their index
-            return [mScaleM[(cutlass.min(first + r, m_last), None)] for r in rows], mScaleN[(nb, None)]
+            return [mScaleM[(cutlass.min(first + r, m_last), None)] for r in self.scale_rows], mScaleN[(nb, None)]
 
-        def _promote_scaled(self, acc_main, acc, scales, reg_row):
+        def _promote_scaled(self, acc_main, acc, scales):
             """acc_main += acc * (A's scale of the register's row * B's scale): one FFMA a register."""
-            rows = max(reg_row) + 1
+            rows = len(self.scale_rows)
             row_scale = [scales[i] * scales[rows] for i in range(rows)]
-            for v in range(len(reg_row)):          # a Python loop: unrolled as the kernel is traced
-                acc_main[v] = acc_main[v] + acc[v] * row_scale[reg_row[v]]
+            for v, row in enumerate(self.reg_row):  # a Python loop: unrolled as the kernel is traced
+                acc_main[v] = acc_main[v] + acc[v] * row_scale[row]
 
         def _ring_copy(self, views, kt, ring, slot, atom):
             """Epi.scale_ring: k-block kt's scales (as _load_block_scales reads them) copied by
@@ -520,8 +522,7 @@ def _device():
             sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
             sScale = None
             if const_expr(self.scale_ring):
-                sScale = storage.sScale.get_tensor(
-                    cute.make_layout((len(self.scale_rows) + 1, SCALE_RING, 256)))
+                sScale = storage.sScale.get_tensor(cute.make_layout((self.scale_values, SCALE_RING, 256)))
             sD = storage.sD.get_tensor(d_smem_staged.outer, swizzle=d_smem_staged.inner)
             sC = None
             if const_expr(self.has_c):
@@ -597,15 +598,13 @@ def _device():
                 # block scales: each accumulator register's (m, n) in the tile; the scales of the
                 # k-tile being promoted (A's per row the thread holds, then B's)
                 tCcAcc = None
-                reg_row, scale_rows = None, None
                 k_scales = None
                 if const_expr(self.block):
                     # this thread's registers: thr_mma is the warpgroup's slice (A and B are shared by
                     # its 128 threads), whose C partition would give every thread thread 0's rows
                     tCcAcc = tiled_mma.get_slice(epi_tidx).partition_C(
                         cute.make_identity_tensor(self.tile_shape_mnk[:2]))
-                    reg_row, scale_rows = self.reg_row, self.scale_rows
-                    k_scales = cute.make_rmem_tensor((len(scale_rows) + 1,), Float32)
+                    k_scales = cute.make_rmem_tensor((self.scale_values,), Float32)
                 ring = None
                 ring_copy = None
                 if const_expr(self.scale_ring):
@@ -710,7 +709,7 @@ def _device():
                     ab_read.advance()
                     scale_views = None
                     if const_expr(self.block):
-                        scale_views = self._block_scale_views(mScaleM, mScaleN, tCcAcc, tc, scale_rows)
+                        scale_views = self._block_scale_views(mScaleM, mScaleN, tCcAcc, tc)
                         if const_expr(self.scale_ring):
                             self._ring_copy(scale_views, 0, ring, 0, ring_copy)
                             self._ring_copy(scale_views, cutlass.min(1, k_tile_cnt - 1), ring, 1, ring_copy)
@@ -728,7 +727,7 @@ def _device():
                             if const_expr(self.scale_ring):
                                 self._ring_read(ring, (k_tile - 1) % SCALE_RING, k_scales)
                             if const_expr(self.block):
-                                self._promote_scaled(acc_main, acc, k_scales, reg_row)
+                                self._promote_scaled(acc_main, acc, k_scales)
                             else:
                                 acc_main.store(acc_main.load() + acc.load())
                             tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
@@ -766,7 +765,7 @@ def _device():
                         self._ring_read(ring, (k_tile_cnt - 1) % SCALE_RING, k_scales)
                         cute.arch.cp_async_wait_group(0)   # the last (repeated) copy, before the next tile's
                     if const_expr(self.block):
-                        self._promote_scaled(acc_main, acc, k_scales, reg_row)
+                        self._promote_scaled(acc_main, acc, k_scales)
                         acc.store(acc_main.load())                    # the epilogue reads acc
                     elif const_expr(self.promote):
                         acc.store(acc.load() + acc_main.load())    # the epilogue reads acc
