@@ -160,24 +160,28 @@ def run_jax(args, log) -> list:
 PROMOTE_TILES = (128, 192)
 
 
-def promote_candidates(m: int, n: int, k: int) -> list:
-    """(label, class spec, Epi) of the promoting FP8 class (tensor / row scales as vectors) at each
-    PROMOTE_TILES width (128: the default call's class); the policy's cluster, raster and swizzle
-    otherwise.
-    tests/gpu/prebuild_classes.py compiles them ahead."""
+def _promoted_spec(m: int, n: int, k: int, tile_n=None) -> tuple:
+    """The class spec (build()'s arguments) of e4m3 -> bf16 at the promoting policy's config for
+    this shape (its tile_n replaced where given), A row- and B column-major, on an H200."""
     import dataclasses
 
     from xgemm.core.problem import COL, ROW
     from xgemm.kernels import cute_gemm_sm90 as k90
     from xgemm.kernels.cute_gemm_sm90_policy import choose_fp8_promoted_policy
-    base = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1))
-    out = []
-    for tn in PROMOTE_TILES:
-        cfg = dataclasses.replace(base, tile_n=tn)
-        spec = (cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True, (False,) * 4,
-                k90.max_clusters(k90.H200_SMS, cfg), "sm_90a")
-        out.append((f"promoted 128x{tn}", spec, k90.Epi(scale_m=True, scale_n=True, promote=True)))
-    return out
+    cfg = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1))
+    if tile_n is not None:
+        cfg = dataclasses.replace(cfg, tile_n=tile_n)
+    return (cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True, (False,) * 4,
+            k90.max_clusters(k90.H200_SMS, cfg), "sm_90a")
+
+
+def promote_candidates(m: int, n: int, k: int) -> list:
+    """(label, class spec, Epi) of the promoting FP8 class (tensor / row scales as vectors) at each
+    PROMOTE_TILES width (128: the default call's class); the policy's cluster, raster and swizzle
+    otherwise. tests/gpu/prebuild_classes.py compiles them ahead."""
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    return [(f"promoted 128x{tn}", _promoted_spec(m, n, k, tn), k90.Epi(scale_m=True, scale_n=True, promote=True))
+            for tn in PROMOTE_TILES]
 
 
 def block_candidates(m: int, n: int, k: int) -> list:
@@ -185,12 +189,8 @@ def block_candidates(m: int, n: int, k: int) -> list:
     its scales copied through the shared-memory ring (Epi.scale_ring, untimed so far)."""
     import dataclasses
 
-    from xgemm.core.problem import COL, ROW
     from xgemm.kernels import cute_gemm_sm90 as k90
-    from xgemm.kernels.cute_gemm_sm90_policy import choose_fp8_promoted_policy
-    cfg = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1))
-    spec = (cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True, (False,) * 4,
-            k90.max_clusters(k90.H200_SMS, cfg), "sm_90a")
+    spec = _promoted_spec(m, n, k)
     block = k90.Epi(scale_m=True, scale_n=True, promote=True, block=True)
     return [("block", spec, block), ("block, scale ring", spec, dataclasses.replace(block, scale_ring=True))]
 
