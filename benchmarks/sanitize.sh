@@ -25,6 +25,9 @@ cd "$(dirname "$0")/.."
 out=${1:-benchmarks/results/sanitize}
 mkdir -p "$out"
 tools=${SAN_TOOLS:-memcheck racecheck synccheck initcheck}
+# racecheck stops at the first wgmma kernel unless told not to check wgmma's operands
+# (docs/development.md): with the option it instruments every other shared-memory access
+racecheck_opts=(--racecheck-report all --check-warpgroup-mma no)
 parts=${SAN_PARTS:-torch jax}
 # JAX must not take 75% of the GPU beside torch; XLA's autotuner would run its own kernels
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0"
@@ -32,9 +35,7 @@ for tool in $tools; do
   for part in $parts; do
     start=$(date +%s)
     extra=()
-    # racecheck stops at the first wgmma kernel unless told not to check wgmma's operands
-    # (docs/development.md): with the option it instruments every other shared-memory access
-    [ "$tool" = racecheck ] && extra=(--racecheck-report all --check-warpgroup-mma no)
+    [ "$tool" = racecheck ] && extra=("${racecheck_opts[@]}")
     case " ${SAN_ONLY_OURS-racecheck initcheck} " in
       *" $tool "*) extra+=(--kernel-regex "kns=kernel_cutlass|xgemm")
                    [ "$tool" = initcheck ] && extra+=(--check-api-memory-access no);;
@@ -52,11 +53,11 @@ if [ "${SAN_CONTROL:-1}" = 1 ] && [[ " $tools " == *" racecheck "* ]]; then
   # with the same options as the cases: whether the tool itself fails on cluster launches
   # (and in 2-CTA clusters through distributed shared memory)
   for probe in cluster1 cluster2 dsmem2; do
-    timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool racecheck --racecheck-report all --check-warpgroup-mma no \
-      ${SAN_EXTRA:-} --print-limit 20 python3 benchmarks/sanitize_cases.py --part $probe > "$out/racecheck-$probe-control.log" 2>&1
+    timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool racecheck "${racecheck_opts[@]}" ${SAN_EXTRA:-} \
+      --print-limit 20 python3 benchmarks/sanitize_cases.py --part $probe > "$out/racecheck-$probe-control.log" 2>&1
     echo "racecheck $probe probe: rc $?; $(grep -ho 'Internal Sanitizer Error.*\|RACECHECK SUMMARY.*\|    ok.*\|    WRONG.*' "$out/racecheck-$probe-control.log" | head -3 | tr '\n' ' ')"
   done
-  timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool racecheck --racecheck-report all --check-warpgroup-mma no --print-limit 20 \
+  timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool racecheck "${racecheck_opts[@]}" --print-limit 20 \
     python3 benchmarks/sanitize_cases.py --part control > "$out/racecheck-control.log" 2>&1
   echo "racecheck control: rc $?; $(grep -ho 'RACECHECK SUMMARY.*\|ERROR SUMMARY.*' "$out/racecheck-control.log" | tail -1)"
 fi
