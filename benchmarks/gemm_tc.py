@@ -82,6 +82,11 @@ SWEEP_SWAP = [((128, 192, 2, 1, True, False, 8), False), ((128, 192, 2, 1, True,
 # (the policy's runs of row-major A and B), for the long-K and wide-N shapes where the wave model
 # prefers 128x128 by a few points of predicted fill
 SWEEP_LONG = [SWEEP_SWAP[1], SWEEP_SWAP[3]]
+# --sweep-set cutesplit: split-K (Config.split) on the tiles the policy splits, for few output
+# tiles over a long K (4096x576x7168: 96 tiles of 128x192 on 132 SMs); config tuples with
+# (stages, zero_init, split) appended
+SWEEP_SPLIT = ([(128, 192, 2, 1, True, True, 8, 0, True, s) for s in (1, 2, 3, 4, 5, 6)]
+               + [(128, 128, 2, 1, True, True, 8, 0, True, s) for s in (2, 4, 8)])
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),
@@ -145,7 +150,7 @@ def sweep_entries(set_name: str):
         return [(_tag(c) + ("T" if t else ""), impl_xgemm_config(c, t), f"cfg{c}{'T' if t else ''}")
                 for c, t in (SWEEP_SWAP if set_name == "swap" else SWEEP_LONG)]
     cfgs = {"big": SWEEP, "small": SWEEP_SMALL, "f32out": SWEEP_F32OUT, "raster": SWEEP_RASTER,
-            "zero_init": SWEEP_ZERO_INIT, "waves": SWEEP_WAVES}[set_name]
+            "zero_init": SWEEP_ZERO_INIT, "waves": SWEEP_WAVES, "cutesplit": SWEEP_SPLIT}[set_name]
     return [(_tag(c), impl_xgemm_config(c), f"cfg{c}") for c in cfgs]
 
 
@@ -155,7 +160,8 @@ MAKERS = {**h.PEERS, "xgemm-scaled": impl_xgemm_scaled, "sm90": impl_sm90_policy
 
 def _tag(c):
     return (f"xgemm[{'pp' if c[4] else 'coop'} {c[0]}x{c[1]} c{c[2]}x{c[3]} "
-            f"r{'m' if c[5] else 'n'} s{c[6]}{' filled' if len(c) > 8 and not c[8] else ''}]")
+            f"r{'m' if c[5] else 'n'} s{c[6]}{' filled' if len(c) > 8 and not c[8] else ''}"
+            f"{f' split{c[9]}' if len(c) > 9 and c[9] > 1 else ''}]")
 
 
 def table(records, notes=None) -> str:
@@ -189,7 +195,8 @@ def main(argv=None):
     ap.add_argument("--impls", default="cublas,quack,xgemm")
     ap.add_argument("--sweep", action="store_true", help="also time every SWEEP config")
     ap.add_argument("--sweep-dtypes", default="bfloat16")
-    ap.add_argument("--sweep-set", choices=("big", "small", "f32out", "splitk", "raster", "zero_init", "waves", "swap", "long"), default="big")
+    ap.add_argument("--sweep-set", default="big", choices=("big", "small", "f32out", "splitk", "raster", "zero_init",
+                                                            "waves", "swap", "long", "cutesplit"))
     ap.add_argument("--out-dtype", default=None, help="result dtype (default: the input dtype)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)

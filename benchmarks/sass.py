@@ -1,7 +1,7 @@
 """The SASS of cute_gemm_sm90's promoting FP8 classes, compiled on any machine (no GPU): whether
 ptxas kept the wgmma pipeline, and what a consumer warp runs per k-tile.
 
-    CUTE_DSL_ARCH=sm_90a python benchmarks/sass.py [promote block ring fast]
+    CUTE_DSL_ARCH=sm_90a python benchmarks/sass.py [promote block fast]
 
 For each class: the QGMMA count, `WARPGROUP.DEPBAR` waits (one after every QGMMA means ptxas
 serialized them), LDGs, and the instruction mix of each k-loop holding a QGMMA (a backward branch
@@ -27,8 +27,7 @@ def classes():
     cfg = K90.Config(128, 128, 2, 1, False, True, 8)
     promote = K90.Epi(scale_m=True, scale_n=True, promote=True)
     epis = {"fast": K90.Epi(scale_m=True, scale_n=True), "promote": promote,
-            "block": dataclasses.replace(promote, block=True),
-            "ring": dataclasses.replace(promote, block=True, scale_ring=True)}
+            "block": dataclasses.replace(promote, block=True)}
     return {name: (lambda out, e=e: K90.build(cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True,
                                               (False,) * 4, 66, "sm_90a", f"--keep-cubin --keep-ptx --dump-dir={out}",
                                               epi=e))

@@ -71,8 +71,8 @@ def model_shape_items() -> list:
 
 
 def fp8_tune_items() -> list:
-    """(module, key) of the promoting FP8 class at each tile width, and of the block-scaled class with
-    and without its scale ring, as benchmarks/fp8.py --only tune times them."""
+    """(module, key) of the promoting FP8 class at each tile width, and of the block-scaled class,
+    as benchmarks/fp8.py --only tune times them."""
     sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
     import fp8 as fp8_bench
 

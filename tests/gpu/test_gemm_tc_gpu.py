@@ -112,6 +112,29 @@ CONFIG_C_CASES = [
      ("bands-n-1x2", 600, 1000, 200, 1, "bfloat16", "float32", "row", "col", "row", "float32", "row", 0.5, 1.0, "")),
 ]
 
+# Split-K (Config.split): a tile's K cut into parts whose float32 sums the last part adds
+# (Sm90Gemm._split_fixup). Parts that end past K (zero fill), ragged M / N, both schedules, every
+# cluster shape, column-major operands, alpha, batched with a broadcast B, the transposed run.
+#   (config with split, case, swap)
+SPLIT_CASES = [
+    ((128, 192, 2, 1, True, True, 8, 0, True, 4),
+     ("split4-kv_a", 4096, 576, 7168, 1, "bfloat16", "bfloat16", "row", "row", "row", None, "row", 1.0, 0.0, ""), False),
+    ((128, 128, 2, 1, True, True, 8, 0, True, 3),
+     ("split3-ragged", 1000, 520, 1032, 1, "float16", "float16", "row", "row", "row", None, "row", 1.0, 0.0, ""), False),
+    ((256, 128, 2, 1, False, True, 8, 0, True, 2),
+     ("split2-coop-batched", 520, 1288, 1032, 2, "bfloat16", "bfloat16", "row", "col", "row", None, "row", 1.0, 0.0,
+      "b"), False),
+    ((128, 192, 1, 2, True, False, 2, 0, True, 5),
+     ("split5-1x2-col-f32", 600, 1000, 2056, 1, "bfloat16", "float32", "col", "col", "col", None, "row", 2.5, 0.0, ""),
+     False),
+    ((128, 64, 1, 1, True, True, 1, 0, True, 8),
+     ("split8-128x64", 200, 264, 4104, 1, "bfloat16", "bfloat16", "row", "row", "row", None, "row", 1.0, 0.0, ""), False),
+    ((128, 128, 1, 1, False, True, 1, 0, True, 2),
+     ("split2-coop-1x1", 300, 264, 2048, 1, "float16", "float16", "row", "row", "row", None, "row", 1.0, 0.0, ""), False),
+    ((128, 192, 2, 1, True, True, 8, 0, True, 3),
+     ("split3-transposed", 7168, 576, 4096, 1, "bfloat16", "bfloat16", "row", "row", "row", None, "row", 1.0, 0.0, ""),
+     True),
+]
 
 # ------------------------------------------------------------------------------------------
 # Building operands and problems
@@ -205,6 +228,7 @@ def cases_for_prebuild():
         out.append((k90, case, k90.Config(*cfg).policy("forced")))
     for cfg in SWAP_CONFIGS:
         out += [(k90, c, k90.Config(*cfg).policy("forced", swap=True)) for c in SM90_CASES]
+    out += [(k90, case, k90.Config(*cfg).policy("forced", swap=swap)) for cfg, case, swap in SPLIT_CASES]
     return out
 
 
@@ -240,6 +264,57 @@ def test_sm90_configs(cfg):
 def test_sm90_configs_with_c(cfg, case):
     from xgemm.kernels.cute_gemm_sm90 import KERNEL, Config
     run_kernel(KERNEL, case, Config(*cfg).policy("forced"))
+
+
+@pytest.mark.parametrize("cfg,case,swap", SPLIT_CASES, ids=[c[1][0] for c in SPLIT_CASES])
+def test_sm90_split_k(cfg, case, swap):
+    """Each split-K class, three launches in a row on one stream: the flags each launch leaves at
+    zero are what the next one counts from, so a flag left set shows as a wrong or hung second run."""
+    from xgemm.kernels.cute_gemm_sm90 import KERNEL, Config
+    d = run_kernel(KERNEL, case, Config(*cfg).policy("forced", swap=swap))
+    for _ in range(2):
+        d["out"].fill_(float("nan"))
+        KERNEL.run(d["problem"], Config(*cfg).policy("forced", swap=swap), d["views"], d["vout"],
+                   torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        check(d["out"], reference(d["a"], d["b"], d["c"], case[12], case[13]), case[6], f"split again/{case[0]}")
+
+
+def test_split_k_policy_graph_and_streams():
+    """The policy's own split pick through xgemm.matmul (random normal bf16 against float64), on two
+    streams at once (a workspace each), and replayed from a CUDA graph captured after a warm call."""
+    import xgemm
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    a = torch.randn(4096, 7168, generator=gen, device="cuda").to(torch.bfloat16)
+    b = torch.randn(7168, 576, generator=gen, device="cuda").to(torch.bfloat16)
+    assert xgemm.explain(a, b).policy.split_k > 1, xgemm.explain(a, b)
+    ref = torch.matmul(a.double(), b.double())
+
+    def close(d, what):
+        rel = float(torch.linalg.norm(d.double() - ref) / torch.linalg.norm(ref))
+        assert rel < 5e-3, (what, rel)
+    close(xgemm.matmul(a, b), "eager")
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = []
+    for s in streams:
+        with torch.cuda.stream(s):
+            outs.append([xgemm.matmul(a, b) for _ in range(3)])
+    torch.cuda.synchronize()
+    for i, o in enumerate(outs):
+        for d in o:
+            close(d, f"stream {i}")
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        xgemm.matmul(a, b)                          # this stream's buffers, before the capture
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            d = xgemm.matmul(a, b)
+    for _ in range(3):
+        d.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        close(d, "graph replay")
 
 
 @pytest.mark.parametrize("case", SM80_CASES, ids=[c[0] for c in SM80_CASES])

@@ -64,6 +64,24 @@ def test_gemm_runs_the_cute_kernels_through_the_ffi(dtype, shape):
     np.testing.assert_array_equal(d, np.asarray(jnp.asarray(0.5 * (av @ bv), dtype)).astype(np.float64))
 
 
+@pytest.mark.parametrize("shape", [((4096, 7168), (7168, 576)), ((7168, 4096), (4096, 576)), ((512, 32768), (32768, 512))])
+def test_split_k_runs_inside_jit(shape):
+    """The policy's split-K picks (few output tiles over a long K) inside jit: the workspace is XLA
+    scratch, the flags a zero-filled operand the kernel leaves zero; repeated calls stay exact
+    (integer values, exact float32 sums)."""
+    dev = _gpu()
+    rng = np.random.default_rng(1)
+    av, bv = (rng.integers(-5, 6, s).astype(np.float64) for s in shape)
+    a = jax.device_put(jnp.asarray(av, jnp.bfloat16), dev)
+    b = jax.device_put(jnp.asarray(bv, jnp.bfloat16), dev)
+    assert xj.explain_gemm(a, b).policy.split_k > 1, xj.explain_gemm(a, b)
+    f = jax.jit(xj.matmul)
+    assert "xgemm_tvm_ffi_call" in f.lower(a, b).compile().as_text()
+    want = np.asarray(jnp.asarray(av @ bv, jnp.bfloat16)).astype(np.float64)
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(f(a, b)).astype(np.float64), want)
+
+
 @pytest.mark.parametrize("shape", [((2048, 999), (999, 4097), (4097,)), ((4, 512, 999), (999, 2049), None),
                                    ((4096, 1032), (1032, 2003), (4096, 2003))])
 def test_unaligned_half_gemm_runs_on_padded_arrays(shape):

@@ -154,6 +154,36 @@ def test_prebuilt_classes_are_the_ones_the_policy_runs():
         assert K90.class_key(*spec) in keys, mnk
 
 
+@pytest.mark.parametrize("mnk,split", [
+    ((4096, 576, 7168), 4),       # 96 tiles of 128x192 over 132 SMs: 3 waves of a quarter of K
+    ((512, 512, 32768), 8),
+    ((128, 4096, 14336), 2),
+    ((8192, 8192, 8192), 1),      # enough tiles: no split
+    ((4096, 4096, 4096), 1),
+    ((4096, 576, 512), 1),        # K too short for parts of SPLIT_MIN_K_TILES
+])
+def test_policy_splits_k_where_few_tiles_run_a_long_k(mnk, split):
+    name, cfg = K90.choose_config(*mnk, 1)
+    assert cfg.split == split, (name, cfg)
+    pol = K90.KERNEL.policy(_problem(*mnk))
+    assert pol.split_k == split and K90.Config.from_policy(pol).split == split
+    if split > 1:
+        # no split class takes C or a fused epilogue: those run unsplit
+        c = _op(mnk[:2])
+        assert K90.KERNEL.policy(_problem(*mnk, beta=1.0, c=c)).split_k == 1
+        assert 0.9 < K90.wave_efficiency(mnk[0], mnk[1], 1, cfg, k=mnk[2]) <= 1.0
+
+
+def test_split_k_workspace_sizes():
+    cfg = K90.Config(128, 192, 2, 1, True, True, 8, split=4)
+    # 32 x 3 tiles (M tiles rounded to whole 2x1 clusters), 3 slots of 128x192 each but the last part
+    assert K90.workspace_sizes(cfg, 4096, 576, 1) == (96 * 3 * 128 * 192, 96)
+    assert K90.workspace_sizes(cfg, 4000, 577, 2) == (2 * 32 * 4 * 3 * 128 * 192, 2 * 32 * 4)
+    assert K90.workspace_sizes(K90.Config(128, 192, 2, 1, True, True, 8), 4096, 576, 1) == (0, 0)
+    with pytest.raises(ValueError, match="split"):
+        K90.Config(split=K90.MAX_SPLIT + 1).check()
+
+
 def test_wave_efficiency_counts_edge_tiles_and_the_last_wave():
     cfg = K90.Config(128, 192, 2, 1, True, False, 8)
     # 8192^2: 32 x 43 cluster tiles of 256x192 = 1376 over 66 clusters = 21 waves
@@ -235,15 +265,16 @@ def ptx(tmp_path_factory):
         "coop_fp8_block": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                     COL, ROW, None, True, nob, 66, "sm_90a", opts,
                                     epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True)),
-        # the same with its scales copied through the per-thread shared-memory ring (cp.async)
-        "coop_fp8_ring": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
-                                   COL, ROW, None, True, nob, 66, "sm_90a", opts,
-                                   epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True,
-                                               scale_ring=True)),
         # gated (SwiGLU): B = [gate | up] through a 4-D TMA view, D half as wide
         "pp_gated_silu": K90.build(K90.Config(128, 128, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
                                    ROW, None, True, nob, 66, "sm_90a", opts,
                                    epi=K90.Epi("n", "bfloat16", "silu", gated=True)),
+        # split-K: 4 parts a tile (pingpong 128x192) and 2 (cooperative 128x128), their float32 sums
+        # through a workspace and per-tile flags
+        "pp_split4": K90.build(K90.Config(128, 192, 2, 1, True, True, 8, split=4), "bfloat16", "bfloat16", ROW, ROW,
+                               ROW, None, True, nob, 66, "sm_90a", opts),
+        "coop_split2": K90.build(K90.Config(128, 128, 1, 1, False, True, 1, split=2), "float16", "float32", COL, COL,
+                                 ROW, None, False, nob, 132, "sm_90a", opts),
         "pp_relu": K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "bfloat16", "float16", ROW, ROW, ROW,
                              None, True, nob, 132, "sm_90a", opts, epi=K90.Epi(activation="relu")),
         "mma_sm80": K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", opts),
@@ -382,23 +413,23 @@ def test_ptx_sm90_fp8_block_scales(ptx):
 
 
 @needs_dsl
-def test_ptx_sm90_fp8_block_scale_ring(ptx):
-    """Epi.scale_ring: each thread copies its three scales of a k-tile (two rows of A, B's block) by
-    4-byte cp.async into its ring slot, one commit group a k-tile (k-tiles 0 and 1 before the loop,
-    the next one after each k-tile's wgmmas), and reads a slot back after wait_group 1, before the
-    promotion's fmas: no global load is left in the k-loop. The ring is shared memory, not local."""
-    ring = ptx["coop_fp8_ring"][1]
-    copies = r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 4, 4;"
-    assert _count(ring, copies) == 3 * 3 and _count(ring, r"cp\.async\.commit_group;") == 3
-    assert _count(ring, r"cp\.async\.wait_group\s+1;") == 2 and _count(ring, r"cp\.async\.wait_group\s+0;") == 1
-    assert _count(ring, r"\bfma\.rn\.f32\b") == 2 * 64 and "ld.local" not in ring and "st.local" not in ring
-    loop = ring[ring.rindex('.pragma "nounroll"'):]
-    loop = loop[:loop.index("wgmma.wait_group.sync.aligned", loop.index("wgmma.commit_group"))]
-    assert _count(loop, r"\bld\.global") == 0 and _count(loop, copies) == 3
-    assert loop.index("cp.async.wait_group") < loop.index("fma.rn.f32") < loop.index("wgmma.mma_async")
-    assert loop.index("wgmma.commit_group") < loop.index("cp.async.ca")
-    with pytest.raises(AssertionError, match="scale ring"):
-        K90.Epi(scale_m=True, scale_n=True, promote=True, scale_ring=True).check()
+@pytest.mark.parametrize("name,regs,parts", [("pp_split4", 192, 4), ("coop_split2", 64, 2)])
+def test_ptx_sm90_split_k(ptx, name, regs, parts):
+    """Split-K (Sm90Gemm._split_fixup): a part other than the last stores its accumulator as 16-byte
+    vectors (regs / 4 of them) and counts itself in its tile's flag with a release add at gpu scope;
+    the last part spins on an acquire load of the flag until it counts parts - 1, sets it back to 0,
+    and loads the other parts' sums (parts - 1 slots of regs / 4 vectors) before its epilogue; the
+    accumulators stay in registers. Without a split none of it is there."""
+    text = ptx[name][1]
+    assert _count(text, r"st\.global\.v4\.b32") == regs // 4
+    assert _count(text, r"ld\.global\.v4\.b32") == (parts - 1) * regs // 4
+    assert _count(text, r"atom\.global\.release(\.gpu)?\.add\.u32") == 1
+    assert _count(text, r"ld\.acquire\.gpu\.global\.b32") >= 1
+    assert re.search(rf"setp\.(ne|eq)\.b32\s+%p\d+, %r\d+, {parts - 1};", text)
+    assert _count(text, r"st\.relaxed\.gpu\.global\.b32") == 1
+    assert "ld.local" not in text and "st.local" not in text
+    plain = ptx["pp_2x1_unit"][1]
+    assert "ld.acquire" not in plain and "atom.global" not in plain and "st.global.v4" not in plain
 
 
 @needs_dsl

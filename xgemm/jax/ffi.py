@@ -200,10 +200,22 @@ def default_tvm_target() -> str:
     return TVM_TARGET if os.environ.get("XGEMM_JAX_TVM_GRAPH", "") == "0" else TVM_GRAPH_TARGET
 
 
+def _with_zeroed(tc: TvmFfiCall, operands: Sequence[Any], in_layouts):
+    """The operands and input layouts with the call's zero-filled int32 buffers (TvmFfiCall.zeroed) appended."""
+    if not tc.zeroed:
+        return operands, in_layouts
+    import jax.numpy as jnp
+    operands = list(operands) + [jnp.zeros((n,), jnp.int32) for n in tc.zeroed]
+    if in_layouts is not None:
+        in_layouts = list(in_layouts) + [None] * len(tc.zeroed)
+    return operands, in_layouts
+
+
 def call_tvm_ffi(tc: TvmFfiCall, operands: Sequence[Any], out_avals: Sequence[Any], *,
                  in_layouts=None, out_layouts=None, target: Optional[str] = None) -> Tuple[Any, ...]:
     """Emit the TVM-FFI custom call (inside a lowering or jit); returns the outputs (no scratch)."""
     load()      # the process token must be set before such a module can run
+    operands, in_layouts = _with_zeroed(tc, operands, in_layouts)
     return _emit(target or default_tvm_target(), tvm_attributes, tc, tc.scratch_bytes, operands, out_avals,
                  in_layouts, out_layouts)
 
@@ -265,6 +277,8 @@ def call_exchange(route: Route, send: Any, *, into: Optional[Into] = None, dest:
     if dest is not None and into is None:
         raise ValueError("call_exchange: dest needs into")
     recv_aval = jax.ShapeDtypeStruct(exchange_result(send.shape, into), send.dtype)
+    if tc is not None:
+        operands, in_layouts = _with_zeroed(tc, operands, in_layouts)
     row_bytes = int(send.shape[-1]) * np.dtype(send.dtype).itemsize if send.ndim else 0
     operands = list(operands) + [send] + ([dest] if dest is not None else [])
     out_avals = [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in out_avals]

@@ -39,13 +39,13 @@ from xgemm.kernels._common import xla_tensors, xla_views
 # another: an edit here or there keeps every compiled class
 from xgemm.kernels.cute_gemm_sm90_build import (  # noqa: F401 -- compile-class machinery under this kernel's name
     _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, NAME, Epi, build, build_for_key, class_key, compiled,
-    compiled_eager, max_clusters)
+    compiled_eager, max_clusters, workspace_sizes)
 from xgemm.kernels.cute_gemm_sm90_policy import (
     POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy, choose_gated_policy, choose_policy,
-    swapped)
+    swapped, unsplit)
 from xgemm.kernels.cute_gemm_sm90_policy import (  # noqa: F401 -- the policy's model under this kernel's name too
-    ROW_MARGIN, SWAP_MIN_K, SWAP_NOTE, WAVE_MARGIN, choose_config, row_of, slot_fill, wave_efficiency)
-from xgemm.runtime import cute_cache
+    MAX_SPLIT, ROW_MARGIN, SWAP_MIN_K, SWAP_NOTE, WAVE_MARGIN, choose_config, row_of, slot_fill, wave_efficiency)
+from xgemm.runtime import cute_cache, workspace
 from xgemm.runtime.calls import Arg, TvmFfiCall
 from xgemm.runtime.driver import sm_count
 from xgemm.runtime.roles import OUT, A, B, C
@@ -199,8 +199,10 @@ class _Sm90Kernel:
         if problem.scales is not None and (problem.float32_accumulation or _block_scales(problem)):
             # block scales multiply each k-tile's sum as it is promoted, whatever accumulation is asked
             return choose_fp8_promoted_policy(problem.m, problem.n, problem.k, problem.batch_count)
-        return choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
-                             problem.a.majorness, problem.b.majorness)
+        policy = choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
+                               problem.a.majorness, problem.b.majorness)
+        # the split-K classes serve the plain product (cute_gemm_sm90_build.Sm90Gemm)
+        return unsplit(policy) if problem.fused or problem.epilogue.reads_c else policy
 
     def spec(self, problem, policy: Policy, operands, out, arch: str, sm_count: int) -> Tuple:
         """The compile class (build()'s arguments) a run of these operands needs (for a swapped
@@ -218,14 +220,33 @@ class _Sm90Kernel:
                 (c.dtype, unit_stride_dim(c.shape, c.strides)) if use_c else None,
                 problem.epilogue.alpha == 1.0, batched, max_clusters(sm_count, cfg), arch)
 
+    def _split_buffers(self, problem, policy: Policy, fn, stream):
+        """(workspace, flags) for a split-K run on this stream, or None where the run goes unsplit:
+        the buffers cannot be had (runtime/workspace.py), or the class came through the tvm_ffi
+        package, which takes framework arrays only."""
+        if not hasattr(fn, "prepare"):
+            return None
+        cfg = Config.from_policy(policy)
+        m, n = (problem.n, problem.m) if swapped(policy) else (problem.m, problem.n)
+        elems, flags = workspace_sizes(cfg, m, n, problem.batch_count)
+        return workspace.split_k(problem.device, stream, elems, flags)
+
     def run(self, problem, policy: Policy, operands, out, stream) -> None:
         fn, use_c, views = self._resolve(problem, policy, operands, out)
+        split = None
+        if Config.from_policy(policy).split > 1:
+            split = self._split_buffers(problem, policy, fn, stream)
+            if split is None:
+                policy = unsplit(policy)
+                fn, use_c, views = self._resolve(problem, policy, operands, out)
         ep = problem.epilogue
         L = problem.batch_count
         args = [_as_kernel_arg(v, L, r, cc) for v, r, cc in views]
         if swapped(policy):
             args = [x.swapaxes(-2, -1) for x in args]
-        if problem.fused:                # an Epi class: f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream)
+        if split is not None:            # a split-K class: f(a, b, d, workspace, flags, alpha, stream)
+            fn(*args[:3], *split, float(ep.alpha), stream)
+        elif problem.fused:                # an Epi class: f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream)
             bias, scale_m, scale_n = (v.obj if v is not None else None for v in operands[3:6])
             if swapped(policy):
                 scale_m, scale_n = scale_n, scale_m
@@ -240,8 +261,8 @@ class _Sm90Kernel:
         go(a, b, c, d, stream) on the framework arrays makes the same TVM-FFI call run() makes
         for views of them. None unless every operand crosses as itself (2-D, unbatched), and for a
         fused epilogue (run() serves it)."""
-        if problem.fused:
-            return None
+        if problem.fused or Config.from_policy(policy).split > 1:
+            return None                  # run() serves these per call (split-K: its buffers per stream)
         fn, use_c, views = self._resolve(problem, policy, operands, out)
         if problem.batch_count != 1 or any(len(v.shape) != 2 for v, _, _ in views):
             return None
@@ -315,6 +336,12 @@ class _Sm90Kernel:
             tensors = (t("in", 1, b), t("in", 0, a), t("out", 0, out)) + ((t("in", 2, c),) if c is not None else ())
         else:
             tensors = xla_tensors(c)
+        cfg = Config.from_policy(policy)
+        if cfg.split > 1:         # split-K (no C): its workspace is XLA scratch, its flags zeros after a, b
+            m, n = (problem.n, problem.m) if swapped(policy) else (problem.m, problem.n)
+            elems, flags = workspace_sizes(cfg, m, n, problem.batch_count)
+            return TvmFfiCall(fn, tensors + (Arg.tensor("scratch", 0), Arg.tensor("in", 2)) + scalars + (Arg.stream(),),
+                              scratch_bytes=(4 * elems,), zeroed=(flags,))
         return TvmFfiCall(fn, tensors + scalars + (Arg.stream(),))
 
     def prebuild(self, arch: str):

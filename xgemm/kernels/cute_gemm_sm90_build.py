@@ -30,6 +30,17 @@ Design
   and its epilogue writes a D tile of tile_n / 2 columns from the two halves of the accumulator.
   A policy may run the transposed problem D^T = B^T @ A^T (+ C^T) on the operands' transposed
   views (SWAP_NOTE; what the policy does for row-major A and B on its wave-aware rows).
+  Split-K (Config.split, plain products: no C, no Epi): where few output tiles run a long K, each
+  tile's k-tiles are cut into `split` equal parts run as separate work units of the persistent
+  grid (the last part's k-tiles past K are TMA zero fill). A part other than the last stores its
+  float32 accumulator to a workspace slot (16-byte vectors) and adds one to its tile's flag
+  (release); the last part waits for the flag to count the others (acquire), sets it back to 0
+  and adds their slots into its accumulator before the usual epilogue. A tile's parts are
+  consecutive work indices, so every wait is on a lower-numbered unit, which the all-resident
+  grid reaches first: no cycle. The flags are zero before a launch and after it, so launches on
+  one stream share them (runtime/workspace.py; under jit they are a zero-filled operand and the
+  workspace XLA scratch). In pingpong the partial stores and loads happen in the epilogue's slot,
+  under the other warpgroup's mainloop.
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
   see class_key); shapes and strides are symbolic (cute.sym_int / sym_int64 with 16-byte
   divisibility), so one compiled object serves every shape of its class.
@@ -62,13 +73,10 @@ class Epi:
     DeepSeek-V3 and CUTLASS's non-fast-accum FP8 kernels do. block (FP8, with promote): the scales
     are block-wise, scale_m (M, K/128) per row of A and 128-deep k-block, scale_n (K/128, N/128)
     per 128x128 block of B; each k-tile's sum is multiplied by its two scales as it is promoted,
-    and the epilogue applies none. scale_ring (with block; a tune candidate, untimed): each
-    consumer thread copies its k-tiles' scales by cp.async into a ring of SCALE_RING slots in
-    shared memory, one k-tile ahead, and reads them back after the copy group two k-tiles old has
-    landed, so that no global load sits on the promotion's path (the block class stalled 20% of
-    its samples on the scales' loads, Nsight Compute, docs/performance.md). (Two other promoting
+    and the epilogue applies none. (Two other promoting
     mainloops were timed and removed: two wgmma accumulators in turn, and warpgroup 1 one wgmma
-    batch behind warpgroup 0; docs/performance.md.)"""
+    batch behind warpgroup 0; and block scales staged through a per-thread cp.async ring in shared
+    memory, which ran at half the block class's rate; docs/performance.md.)"""
     bias: Optional[str] = None
     bias_dtype: Optional[str] = None
     activation: Optional[str] = None
@@ -77,7 +85,6 @@ class Epi:
     gated: bool = False
     promote: bool = False
     block: bool = False
-    scale_ring: bool = False
 
     def check(self) -> None:
         assert self.bias in (None, "n", "m") and (self.bias is None) == (self.bias_dtype is None), self
@@ -89,7 +96,6 @@ class Epi:
                                   and not (self.scale_m or self.scale_n)), self
         assert not self.promote or (self.scale_m and self.scale_n and not self.gated), f"{self}: promote is FP8's"
         assert not self.block or (self.promote and self.bias != "m"), f"{self}: block scales are promoted, untransposed"
-        assert not self.scale_ring or self.block, f"{self}: the scale ring holds block scales"
 
 NAME = "cute_gemm_sm90"
 _AB_DTYPES = ("float16", "bfloat16")
@@ -97,7 +103,6 @@ _FP8_DTYPES = fp8_checks.FP8_DTYPES
 _OUT_DTYPES = ("float16", "bfloat16", "float32")
 _ITEMSIZE = ITEMSIZE
 SMEM_BYTES = 232448          # sm_90 opt-in shared memory per block (227 KB)
-SCALE_RING = 3               # Epi.scale_ring's slots a thread: the k-tile promoted, the one landing, the next
 
 
 # ----------------------------------------------------------------------------------------------
@@ -153,7 +158,9 @@ def _device():
             self.scale_n = epi is not None and epi.scale_n and not self.block
             self.gated = epi is not None and epi.gated
             self.promote = epi is not None and epi.promote
-            self.scale_ring = epi is not None and epi.scale_ring
+            self.split = cfg.split
+            # split-K serves the plain product: C, a fused epilogue's state and promotion stay unsplit
+            assert self.split == 1 or (not has_c and epi is None), f"{cfg}: split-K with C or an Epi class"
             assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
             # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
             self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
@@ -194,7 +201,7 @@ def _device():
             d_bytes = epi_elems * d_dtype.width // 8
             c_bytes = epi_elems * c_dtype.width // 8 if c_dtype is not None else 0
             ab_bytes = (tm * self.a_dtype.width + tn * self.b_dtype.width) * tk // 8
-            reserve = 1024 + 1024 + 4 * self.ring_elems      # mbarriers, alignment padding, the scale ring
+            reserve = 1024 + 1024                            # mbarriers, alignment padding
             room = SMEM_BYTES - reserve - epi_stage * d_bytes - c_stage * c_bytes
             ab_stage = room // ab_bytes
             if self.cfg.stages:
@@ -208,10 +215,13 @@ def _device():
         @cute.jit
         def launch(self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor,
                    mC: Optional[cute.Tensor], mBias: Optional[cute.Tensor], mScaleM: Optional[cute.Tensor],
-                   mScaleN: Optional[cute.Tensor], alpha: Float32, beta: Float32, stream: cuda.CUstream):
+                   mScaleN: Optional[cute.Tensor], mWork: Optional[cute.Tensor], mFlags: Optional[cute.Tensor],
+                   alpha: Float32, beta: Float32, stream: cuda.CUstream):
             """mA (M, K, L), mB (N, K, L), mD / mC (M, N, L), in CuTe's GEMM order; mBias (N,) or
             (M,) by Epi.bias; mScaleM (M,), mScaleN (N,) float32 (Epi), or with Epi.block mScaleM
-            (M, K/128) and mScaleN (N/128, K/128)."""
+            (M, K/128) and mScaleN (N/128, K/128). Split-K (cfg.split > 1): mWork, bytes holding float32,
+            at least (split - 1) x tile_m x tile_n of them per CTA tile of the grid (workspace_sizes), and mFlags,
+            int32, one per CTA tile, zero before the launch and zero again after it."""
             self.a_dtype = mA.element_type
             self.b_dtype = mB.element_type
             if const_expr(self.gated):
@@ -236,8 +246,6 @@ def _device():
             # and the scales a k-tile takes: A's of each of those rows, then B's
             self.reg_row, self.scale_rows = self._register_rows(self.tiled_mma) if self.block else (None, None)
             self.scale_values = len(self.scale_rows) + 1 if self.block else 0
-            # the ring: scale_values x SCALE_RING slots x 256 consumer threads
-            self.ring_elems = self.scale_values * SCALE_RING * 256 if self.scale_ring else 0
             self.ab_stage, self.epi_stage, self.c_stage = self._stages(self.d_dtype, self.c_dtype)
             self.cluster_layout_mnk = cute.make_layout(self.cluster_shape_mnk)
 
@@ -284,7 +292,7 @@ def _device():
             cluster_tiles = ((tiles_m + self.cfg.cluster_m - 1) // self.cfg.cluster_m
                              * ((tiles_n + self.cfg.cluster_n - 1) // self.cfg.cluster_n) * mD.shape[2])
             grid = (self.cfg.cluster_m, self.cfg.cluster_n,
-                    cutlass.min(cluster_tiles, self.max_active_clusters))
+                    cutlass.min(cluster_tiles * self.split, self.max_active_clusters))
 
             c_elems = cute.cosize(c_smem_staged) if const_expr(self.has_c) else 0
             c_type = self.c_dtype if const_expr(self.has_c) else Float32
@@ -300,11 +308,11 @@ def _device():
                     cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem_staged)], 1024]
                 sB: cute.struct.Align[
                     cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem_staged)], 1024]
-                sScale: cute.struct.Align[cute.struct.MemRange[Float32, self.ring_elems], 16]
 
             self.shared_storage = SharedStorage
             self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
-                        tma_atom_c, tma_c, mBias, mScaleM, mScaleN, alpha, beta, self.cluster_layout_mnk,
+                        tma_atom_c, tma_c, mBias, mScaleM, mScaleN, mWork, mFlags, alpha, beta,
+                        self.cluster_layout_mnk,
                         a_smem_staged,
                         b_smem_staged, d_smem_staged, c_smem_staged).launch(
                 grid=grid, block=[self.threads_per_cta, 1, 1], cluster=self.cluster_shape_mnk,
@@ -351,6 +359,8 @@ def _device():
             G = self.cfg.swizzle
             cm, cn = self.cluster_shape_mnk[0], self.cluster_shape_mnk[1]
             total, per_batch_d, slow_or_band_d, last_width_d, last_band = sched
+            if const_expr(self.split > 1):
+                work = work // self.split           # a tile's split units are consecutive (_split_of)
             valid = work < total
             l, r = divmod(work, per_batch_d)
             if const_expr(G == 1):
@@ -366,6 +376,61 @@ def _device():
             c_m, c_n = (slow, fast) if const_expr(self.cfg.raster_m) else (fast, slow)
             bidx, bidy, _ = cute.arch.block_idx()
             return (c_m * cm + bidx % cm, c_n * cn + bidy % cn, l), valid
+
+        def _split_of(self, work, k_per):
+            """Split-K: (this unit's part of its tile, its first k-tile). A tile's units are `split`
+            consecutive work indices, so its last part (the one that sums the others, _split_fixup)
+            has the highest: a unit waits only on units numbered below it, which every CTA of the
+            persistent grid (all resident) reaches first, so the waits cannot form a cycle. Each
+            part is k_per k-tiles; the last part's k-tiles past K are TMA's zero fill."""
+            part = work % self.split
+            return part, part * k_per
+
+        @cute.jit
+        def _split_fixup(self, acc, mWork, mFlags, work, part, thread, barrier):
+            """Split-K, after a unit's mainloop: a part other than the last stores its float32
+            accumulator to its workspace slot and counts itself in its tile's flag (release); the
+            last part waits until the flag counts every other part (acquire), resets the flag for the
+            next launch, and adds their slots into its accumulator, which then goes through the
+            epilogue as an unsplit tile's would. The slots are laid out so that a warp's 16-byte
+            vector stores and loads cover 512 contiguous bytes: (slot, register group of 4, thread,
+            4). Returns whether this unit writes D."""
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            tile = (work // self.split) * (self.cfg.cluster_m * self.cfg.cluster_n) + rank
+            flag = mFlags.iterator + tile
+            regs = cute.size(acc)
+            slot_elems = regs * self.mma_threads_per_tile
+            acc_v = cute.make_tensor(acc.iterator, cute.make_layout((4, regs // 4)))
+            vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+            last = part == self.split - 1
+            if last:
+                if thread == 0:
+                    seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
+                    while seen != self.split - 1:
+                        seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
+                    cute.arch.store(flag, Int32(0), sem="relaxed", scope="gpu")
+                barrier.arrive_and_wait()
+                part_v = cute.make_rmem_tensor((4, regs // 4), Float32)
+                for p in cutlass.range_constexpr(self.split - 1):
+                    src = self._work_slot(mWork, tile * (self.split - 1) + p, slot_elems, thread, regs)
+                    for g in cutlass.range_constexpr(regs // 4):
+                        cute.copy(vec, src[(None, g)], part_v[(None, g)])
+                    acc_v.store(acc_v.load() + part_v.load())
+            else:
+                dst = self._work_slot(mWork, tile * (self.split - 1) + part, slot_elems, thread, regs)
+                for g in cutlass.range_constexpr(regs // 4):
+                    cute.copy(vec, acc_v[(None, g)], dst[(None, g)])
+                barrier.arrive_and_wait()
+                if thread == 0:
+                    cute.arch.atomic_add(flag, Int32(1), sem="release", scope="gpu")
+            return last
+
+        def _work_slot(self, mWork, slot, slot_elems, thread, regs):
+            """This thread's (4, regs / 4) view of a split-K workspace slot: 16-byte groups, a warp's
+            32 groups of one register index contiguous."""
+            threads = self.mma_threads_per_tile
+            base = cute.assume(slot * slot_elems + thread * 4, divby=4)
+            return cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=Float32) + base, cute.make_layout((4, regs // 4), stride=(1, 4 * threads)))
 
         def _register_rows(self, tiled_mma):
             """(row of each accumulator register, distinct rows), relative to a thread's first row,
@@ -400,22 +465,6 @@ def _device():
             row_scale = [scales[i] * scales[rows] for i in range(rows)]
             for v, row in enumerate(self.reg_row):  # a Python loop: unrolled as the kernel is traced
                 acc_main[v] = acc_main[v] + acc[v] * row_scale[row]
-
-        def _ring_copy(self, views, kt, ring, slot, atom):
-            """Epi.scale_ring: k-block kt's scales (as _load_block_scales reads them) copied by
-            cp.async into this thread's ring slot, as one commit group."""
-            rows, col = views
-            for i, t in enumerate((*rows, col)):
-                cute.copy(atom, cute.make_tensor(t.iterator + t.layout(kt), cute.make_layout(1)),
-                          cute.make_tensor(ring.iterator + ring.layout((i, slot)), cute.make_layout(1)))
-            cute.arch.cp_async_commit_group()
-
-        def _ring_read(self, ring, slot, out):
-            """out = the ring slot's scales, once every copy group but the newest has landed: the
-            slot's group is the one before it (each thread reads only what it copied itself)."""
-            cute.arch.cp_async_wait_group(1)
-            for i in range(cute.size(out)):
-                out[i] = ring[(i, slot)]
 
         def _load_block_scales(self, views, kt, k_tiles, out):
             """out = (A's scale of each of the thread's rows, B's scale) for k-block kt, loaded right
@@ -471,8 +520,8 @@ def _device():
                    tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor, tma_atom_d: cute.CopyAtom,
                    mD_mnl: cute.Tensor, tma_atom_c: Optional[cute.CopyAtom],
                    mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
-                   mScaleM: Optional[cute.Tensor], mScaleN: Optional[cute.Tensor], alpha: Float32,
-                   beta: Float32, cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
+                   mScaleM: Optional[cute.Tensor], mScaleN: Optional[cute.Tensor], mWork: Optional[cute.Tensor],
+                   mFlags: Optional[cute.Tensor], alpha: Float32, beta: Float32, cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
                    b_smem_staged: cute.ComposedLayout, d_smem_staged: cute.ComposedLayout,
                    c_smem_staged: Optional[cute.ComposedLayout]):
             tidx, _, _ = cute.arch.thread_idx()
@@ -520,9 +569,6 @@ def _device():
 
             sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
             sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
-            sScale = None
-            if const_expr(self.scale_ring):
-                sScale = storage.sScale.get_tensor(cute.make_layout((self.scale_values, SCALE_RING, 256)))
             sD = storage.sD.get_tensor(d_smem_staged.outer, swizzle=d_smem_staged.inner)
             sC = None
             if const_expr(self.has_c):
@@ -547,6 +593,10 @@ def _device():
                 cute.make_layout(cute.slice_(cluster_layout_mnk, (None, 0, 0)).shape),
                 cute.group_modes(sB, 0, 2), cute.group_modes(gB_nkl, 0, 2))
             k_tile_cnt = cute.size(gA_mkl, mode=[3])
+            # k-tiles a work unit runs: all of K, or one split-K part of it (_split_of)
+            k_per = k_tile_cnt
+            if const_expr(self.split > 1):
+                k_per = (k_tile_cnt + self.split - 1) // self.split
             sched = self._schedule(gD_mnl)
 
             pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mnk[:2])
@@ -566,12 +616,15 @@ def _device():
                     while valid:
                         tAgA_k = tAgA[(None, tc[0], None, tc[2])]
                         tBgB_k = tBgB[(None, tc[1], None, tc[2])]
-                        for k_tile in cutlass.range(k_tile_cnt, unroll=1):
+                        k_first = 0
+                        if const_expr(self.split > 1):
+                            _, k_first = self._split_of(work, k_per)
+                        for k_tile in cutlass.range(k_per, unroll=1):
                             ab_pipeline.producer_acquire(prod)
                             bar = ab_pipeline.producer_get_barrier(prod)
-                            cute.copy(tma_atom_a, tAgA_k[(None, k_tile)], tAsA[(None, prod.index)],
+                            cute.copy(tma_atom_a, tAgA_k[(None, k_first + k_tile)], tAsA[(None, prod.index)],
                                       tma_bar_ptr=bar, mcast_mask=a_mcast_mask)
-                            cute.copy(tma_atom_b, tBgB_k[(None, k_tile)], tBsB[(None, prod.index)],
+                            cute.copy(tma_atom_b, tBgB_k[(None, k_first + k_tile)], tBsB[(None, prod.index)],
                                       tma_bar_ptr=bar, mcast_mask=b_mcast_mask)
                             ab_pipeline.producer_commit(prod)
                             prod.advance()
@@ -605,11 +658,6 @@ def _device():
                     tCcAcc = tiled_mma.get_slice(epi_tidx).partition_C(
                         cute.make_identity_tensor(self.tile_shape_mnk[:2]))
                     k_scales = cute.make_rmem_tensor((self.scale_values,), Float32)
-                ring = None
-                ring_copy = None
-                if const_expr(self.scale_ring):
-                    ring = sScale[(None, None, tidx)]          # this thread's (value, slot)
-                    ring_copy = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
                 num_k_blocks = cute.size(tCrA, mode=[2])
 
                 # epilogue partitions: registers -> smem (stmatrix / st.shared), smem -> registers
@@ -681,7 +729,7 @@ def _device():
                         cute.arch.barrier_arrive(barrier_id=BAR_EPI0, number_of_threads=256)
                     else:
                         # warpgroup 1 takes every other tile: skip warpgroup 0's first one
-                        ab_read.advance(k_tile_cnt)
+                        ab_read.advance(k_per)
                         if const_expr(self.has_c):
                             c_read.advance(epi_tile_num)
                             c_write.advance(epi_tile_num)
@@ -710,11 +758,7 @@ def _device():
                     scale_views = None
                     if const_expr(self.block):
                         scale_views = self._block_scale_views(mScaleM, mScaleN, tCcAcc, tc)
-                        if const_expr(self.scale_ring):
-                            self._ring_copy(scale_views, 0, ring, 0, ring_copy)
-                            self._ring_copy(scale_views, cutlass.min(1, k_tile_cnt - 1), ring, 1, ring_copy)
-                        else:
-                            self._load_block_scales(scale_views, 0, k_tile_cnt, k_scales)
+                        self._load_block_scales(scale_views, 0, k_tile_cnt, k_scales)
                     if const_expr(self.promote):
                         # every k-tile's sum goes into float32 registers: wait for it, add it,
                         # and let the next k-tile's first wgmma overwrite the accumulator
@@ -724,8 +768,6 @@ def _device():
                             warpgroup.wait_group(0)
                             ab_pipeline.consumer_release(ab_release)
                             ab_release.advance()
-                            if const_expr(self.scale_ring):
-                                self._ring_read(ring, (k_tile - 1) % SCALE_RING, k_scales)
                             if const_expr(self.block):
                                 self._promote_scaled(acc_main, acc, k_scales)
                             else:
@@ -738,13 +780,10 @@ def _device():
                                 tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                             warpgroup.commit_group()
                             ab_read.advance()
-                            if const_expr(self.scale_ring):
-                                self._ring_copy(scale_views, cutlass.min(k_tile + 1, k_tile_cnt - 1), ring,
-                                                (k_tile + 1) % SCALE_RING, ring_copy)
-                            elif const_expr(self.block):
+                            if const_expr(self.block):
                                 self._load_block_scales(scale_views, k_tile, k_tile_cnt, k_scales)
                     else:
-                        for k_tile in cutlass.range(1, k_tile_cnt, unroll=1):
+                        for k_tile in cutlass.range(1, k_per, unroll=1):
                             ab_pipeline.consumer_wait(ab_read)
                             for kb in cutlass.range_constexpr(num_k_blocks):
                                 cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, ab_read.index)],
@@ -761,9 +800,6 @@ def _device():
                     warpgroup.wait_group(0)
                     ab_pipeline.consumer_release(ab_release)
                     ab_release.advance()
-                    if const_expr(self.scale_ring):
-                        self._ring_read(ring, (k_tile_cnt - 1) % SCALE_RING, k_scales)
-                        cute.arch.cp_async_wait_group(0)   # the last (repeated) copy, before the next tile's
                     if const_expr(self.block):
                         self._promote_scaled(acc_main, acc, k_scales)
                         acc.store(acc_main.load())                    # the epilogue reads acc
@@ -773,79 +809,86 @@ def _device():
                     # ---------------------------------------------------------- epilogue
                     if const_expr(self.pingpong):
                         cute.arch.barrier(barrier_id=BAR_EPI0 + wg_idx, number_of_threads=256)
-                    gD = gD_mnl[(None, None, *tc)]
-                    bSG_sD, bSG_gD = cpasync.tma_partition(
-                        tma_atom_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2),
-                        cute.zipped_divide(gD, self.epi_tile))
-                    bGS_sC = None
-                    bGS_gC = None
-                    if const_expr(self.has_c):
-                        gC = gC_mnl[(None, None, *tc)]
-                        bGS_sC, bGS_gC = cpasync.tma_partition(
-                            tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2),
-                            cute.zipped_divide(gC, self.epi_tile))
-                        for i in cutlass.range_constexpr(min(self.c_stage, epi_tile_num)):
-                            if is_tma_warp:
-                                c_pipeline.producer_acquire(c_write)
-                                cute.copy(tma_atom_c,
-                                          bGS_gC[(None, epi_tile_layout.get_hier_coord(i))],
-                                          bGS_sC[(None, c_write.index)],
-                                          tma_bar_ptr=c_pipeline.producer_get_barrier(c_write))
-                                c_pipeline.producer_commit(c_write)
-                            c_write.advance()
-                    num_prev = tiles_done * epi_tile_num
-                    for epi_idx in cutlass.range_constexpr(epi_tile_num):
-                        if const_expr(self.epi_walk_m):
-                            acc_first = ((epi_idx % epi_tiles_mn[0]) * acc_tiles_n
-                                         + epi_idx // epi_tiles_mn[0]) * size_rD
-                        else:
-                            acc_first = (epi_idx // epi_tiles_mn[1] * acc_tiles_n + epi_idx % epi_tiles_mn[1]) * size_rD
-                        for v in cutlass.range_constexpr(size_rD):
-                            tRS_rD[v] = tRS_rAcc[acc_first + v]
+                    writes_d = True
+                    if const_expr(self.split > 1):
+                        part, _ = self._split_of(work, k_per)
+                        writes_d = self._split_fixup(acc, mWork, mFlags, work, part, epi_tidx, epi_barrier)
+                    if writes_d:
+                        gD = gD_mnl[(None, None, *tc)]
+                        bSG_sD, bSG_gD = cpasync.tma_partition(
+                            tma_atom_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2),
+                            cute.zipped_divide(gD, self.epi_tile))
+                        bGS_sC = None
+                        bGS_gC = None
                         if const_expr(self.has_c):
-                            c_pipeline.consumer_wait(c_read)
-                            cute.copy(tiled_copy_s2r, tSR_sC[(None, None, None, c_read.index)],
-                                      tSR_rC)
-                            # generic-proxy reads must be ordered before the TMA refill
-                            cute.arch.fence_view_async_shared()
-                            cute.arch.sync_warp()
-                            c_pipeline.consumer_release(c_read)
-                            c_read.advance()
-                            if const_expr(epi_idx + self.c_stage < epi_tile_num):
+                            gC = gC_mnl[(None, None, *tc)]
+                            bGS_sC, bGS_gC = cpasync.tma_partition(
+                                tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2),
+                                cute.zipped_divide(gC, self.epi_tile))
+                            for i in cutlass.range_constexpr(min(self.c_stage, epi_tile_num)):
                                 if is_tma_warp:
                                     c_pipeline.producer_acquire(c_write)
                                     cute.copy(tma_atom_c,
-                                              bGS_gC[(None, epi_tile_layout.get_hier_coord(
-                                                  epi_idx + self.c_stage))],
+                                              bGS_gC[(None, epi_tile_layout.get_hier_coord(i))],
                                               bGS_sC[(None, c_write.index)],
                                               tma_bar_ptr=c_pipeline.producer_get_barrier(c_write))
                                     c_pipeline.producer_commit(c_write)
                                 c_write.advance()
-                            if const_expr(self.unit_alpha):
-                                tRS_rD.store(tRS_rD.load() + tRS_rC.load().to(Float32) * beta)
+                        num_prev = tiles_done * epi_tile_num
+                        for epi_idx in cutlass.range_constexpr(epi_tile_num):
+                            if const_expr(self.epi_walk_m):
+                                acc_first = ((epi_idx % epi_tiles_mn[0]) * acc_tiles_n
+                                             + epi_idx // epi_tiles_mn[0]) * size_rD
                             else:
-                                tRS_rD.store(tRS_rD.load() * alpha
-                                             + tRS_rC.load().to(Float32) * beta)
-                        elif const_expr(not self.unit_alpha):
-                            tRS_rD.store(tRS_rD.load() * alpha)
-                        if const_expr(self.epi_ops):
-                            # gated: the up half's fragments lie d_tile_n / epi_n subtiles further on
-                            up = (tRS_rAcc, acc_first + epi_tiles_mn[1] * size_rD) if const_expr(self.gated) else None
-                            self._epilogue_ops(tRS_rD, tRS_cD, (mBias, mScaleM, mScaleN), tc, epi_idx,
-                                               epi_tiles_mn, size_rD, up)
-                        tRS_rD_out.store(tRS_rD.load().to(self.d_dtype))
-                        epi_buffer = (num_prev + epi_idx) % self.epi_stage
-                        cute.copy(tiled_copy_r2s, tRS_rD_out,
-                                  tRS_sD[(None, None, None, epi_buffer)])
-                        # st.shared / stmatrix writes must be visible to the TMA (async proxy)
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                        epi_barrier.arrive_and_wait()
-                        if is_tma_warp:
-                            cute.copy(tma_atom_d, bSG_sD[(None, epi_buffer)],
-                                      bSG_gD[(None, epi_tile_layout.get_hier_coord(epi_idx))])
-                            store_pipeline.producer_commit()
-                            store_pipeline.producer_acquire()
-                        epi_barrier.arrive_and_wait()
+                                acc_first = (epi_idx // epi_tiles_mn[1] * acc_tiles_n + epi_idx % epi_tiles_mn[1]) * size_rD
+                            for v in cutlass.range_constexpr(size_rD):
+                                tRS_rD[v] = tRS_rAcc[acc_first + v]
+                            if const_expr(self.has_c):
+                                c_pipeline.consumer_wait(c_read)
+                                cute.copy(tiled_copy_s2r, tSR_sC[(None, None, None, c_read.index)],
+                                          tSR_rC)
+                                # generic-proxy reads must be ordered before the TMA refill
+                                cute.arch.fence_view_async_shared()
+                                cute.arch.sync_warp()
+                                c_pipeline.consumer_release(c_read)
+                                c_read.advance()
+                                if const_expr(epi_idx + self.c_stage < epi_tile_num):
+                                    if is_tma_warp:
+                                        c_pipeline.producer_acquire(c_write)
+                                        cute.copy(tma_atom_c,
+                                                  bGS_gC[(None, epi_tile_layout.get_hier_coord(
+                                                      epi_idx + self.c_stage))],
+                                                  bGS_sC[(None, c_write.index)],
+                                                  tma_bar_ptr=c_pipeline.producer_get_barrier(c_write))
+                                        c_pipeline.producer_commit(c_write)
+                                    c_write.advance()
+                                if const_expr(self.unit_alpha):
+                                    tRS_rD.store(tRS_rD.load() + tRS_rC.load().to(Float32) * beta)
+                                else:
+                                    tRS_rD.store(tRS_rD.load() * alpha
+                                                 + tRS_rC.load().to(Float32) * beta)
+                            elif const_expr(not self.unit_alpha):
+                                tRS_rD.store(tRS_rD.load() * alpha)
+                            if const_expr(self.epi_ops):
+                                # gated: the up half's fragments lie d_tile_n / epi_n subtiles further on
+                                up = (tRS_rAcc, acc_first + epi_tiles_mn[1] * size_rD) if const_expr(self.gated) else None
+                                self._epilogue_ops(tRS_rD, tRS_cD, (mBias, mScaleM, mScaleN), tc, epi_idx,
+                                                   epi_tiles_mn, size_rD, up)
+                            tRS_rD_out.store(tRS_rD.load().to(self.d_dtype))
+                            epi_buffer = (num_prev + epi_idx) % self.epi_stage
+                            cute.copy(tiled_copy_r2s, tRS_rD_out,
+                                      tRS_sD[(None, None, None, epi_buffer)])
+                            # st.shared / stmatrix writes must be visible to the TMA (async proxy)
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                            epi_barrier.arrive_and_wait()
+                            if is_tma_warp:
+                                cute.copy(tma_atom_d, bSG_sD[(None, epi_buffer)],
+                                          bSG_gD[(None, epi_tile_layout.get_hier_coord(epi_idx))])
+                                store_pipeline.producer_commit()
+                                store_pipeline.producer_acquire()
+                            epi_barrier.arrive_and_wait()
+                        if const_expr(self.split > 1):
+                            tiles_done += 1   # the D stores' buffer rotation: only tiles that store
 
                     if const_expr(self.pingpong):
                         # both warpgroups share sD/sC: drain the stores before handing over
@@ -854,14 +897,15 @@ def _device():
                         cute.arch.barrier_arrive(barrier_id=BAR_EPI0 + 1 - wg_idx,
                                                  number_of_threads=256)
                         # skip the other warpgroup's tile in the shared pipelines
-                        ab_read.advance(k_tile_cnt)
+                        ab_read.advance(k_per)
                         if const_expr(self.has_c):
                             c_read.advance(epi_tile_num)
                             c_write.advance(epi_tile_num)
                         work += 2 * work_stride
                     else:
                         work += work_stride
-                    tiles_done += 1
+                    if const_expr(self.split == 1):
+                        tiles_done += 1
                     tc, valid = self._tile_of(work, sched)
 
                 # the next kernel in the stream may start its prologue (it waits for our end)
@@ -898,14 +942,20 @@ def _device():
     @cute.jit
     def gemm_noc(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
                  alpha: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, None, None, alpha, Float32(0.0),
-                  stream)
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, None, None, None, None, alpha,
+                  Float32(0.0), stream)
+
+    @cute.jit
+    def gemm_split(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, work: cute.Tensor,
+                   flags: cute.Tensor, alpha: Float32, stream: cuda.CUstream):
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, None, None, work, flags, alpha,
+                  Float32(0.0), stream)
 
     @cute.jit
     def gemm_c(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
                c: cute.Tensor, alpha: Float32, beta: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), None, None, None, alpha, beta,
-                  stream)
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), None, None, None, None, None,
+                  alpha, beta, stream)
 
     @cute.jit
     def gemm_epi(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: Optional[cute.Tensor],
@@ -916,9 +966,9 @@ def _device():
         if const_expr(op.block):
             scale_n = _mk(scale_n, [1, 0])
         op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d) if const_expr(c is not None) else None,
-                  bias, scale_m, scale_n, alpha, beta, stream)
+                  bias, scale_m, scale_n, None, None, alpha, beta, stream)
 
-    return cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi)
+    return cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi, gemm_split)
 
 
 _CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32",
@@ -942,7 +992,7 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     """
     if _ITEMSIZE[ab] == 1 and (a_major, b_major) != (ROW, COL):
         raise ValueError(f"{NAME}: FP8 operands must be K-major (A row-major, B column-major), got {a_major}/{b_major}")
-    cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi) = _device()
+    cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi, gemm_split) = _device()
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     def dt(name):
@@ -983,9 +1033,26 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
             sn = make_fake_tensor(dt("float32"), (kb, cute.sym_int()), (cute.sym_int64(), cute.sym_int64()),
                                   assumed_align=4)
         return cute.compile(gemm_epi, op, fa, fb, fd, fc, bias, sm, sn, 1.0, 0.0, stream, options=opts)
+    if cfg.split > 1:
+        # split-K: the workspace (bytes, read as float32; XLA's scratch buffers are bytes) and the int32
+        # flags (workspace_sizes), 16-byte aligned
+        work = make_fake_tensor(cutlass.Uint8, (cute.sym_int(),), (1,), assumed_align=16)
+        flags = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=16)
+        return cute.compile(gemm_split, op, fa, fb, fd, work, flags, 1.0, stream, options=opts)
     if c is None:
         return cute.compile(gemm_noc, op, fa, fb, fd, 1.0, stream, options=opts)
     return cute.compile(gemm_c, op, fa, fb, fd, fc, 1.0, 0.0, stream, options=opts)
+
+
+def workspace_sizes(cfg: Config, m: int, n: int, l: int) -> Tuple[int, int]:
+    """(float32 elements, int32 flags) a split-K launch of this config needs for an M x N x L D:
+    a slot of tile_m x tile_n per CTA tile and part but the last, a flag per CTA tile (the tiles of
+    whole clusters, as the persistent grid numbers them)."""
+    if cfg.split == 1:
+        return 0, 0
+    tiles = (-(-(-(-m // cfg.tile_m)) // cfg.cluster_m) * cfg.cluster_m
+             * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n) * cfg.cluster_n * l)
+    return tiles * (cfg.split - 1) * cfg.tile_m * cfg.tile_n, tiles
 
 
 def max_clusters(sm_count: int, cfg: Config) -> int:

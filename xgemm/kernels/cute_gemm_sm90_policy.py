@@ -14,6 +14,9 @@ from xgemm.core.fp8_checks import PROMOTE_NOTE
 from xgemm.core.problem import ROW, Policy
 
 
+MAX_SPLIT = 8            # split-K parts a tile (Config.split)
+
+
 @dataclass(frozen=True)
 class Config:
     """One compiled kernel shape: what a Policy means for this kernel."""
@@ -28,6 +31,10 @@ class Config:
     # a tile's first wgmmas overwrite the accumulators (ACCUMULATE off) instead of a zero fill
     # (192 register moves per thread per 128x192 tile)
     zero_init: bool = True
+    # split-K: each output tile's K is cut in `split` equal runs of k-tiles, run as separate work
+    # units; the last unit of a tile adds the others' float32 partial sums (left in a workspace)
+    # before its epilogue (cute_gemm_sm90_build.py, Design)
+    split: int = 1
 
     def policy(self, why: str = "", swap: bool = False) -> Policy:
         """This config as a Policy; swap: run on the transposed problem (SWAP_NOTE)."""
@@ -39,7 +46,7 @@ class Config:
         if why:
             notes += (why,)
         return Policy(tile=(self.tile_m, self.tile_n, 64), stages=self.stages,
-                      cluster=(self.cluster_m, self.cluster_n), warps=12,
+                      cluster=(self.cluster_m, self.cluster_n), warps=12, split_k=self.split,
                       raster="m" if self.raster_m else "n", notes=notes)
 
     @staticmethod
@@ -49,7 +56,7 @@ class Config:
         return Config(tile_m=policy.tile[0], tile_n=policy.tile[1], cluster_m=policy.cluster[0],
                       cluster_n=policy.cluster[1], pingpong="pingpong" in notes,
                       raster_m=policy.raster != "n", swizzle=swizzle, stages=policy.stages,
-                      zero_init="filled accumulators" not in notes)
+                      zero_init="filled accumulators" not in notes, split=policy.split_k)
 
     def check(self) -> None:
         """Raise ValueError for a config this kernel cannot build (before any compile)."""
@@ -63,6 +70,8 @@ class Config:
                 raise ValueError(f"tile {self.tile_m}x{self.tile_n} needs too many registers")
         if (self.cluster_m, self.cluster_n) not in ((1, 1), (2, 1), (1, 2)):
             raise ValueError(f"cluster must be 1x1, 2x1 or 1x2: {self}")
+        if not 1 <= self.split <= MAX_SPLIT:
+            raise ValueError(f"split must be 1..{MAX_SPLIT}: {self}")
 
 
 # The policy table (H200, 132 SMs). Rows are tried in order; the first whose predicate holds
@@ -121,19 +130,28 @@ ROW_MARGIN = {"medium": 1.25}
 
 
 def _grid(m: int, n: int, l: int, cfg: Config, sms: int) -> tuple[int, int, int]:
-    """(tiles, SM slots per wave, waves) of this config's persistent grid."""
+    """(tiles, SM slots per wave, waves) of this config's persistent grid; a split-K config runs
+    `split` work units per tile."""
     resident = sms // (cfg.cluster_m * cfg.cluster_n)
     cluster_tiles = (_ceil_div(_ceil_div(m, cfg.tile_m), cfg.cluster_m)
                      * _ceil_div(_ceil_div(n, cfg.tile_n), cfg.cluster_n) * l)
-    return (_tiles(m, n, l, cfg.tile_m, cfg.tile_n), resident * cfg.cluster_m * cfg.cluster_n,
-            _ceil_div(cluster_tiles, resident))
+    return (_tiles(m, n, l, cfg.tile_m, cfg.tile_n) * cfg.split, resident * cfg.cluster_m * cfg.cluster_n,
+            _ceil_div(cluster_tiles * cfg.split, resident))
 
 
-def wave_efficiency(m: int, n: int, l: int, cfg: Config, sms: int = 132) -> float:
+def k_parts(k: int, cfg: Config) -> int:
+    """k-tiles (64 deep) a work unit runs: all of K, or one of `split` equal parts (the last part's
+    k-tiles past K are zero fill)."""
+    return _ceil_div(_ceil_div(k, 64), cfg.split)
+
+
+def wave_efficiency(m: int, n: int, l: int, cfg: Config, sms: int = 132, k: int = 64) -> float:
     """The share of the tile work a persistent grid of this config does that is the problem's:
-    M x N x L over every wave it runs at full width (edge tiles and the last wave count whole)."""
+    M x N x L over every wave it runs at full width (edge tiles and the last wave count whole); for
+    a split-K config, times the share of its units' k-tiles inside K."""
     _, slots, waves = _grid(m, n, l, cfg, sms)
-    return m * n * l / (waves * slots * cfg.tile_m * cfg.tile_n)
+    kt = _ceil_div(k, 64)
+    return m * n * l * kt / (waves * slots * cfg.tile_m * cfg.tile_n * k_parts(k, cfg))
 
 
 def slot_fill(m: int, n: int, l: int, cfg: Config, sms: int = 132) -> float:
@@ -145,18 +163,65 @@ def slot_fill(m: int, n: int, l: int, cfg: Config, sms: int = 132) -> float:
     return tiles / (waves * slots)
 
 
+# Split-K (Config.split) where a few output tiles run a long K: the tiles' k-tiles are cut into
+# parts run as separate units, so that more SMs share them. What a pick costs is predicted as its
+# waves x the k-tiles a unit runs (plus SPLIT_FIXUP per wave for the partial sums' round trip
+# through L2), in k-steps of a 128 x 192 tile at the rate per area each tile width ran (H200:
+# 4096 x 576 x 7168 took 90 us in three waves of 128 x 64 tiles, quack 63 us in one of 128 x 192,
+# model_shapes.py; 128 x 128 ran 1-3% off 128 x 192, gemm_tc.py --sweep). A split replaces the
+# row's pick only when predicted SPLIT_GAIN faster, each part at least SPLIT_MIN_K_TILES deep.
+TILE_RATE = {64: 0.7, 96: 0.85, 128: 0.97}
+SPLIT_FIXUP = 2
+SPLIT_GAIN = 1.15
+SPLIT_MIN_K_TILES = 8
+_SPLIT_TILES = (Config(128, 192, 2, 1, True, True, 8), Config(128, 128, 2, 1, True, True, 8))
+
+
+def predicted_steps(m: int, n: int, k: int, l: int, cfg: Config, sms: int = 132) -> float:
+    """The modelled time of a config (above), in k-steps of a 128 x 192 tile."""
+    _, _, waves = _grid(m, n, l, cfg, sms)
+    rate = TILE_RATE.get(cfg.tile_n, 1.0) * cfg.tile_m / 128 if cfg.tile_m < 128 else TILE_RATE.get(cfg.tile_n, 1.0)
+    steps = k_parts(k, cfg) + (SPLIT_FIXUP if cfg.split > 1 else 0)
+    return waves * steps * cfg.tile_m * cfg.tile_n / (128 * 192) / rate
+
+
+def _split_pick(m: int, n: int, k: int, l: int, cfg: Config, cfgs) -> Config:
+    """The row's pick, or a split-K config predicted SPLIT_GAIN faster (above)."""
+    kt = _ceil_div(k, 64)
+    if kt < 2 * SPLIT_MIN_K_TILES:
+        return cfg
+    base = predicted_steps(m, n, k, l, cfg)
+    best, best_steps = cfg, base / SPLIT_GAIN
+    for c in tuple(cfgs) + _SPLIT_TILES:
+        for split in range(2, MAX_SPLIT + 1):
+            if _ceil_div(kt, split) < SPLIT_MIN_K_TILES:
+                break
+            cand = dataclasses.replace(c, split=split)
+            steps = predicted_steps(m, n, k, l, cand)
+            if steps < best_steps:
+                best, best_steps = cand, steps
+    return best
+
+
 def choose_config(m: int, n: int, k: int, l: int) -> tuple[str, Config]:
     """(the row's name with the pick's predicted waves, the config): the row's tuned config unless
-    another candidate's waves are fuller by the row's margin."""
+    another candidate's waves are fuller by the row's margin; split-K where it is predicted to pay."""
     for name, pred, cfgs in POLICY_TABLE:
         if pred(m, n, k, l):
             eff = [wave_efficiency(m, n, l, c) for c in cfgs]
             best = max(range(len(cfgs)), key=eff.__getitem__)               # the first of equals
             if eff[best] < ROW_MARGIN.get(name, WAVE_MARGIN) * eff[0]:
                 best = 0            # within the model's error of the row's tuned config
-            fill = slot_fill(m, n, l, cfgs[best])
-            return f"{name}, waves {eff[best]:.0%} full ({fill:.0%} of SM slots busy)", cfgs[best]
+            cfg = _split_pick(m, n, k, l, cfgs[best], cfgs)
+            fill = slot_fill(m, n, l, cfg)
+            waves = wave_efficiency(m, n, l, cfg, k=k)
+            return f"{name}, waves {waves:.0%} full ({fill:.0%} of SM slots busy)", cfg
     raise AssertionError("the last policy row accepts every problem")
+
+
+def unsplit(policy: Policy) -> Policy:
+    """The policy without split-K (for a problem the split classes do not serve: C, a fused epilogue)."""
+    return dataclasses.replace(policy, split_k=1)
 
 
 # A policy with this note runs the transposed problem D^T = B^T @ A^T (+ C^T) on the operands'

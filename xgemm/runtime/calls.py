@@ -201,8 +201,13 @@ class Arg(_Value):
 
 
 class TvmFfiCall(_Value):
-    """A TVM-FFI function (tvm_ffi.Function) and its arguments: what a CuTe kernel's `jax_lowering` returns."""
-    __slots__ = _fields = ("function", "args", "alignment", "scratch_bytes")
+    """A TVM-FFI function (tvm_ffi.Function) and its arguments: what a CuTe kernel's `jax_lowering` returns.
+    scratch_bytes: byte buffers XLA allocates for the call (Arg.tensor("scratch", i)), uninitialised;
+    zeroed: int32 element counts of zero-filled buffers passed after the call's own inputs (its
+    Arg.tensor("in", n_inputs + i)), which the function may write as long as it leaves them zero
+    (split-K's flags)."""
+    __slots__ = _fields = ("function", "args", "alignment", "scratch_bytes", "zeroed")
 
-    def __init__(self, function: Any, args: Tuple[Arg, ...], alignment: int = 16, scratch_bytes: Tuple[int, ...] = ()):
-        self._set(function, args, alignment, scratch_bytes)
+    def __init__(self, function: Any, args: Tuple[Arg, ...], alignment: int = 16, scratch_bytes: Tuple[int, ...] = (),
+                 zeroed: Tuple[int, ...] = ()):
+        self._set(function, args, alignment, scratch_bytes, zeroed)

@@ -407,6 +407,18 @@ def mem_free_async(ptr: int, stream: int) -> None:
     check(_fn("cuMemFreeAsync")(ptr, stream or None), "cuMemFreeAsync")
 
 
+def memset_d32_async(ptr: int, value: int, count: int, stream: int) -> None:
+    check(_fn("cuMemsetD32Async")(ctypes.c_uint64(ptr), ctypes.c_uint(value), ctypes.c_size_t(count), stream or None),
+          "cuMemsetD32Async", f"{count} words")
+
+
+def stream_capturing(stream: int) -> bool:
+    """Is the stream being captured into a CUDA graph (cuStreamIsCapturing)?"""
+    status = _I()
+    check(_fn("cuStreamIsCapturing")(stream or None, ctypes.byref(status)), "cuStreamIsCapturing")
+    return status.value != 0
+
+
 def tensor_map_encode_tiled(dtype: int, base: int, dims: Sequence[int], byte_strides: Sequence[int],
                             box: Sequence[int], elem_strides: Sequence[int], swizzle: int,
                             what: str = "") -> bytes:
