@@ -87,3 +87,12 @@ def test_bind_thread_makes_the_primary_context_current_once_per_thread(monkeypat
     driver.bind_thread(0)
     driver.bind_thread(0)
     assert calls == ["get"] and current[threading.get_ident()] == 0x2000
+
+
+def test_every_driver_call_has_a_signature():
+    """Each cu* function the module calls through _fn is declared in _SIGNATURES (an undeclared one
+    raised KeyError on the H200 at its first call, 2026-12-02)."""
+    import re
+    from pathlib import Path
+    called = set(re.findall(r'_fn\("(cu\w+)"\)', Path(driver.__file__).read_text()))
+    assert called and called <= set(driver._SIGNATURES), sorted(called - set(driver._SIGNATURES))

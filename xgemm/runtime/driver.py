@@ -125,6 +125,8 @@ _SIGNATURES = {
     "cuOccupancyMaxActiveClusters": [ctypes.POINTER(_I), _P, ctypes.POINTER(LaunchConfig)],
     "cuMemAllocAsync": [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, _P],
     "cuMemFreeAsync": [ctypes.c_uint64, _P],
+    "cuMemsetD32Async": [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, _P],
+    "cuStreamIsCapturing": [_P, ctypes.POINTER(_I)],
     "cuTensorMapEncodeTiled": [_P, _I, _U, _P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
                                ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32), _I, _I, _I, _I],
 }
@@ -408,8 +410,7 @@ def mem_free_async(ptr: int, stream: int) -> None:
 
 
 def memset_d32_async(ptr: int, value: int, count: int, stream: int) -> None:
-    check(_fn("cuMemsetD32Async")(ctypes.c_uint64(ptr), ctypes.c_uint(value), ctypes.c_size_t(count), stream or None),
-          "cuMemsetD32Async", f"{count} words")
+    check(_fn("cuMemsetD32Async")(ptr, value, count, stream or None), "cuMemsetD32Async", f"{count} words")
 
 
 def stream_capturing(stream: int) -> bool:
