@@ -279,6 +279,27 @@ def test_tvm_ffi_errors_surface(fake_gpu_tvm):
         np.asarray(g(x))
 
 
+def test_tvm_ffi_zeroed_and_scratch_buffers(fake_gpu_tvm):
+    """TvmFfiCall.zeroed: int32 buffers of zeros passed after the call's own inputs (split-K's
+    flags); scratch_bytes: uninitialised byte buffers (its workspace). Both reach the function
+    with their shapes and dtypes, and neither shows among the results. (The host test handler's
+    tensors are not readable from Python; the H200 tests check the values.)"""
+    import tvm_ffi
+    seen = []
+
+    def body(x, flags, work, y, stream):
+        seen.extend((tuple(t.shape), str(t.dtype)) for t in (x, flags, work, y))
+    tc = jax_ffi.TvmFfiCall(tvm_ffi.convert(body), (jax_ffi.Arg.tensor("in", 0), jax_ffi.Arg.tensor("in", 1),
+                                                    jax_ffi.Arg.tensor("scratch", 0), jax_ffi.Arg.tensor("out", 0),
+                                                    jax_ffi.Arg.stream()), scratch_bytes=(96,), zeroed=(5,))
+    x = jnp.ones((2, 4), jnp.float32)
+    outs = jax.jit(lambda x: jax_ffi.call_tvm_ffi(tc, [x], [jax.ShapeDtypeStruct(x.shape, x.dtype)],
+                                                  target=jax_ffi.TVM_HOST_TEST_TARGET))(x)
+    jax.block_until_ready(outs)
+    assert len(outs) == 1 and outs[0].shape == (2, 4)
+    assert seen == [((2, 4), "float32"), ((5,), "int32"), ((96,), "uint8"), ((2, 4), "float32")], seen
+
+
 def test_tvm_ffi_path_is_kept_out_of_exports():
     export = pytest.importorskip("jax.export")
     pytest.importorskip("tvm_ffi")

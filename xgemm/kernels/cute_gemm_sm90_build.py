@@ -341,11 +341,14 @@ def _device():
             total = per_batch * cute.size(gD_mnl, mode=[4])
             n_fast, n_slow = (ncn, ncm) if const_expr(self.cfg.raster_m) else (ncm, ncn)
             per_batch_d = cute.fast_divmod_create_divisor_v2(per_batch)
+            # split-K numbers its units part-major (_split_of): the tile count divides them
+            parts = (cute.fast_divmod_create_divisor_v2(total),) if const_expr(self.split > 1) else ()
             if const_expr(G == 1):
-                return total, per_batch_d, cute.fast_divmod_create_divisor_v2(n_slow), None, None
+                return (total, per_batch_d, cute.fast_divmod_create_divisor_v2(n_slow), None, None) + parts
             last_band = (n_fast - 1) // G                 # bands of G along fast; the last narrower
             last_width_d = cute.fast_divmod_create_divisor_v2(n_fast - last_band * G)
-            return total, per_batch_d, cute.fast_divmod_create_divisor_v2(G * n_slow), last_width_d, last_band
+            return (total, per_batch_d, cute.fast_divmod_create_divisor_v2(G * n_slow), last_width_d,
+                    last_band) + parts
 
         def _tile_of(self, work, sched):
             """(m, n, l) tile of this CTA for cluster work index `work`, and whether it exists.
@@ -358,10 +361,12 @@ def _device():
             """
             G = self.cfg.swizzle
             cm, cn = self.cluster_shape_mnk[0], self.cluster_shape_mnk[1]
-            total, per_batch_d, slow_or_band_d, last_width_d, last_band = sched
+            total, per_batch_d, slow_or_band_d, last_width_d, last_band = sched[:5]
             if const_expr(self.split > 1):
-                work = work // self.split           # a tile's split units are consecutive (_split_of)
-            valid = work < total
+                part, work = divmod(work, sched[5])         # part-major units (_split_of)
+                valid = part < self.split
+            else:
+                valid = work < total
             l, r = divmod(work, per_batch_d)
             if const_expr(G == 1):
                 fast, slow = divmod(r, slow_or_band_d)
@@ -377,60 +382,75 @@ def _device():
             bidx, bidy, _ = cute.arch.block_idx()
             return (c_m * cm + bidx % cm, c_n * cn + bidy % cn, l), valid
 
-        def _split_of(self, work, k_per):
-            """Split-K: (this unit's part of its tile, its first k-tile). A tile's units are `split`
-            consecutive work indices, so its last part (the one that sums the others, _split_fixup)
-            has the highest: a unit waits only on units numbered below it, which every CTA of the
+        def _split_of(self, work, k_per, sched):
+            """Split-K: (this unit's part of its tile, the tile's index, the part's first k-tile).
+            Units are numbered part-major (all tiles' part 0, then part 1, ...), so a tile's last
+            part, which sums the others (_split_wait), has its highest number and mostly runs a
+            wave after them: a unit waits only on units numbered below it, which every CTA of the
             persistent grid (all resident) reaches first, so the waits cannot form a cycle. Each
-            part is k_per k-tiles; the last part's k-tiles past K are TMA's zero fill."""
-            part = work % self.split
-            return part, part * k_per
+            part is k_per k-tiles; the last part's k-tiles past K are TMA's zero fill. The tile's
+            index counts CTA tiles (its cluster tile, then the CTA's rank in the cluster)."""
+            part, cluster_tile = divmod(work, sched[5])
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            return part, cluster_tile * (self.cfg.cluster_m * self.cfg.cluster_n) + rank, part * k_per
+
+        def _acc_first(self, epi_idx, epi_tiles_mn, acc_tiles_n, size_rD):
+            """The first of epilogue subtile epi_idx's size_rD accumulator fragments (tRS_rAcc): the
+            subtiles are walked along D's contiguous dimension (Design), fragment (m, n) of the tile
+            is the (m * N/epi_n + n)-th size_rD (a trace-time int)."""
+            if self.epi_walk_m:
+                return ((epi_idx % epi_tiles_mn[0]) * acc_tiles_n + epi_idx // epi_tiles_mn[0]) * size_rD
+            return (epi_idx // epi_tiles_mn[1] * acc_tiles_n + epi_idx % epi_tiles_mn[1]) * size_rD
+
+        def _work_vec(self, mWork, slot, group, thread):
+            """The 16-byte vector `group` of this thread in a split-K workspace slot: (slot, group,
+            thread, 4), so a warp's vectors of one group are 512 contiguous bytes; a slot holds a
+            tile's float32 accumulator in the epilogue's order (groups of 4 of its subtiles' values)."""
+            threads = self.mma_threads_per_tile
+            slot_groups = self.tile_shape_mnk[0] * self.tile_shape_mnk[1] // (4 * threads)
+            base = cute.assume(((slot * slot_groups + group) * threads + thread) * 4, divby=4)
+            return cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=Float32) + base, cute.make_layout(4))
 
         @cute.jit
-        def _split_fixup(self, acc, mWork, mFlags, work, part, thread, barrier):
-            """Split-K, after a unit's mainloop: a part other than the last stores its float32
-            accumulator to its workspace slot and counts itself in its tile's flag (release); the
-            last part waits until the flag counts every other part (acquire), resets the flag for the
-            next launch, and adds their slots into its accumulator, which then goes through the
-            epilogue as an unsplit tile's would. The slots are laid out so that a warp's 16-byte
-            vector stores and loads cover 512 contiguous bytes: (slot, register group of 4, thread,
-            4). Returns whether this unit writes D."""
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            tile = (work // self.split) * (self.cfg.cluster_m * self.cfg.cluster_n) + rank
-            flag = mFlags.iterator + tile
-            regs = cute.size(acc)
-            slot_elems = regs * self.mma_threads_per_tile
-            acc_v = cute.make_tensor(acc.iterator, cute.make_layout((4, regs // 4)))
+        def _split_store(self, tRS_rAcc, acc_firsts, size_rD, mWork, mFlags, tile, part, thread, barrier):
+            """Split-K, a part other than the last: its accumulator into its workspace slot, in the
+            order the last part's epilogue reads it (acc_firsts: each subtile's first fragment),
+            then one more part counted in the tile's flag (release, after every thread's stores)."""
             vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
-            last = part == self.split - 1
-            if last:
-                if thread == 0:
-                    seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
-                    while seen != self.split - 1:
-                        seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
-                    cute.arch.store(flag, Int32(0), sem="relaxed", scope="gpu")
-                barrier.arrive_and_wait()
-                part_v = cute.make_rmem_tensor((4, regs // 4), Float32)
-                for p in cutlass.range_constexpr(self.split - 1):
-                    src = self._work_slot(mWork, tile * (self.split - 1) + p, slot_elems, thread, regs)
-                    for g in cutlass.range_constexpr(regs // 4):
-                        cute.copy(vec, src[(None, g)], part_v[(None, g)])
-                    acc_v.store(acc_v.load() + part_v.load())
-            else:
-                dst = self._work_slot(mWork, tile * (self.split - 1) + part, slot_elems, thread, regs)
-                for g in cutlass.range_constexpr(regs // 4):
-                    cute.copy(vec, acc_v[(None, g)], dst[(None, g)])
-                barrier.arrive_and_wait()
-                if thread == 0:
-                    cute.arch.atomic_add(flag, Int32(1), sem="release", scope="gpu")
-            return last
+            quad = cute.make_rmem_tensor((4,), Float32)
+            slot = tile * (self.split - 1) + part
+            for e in cutlass.range_constexpr(len(acc_firsts)):
+                for g in cutlass.range_constexpr(size_rD // 4):
+                    for j in cutlass.range_constexpr(4):
+                        quad[j] = tRS_rAcc[acc_firsts[e] + 4 * g + j]
+                    cute.copy(vec, quad, self._work_vec(mWork, slot, e * (size_rD // 4) + g, thread))
+            barrier.arrive_and_wait()
+            if thread == 0:
+                cute.arch.atomic_add(mFlags.iterator + tile, Int32(1), sem="release", scope="gpu")
 
-        def _work_slot(self, mWork, slot, slot_elems, thread, regs):
-            """This thread's (4, regs / 4) view of a split-K workspace slot: 16-byte groups, a warp's
-            32 groups of one register index contiguous."""
-            threads = self.mma_threads_per_tile
-            base = cute.assume(slot * slot_elems + thread * 4, divby=4)
-            return cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=Float32) + base, cute.make_layout((4, regs // 4), stride=(1, 4 * threads)))
+        @cute.jit
+        def _split_wait(self, mFlags, tile, thread, barrier):
+            """Split-K, the last part: wait until the tile's flag counts every other part (acquire),
+            set it back to 0 for the next launch; the epilogue then adds their slots (_split_add)."""
+            if thread == 0:
+                flag = mFlags.iterator + tile
+                seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
+                while seen != self.split - 1:
+                    seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
+                cute.arch.store(flag, Int32(0), sem="relaxed", scope="gpu")
+            barrier.arrive_and_wait()
+
+        def _split_add(self, tRS_rD, mWork, tile, epi_idx, size_rD, thread):
+            """Split-K, the last part's epilogue: one subtile's values of every other part added in,
+            16 bytes a load, before alpha and the rest of the epilogue."""
+            vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+            others = cute.make_rmem_tensor(tRS_rD.layout, Float32)
+            quads = cute.make_tensor(others.iterator, cute.make_layout((4, size_rD // 4)))
+            for p in range(self.split - 1):      # Python loops: unrolled as the kernel is traced
+                for g in range(size_rD // 4):
+                    cute.copy(vec, self._work_vec(mWork, tile * (self.split - 1) + p, epi_idx * (size_rD // 4) + g,
+                                                  thread), quads[(None, g)])
+                tRS_rD.store(tRS_rD.load() + others.load())
 
         def _register_rows(self, tiled_mma):
             """(row of each accumulator register, distinct rows), relative to a thread's first row,
@@ -618,7 +638,7 @@ def _device():
                         tBgB_k = tBgB[(None, tc[1], None, tc[2])]
                         k_first = 0
                         if const_expr(self.split > 1):
-                            _, k_first = self._split_of(work, k_per)
+                            _, _, k_first = self._split_of(work, k_per, sched)
                         for k_tile in cutlass.range(k_per, unroll=1):
                             ab_pipeline.producer_acquire(prod)
                             bar = ab_pipeline.producer_get_barrier(prod)
@@ -810,9 +830,16 @@ def _device():
                     if const_expr(self.pingpong):
                         cute.arch.barrier(barrier_id=BAR_EPI0 + wg_idx, number_of_threads=256)
                     writes_d = True
+                    split_tile = None
                     if const_expr(self.split > 1):
-                        part, _ = self._split_of(work, k_per)
-                        writes_d = self._split_fixup(acc, mWork, mFlags, work, part, epi_tidx, epi_barrier)
+                        part, split_tile, _ = self._split_of(work, k_per, sched)
+                        writes_d = part == self.split - 1
+                        if writes_d:
+                            self._split_wait(mFlags, split_tile, epi_tidx, epi_barrier)
+                        else:
+                            self._split_store(tRS_rAcc, [self._acc_first(e, epi_tiles_mn, acc_tiles_n, size_rD)
+                                                         for e in range(epi_tile_num)], size_rD, mWork, mFlags,
+                                              split_tile, part, epi_tidx, epi_barrier)
                     if writes_d:
                         gD = gD_mnl[(None, None, *tc)]
                         bSG_sD, bSG_gD = cpasync.tma_partition(
@@ -836,13 +863,11 @@ def _device():
                                 c_write.advance()
                         num_prev = tiles_done * epi_tile_num
                         for epi_idx in cutlass.range_constexpr(epi_tile_num):
-                            if const_expr(self.epi_walk_m):
-                                acc_first = ((epi_idx % epi_tiles_mn[0]) * acc_tiles_n
-                                             + epi_idx // epi_tiles_mn[0]) * size_rD
-                            else:
-                                acc_first = (epi_idx // epi_tiles_mn[1] * acc_tiles_n + epi_idx % epi_tiles_mn[1]) * size_rD
+                            acc_first = self._acc_first(epi_idx, epi_tiles_mn, acc_tiles_n, size_rD)
                             for v in cutlass.range_constexpr(size_rD):
                                 tRS_rD[v] = tRS_rAcc[acc_first + v]
+                            if const_expr(self.split > 1):
+                                self._split_add(tRS_rD, mWork, split_tile, epi_idx, size_rD, epi_tidx)
                             if const_expr(self.has_c):
                                 c_pipeline.consumer_wait(c_read)
                                 cute.copy(tiled_copy_s2r, tSR_sC[(None, None, None, c_read.index)],
