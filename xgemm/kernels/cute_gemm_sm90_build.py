@@ -32,15 +32,15 @@ Design
   views (SWAP_NOTE; what the policy does for row-major A and B on its wave-aware rows).
   Split-K (Config.split, plain products: no C, no Epi): where few output tiles run a long K, each
   tile's k-tiles are cut into `split` equal parts run as separate work units of the persistent
-  grid (the last part's k-tiles past K are TMA zero fill). A part other than the last stores its
-  float32 accumulator to a workspace slot (16-byte vectors) and adds one to its tile's flag
-  (release); the last part waits for the flag to count the others (acquire), sets it back to 0
-  and adds their slots into its accumulator before the usual epilogue. A tile's parts are
-  consecutive work indices, so every wait is on a lower-numbered unit, which the all-resident
-  grid reaches first: no cycle. The flags are zero before a launch and after it, so launches on
-  one stream share them (runtime/workspace.py; under jit they are a zero-filled operand and the
-  workspace XLA scratch). In pingpong the partial stores and loads happen in the epilogue's slot,
-  under the other warpgroup's mainloop.
+  grid (the last part's k-tiles past K are TMA zero fill), numbered part-major. A part other than
+  the last stores its float32 accumulator to a workspace slot in the epilogue's subtile order
+  (16-byte vectors) and adds one to its tile's flag (release); the last part waits for the flag to
+  count the others (acquire), sets it back to 0, and its epilogue adds their values subtile by
+  subtile before alpha (all at once spilled registers). Every wait is on a lower-numbered unit,
+  which the all-resident grid reaches first: no cycle. The flags are zero before a launch and
+  after it, so launches on one stream share them (runtime/workspace.py; under jit they are a
+  zero-filled operand and the workspace XLA scratch). In pingpong the partial stores and loads
+  happen in the epilogue's slot, under the other warpgroup's mainloop.
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
   see class_key); shapes and strides are symbolic (cute.sym_int / sym_int64 with 16-byte
   divisibility), so one compiled object serves every shape of its class.

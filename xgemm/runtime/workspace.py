@@ -45,9 +45,9 @@ def split_k(device: Device, stream: int, work_elems: int, flag_count: int) -> Op
     with _lock:
         pair = _pairs.setdefault(key, _Pair())
         if pair.work_elems < work_elems or pair.flag_count < flag_count:
+            driver.bind_thread(device.index)
             if driver.stream_capturing(stream):
                 return None
-            driver.bind_thread(device.index)
             work_elems = max(work_elems, pair.work_elems)
             flag_count = max(flag_count, pair.flag_count, 1024)
             work = driver.mem_alloc_async(4 * work_elems + 4 * flag_count, stream)
