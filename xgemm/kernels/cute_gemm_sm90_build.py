@@ -35,8 +35,10 @@ Design
   grid (the last part's k-tiles past K are TMA zero fill), numbered part-major. A part other than
   the last stores its float32 accumulator to a workspace slot in the epilogue's subtile order
   (16-byte vectors) and adds one to its tile's flag (release); the last part waits for the flag to
-  count the others (acquire), sets it back to 0, and its epilogue adds their values subtile by
-  subtile before alpha (all at once spilled registers). Every wait is on a lower-numbered unit,
+  count the others (acquire), sets it back to 0, and adds their slots into its accumulator before
+  the epilogue, a part at a time (_split_sum: loads in flight without a barrier between them;
+  added subtile by subtile inside the epilogue, each subtile waited an L2 round trip per part,
+  behind the previous subtile's store barrier). Every wait is on a lower-numbered unit,
   which the all-resident grid reaches first: no cycle. The flags are zero before a launch and
   after it, so launches on one stream share them (runtime/workspace.py; under jit they are a
   zero-filled operand and the workspace XLA scratch). In pingpong the partial stores and loads
@@ -440,17 +442,22 @@ def _device():
                 cute.arch.store(flag, Int32(0), sem="relaxed", scope="gpu")
             barrier.arrive_and_wait()
 
-        def _split_add(self, tRS_rD, mWork, tile, epi_idx, size_rD, thread):
-            """Split-K, the last part's epilogue: one subtile's values of every other part added in,
-            16 bytes a load, before alpha and the rest of the epilogue."""
+        @cute.jit
+        def _split_sum(self, tRS_rAcc, acc_firsts, size_rD, mWork, tile, thread):
+            """Split-K, the last part: every other part's slot added into the accumulator, in the
+            order _split_store wrote it, before the epilogue (Design). A part's 16-byte loads issue
+            together, each feeding its four adds; the parts run as a loop, not unrolled, so that
+            ptxas cannot hoist the next parts' loads over the adds (unrolled, it held them all
+            and spilled 191 registers at 128x192 split 4)."""
             vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
-            others = cute.make_rmem_tensor(tRS_rD.layout, Float32)
-            quads = cute.make_tensor(others.iterator, cute.make_layout((4, size_rD // 4)))
-            for p in range(self.split - 1):      # Python loops: unrolled as the kernel is traced
-                for g in range(size_rD // 4):
-                    cute.copy(vec, self._work_vec(mWork, tile * (self.split - 1) + p, epi_idx * (size_rD // 4) + g,
-                                                  thread), quads[(None, g)])
-                tRS_rD.store(tRS_rD.load() + others.load())
+            quad = cute.make_rmem_tensor((4,), Float32)
+            for p in cutlass.range(self.split - 1, unroll=1):
+                for e in cutlass.range_constexpr(len(acc_firsts)):
+                    for g in cutlass.range_constexpr(size_rD // 4):
+                        cute.copy(vec, self._work_vec(mWork, tile * (self.split - 1) + p, e * (size_rD // 4) + g,
+                                                      thread), quad)
+                        for j in cutlass.range_constexpr(4):
+                            tRS_rAcc[acc_firsts[e] + 4 * g + j] += quad[j]
 
         def _register_rows(self, tiled_mma):
             """(row of each accumulator register, distinct rows), relative to a thread's first row,
@@ -834,12 +841,13 @@ def _device():
                     if const_expr(self.split > 1):
                         part, split_tile, _ = self._split_of(work, k_per, sched)
                         writes_d = part == self.split - 1
+                        acc_firsts = [self._acc_first(e, epi_tiles_mn, acc_tiles_n, size_rD) for e in range(epi_tile_num)]
                         if writes_d:
                             self._split_wait(mFlags, split_tile, epi_tidx, epi_barrier)
+                            self._split_sum(tRS_rAcc, acc_firsts, size_rD, mWork, split_tile, epi_tidx)
                         else:
-                            self._split_store(tRS_rAcc, [self._acc_first(e, epi_tiles_mn, acc_tiles_n, size_rD)
-                                                         for e in range(epi_tile_num)], size_rD, mWork, mFlags,
-                                              split_tile, part, epi_tidx, epi_barrier)
+                            self._split_store(tRS_rAcc, acc_firsts, size_rD, mWork, mFlags, split_tile, part, epi_tidx,
+                                              epi_barrier)
                     if writes_d:
                         gD = gD_mnl[(None, None, *tc)]
                         bSG_sD, bSG_gD = cpasync.tma_partition(
@@ -866,8 +874,6 @@ def _device():
                             acc_first = self._acc_first(epi_idx, epi_tiles_mn, acc_tiles_n, size_rD)
                             for v in cutlass.range_constexpr(size_rD):
                                 tRS_rD[v] = tRS_rAcc[acc_first + v]
-                            if const_expr(self.split > 1):
-                                self._split_add(tRS_rD, mWork, split_tile, epi_idx, size_rD, epi_tidx)
                             if const_expr(self.has_c):
                                 c_pipeline.consumer_wait(c_read)
                                 cute.copy(tiled_copy_s2r, tSR_sC[(None, None, None, c_read.index)],
