@@ -83,10 +83,14 @@ SWEEP_SWAP = [((128, 192, 2, 1, True, False, 8), False), ((128, 192, 2, 1, True,
 # prefers 128x128 by a few points of predicted fill
 SWEEP_LONG = [SWEEP_SWAP[1], SWEEP_SWAP[3]]
 # --sweep-set cutesplit: split-K (Config.split) on the tiles the policy splits, for few output
-# tiles over a long K (4096x576x7168: 96 tiles of 128x192 on 132 SMs); config tuples with
+# tiles over a long K (4096x576x7168: 96 tiles of 128x192 on 132 SMs), and the small row's 128x64
+# (M <= 128: 64x4096x4096, 128x4096x14336), and 128x160 (N = 576 in four tiles: 4096x576 in one
+# wave of 128 tiles, no split); config tuples with
 # (stages, zero_init, split) appended
 SWEEP_SPLIT = ([(128, 192, 2, 1, True, True, 8, 0, True, s) for s in (1, 2, 3, 4, 5, 6)]
-               + [(128, 128, 2, 1, True, True, 8, 0, True, s) for s in (2, 4, 8)])
+               + [(128, 128, 2, 1, True, True, 8, 0, True, s) for s in (2, 4, 8)]
+               + [(128, 64, 1, 1, True, True, 1, 0, True, s) for s in (1, 2, 4)]
+               + [(128, 160, 2, 1, True, True, 8, 0, True, s) for s in (1, 2)])
 # --sweep-set f32out: candidates for fp32 results (a larger epilogue per tile)
 SWEEP_F32OUT = [
     (128, 192, 2, 1, True, False, 8), (128, 128, 2, 1, True, True, 8), (128, 256, 1, 2, False, True, 8),

@@ -7,7 +7,7 @@
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
 # "tests decode model softmax epilogue fp8 grouped fuzz"; also groupedtune, fp8tune, and the policy
-# sweeps longk (LONGK_SHAPES), splitk (SPLITK_SHAPES) and cutesplit (CUTESPLIT_SHAPES)), TESTS (tests/gpu), TESTS_S (220), MODEL_SUBSET (core),
+# sweeps longk (LONGK_SHAPES), splitk (SPLITK_SHAPES) and cutesplit (CUTESPLIT_SHAPES, CUTESPLIT_S)), TESTS (tests/gpu), TESTS_S (220), MODEL_SUBSET (core),
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
 # FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer: code still switched
 # off, docs/development.md; default none, e.g. "XGEMM_DECODE=1").
@@ -79,7 +79,7 @@ if want splitk; then
 fi
 if want cutesplit; then
   # cute_gemm_sm90's split-K parts on the policy's split picks (B row-major, bf16, run as given)
-  stage cutesplit 150 python3 benchmarks/gemm_tc.py --shapes "${CUTESPLIT_SHAPES:-4096x576x7168,7168x576x4096,512x1536x7168,512x512x32768}" \
+  stage cutesplit "${CUTESPLIT_S:-150}" python3 benchmarks/gemm_tc.py --shapes "${CUTESPLIT_SHAPES:-4096x576x7168,7168x576x4096,512x1536x7168,512x512x32768}" \
     --dtypes bfloat16 --impls cublas,quack,xgemm --sweep --sweep-set cutesplit --reps 20 --trials 5 --out "$R/cutesplit.json"
   grep -E "^\|" "$LOGS/cutesplit.log" | tail -8
 fi
