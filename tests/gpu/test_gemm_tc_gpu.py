@@ -113,7 +113,7 @@ CONFIG_C_CASES = [
 ]
 
 # Split-K (Config.split): a tile's K cut into parts whose float32 sums the last part adds
-# (Sm90Gemm._split_fixup). Parts that end past K (zero fill), ragged M / N, both schedules, every
+# (Sm90Gemm._split_store, _split_sum). Parts that end past K (zero fill), ragged M / N, both schedules, every
 # cluster shape, column-major operands, alpha, batched with a broadcast B, the transposed run.
 #   (config with split, case, swap)
 SPLIT_CASES = [
@@ -131,6 +131,8 @@ SPLIT_CASES = [
      ("split8-128x64", 200, 264, 4104, 1, "bfloat16", "bfloat16", "row", "row", "row", None, "row", 1.0, 0.0, ""), False),
     ((128, 128, 1, 1, False, True, 1, 0, True, 2),
      ("split2-coop-1x1", 300, 264, 2048, 1, "float16", "float16", "row", "row", "row", None, "row", 1.0, 0.0, ""), False),
+    ((128, 160, 2, 1, True, True, 8, 0, True, 2),
+     ("split2-128x160", 2048, 576, 7168, 1, "float16", "float16", "row", "row", "row", None, "row", 1.0, 0.0, ""), False),
     ((128, 192, 2, 1, True, True, 8, 0, True, 3),
      ("split3-transposed", 7168, 576, 4096, 1, "bfloat16", "bfloat16", "row", "row", "row", None, "row", 1.0, 0.0, ""),
      True),
@@ -285,8 +287,8 @@ def test_split_k_policy_graph_and_streams():
     streams at once (a workspace each), and replayed from a CUDA graph captured after a warm call."""
     import xgemm
     gen = torch.Generator(device="cuda").manual_seed(2)
-    a = torch.randn(4096, 7168, generator=gen, device="cuda").to(torch.bfloat16)
-    b = torch.randn(7168, 576, generator=gen, device="cuda").to(torch.bfloat16)
+    a = torch.randn(512, 8192, generator=gen, device="cuda").to(torch.bfloat16)
+    b = torch.randn(8192, 1024, generator=gen, device="cuda").to(torch.bfloat16)
     assert xgemm.explain(a, b).policy.split_k > 1, xgemm.explain(a, b)
     ref = torch.matmul(a.double(), b.double())
 

@@ -8,10 +8,11 @@ SMs busy, not the tile full. explain() shows both (cute_gemm_sm90: "waves N% ful
 busy)"; gluon_splitk_sm90: "M% of SMs busy").
 
 KNOWN_BELOW lists the products whose best pick today falls under the floor, with the fill it
-predicts: split-K grids of the decode kernel that leave SMs idle at M <= 64, and a batched product
-of tiny tiles. (Few output tiles over a long K on the CuTe kernel left the list with its split-K
-classes.) The list only shrinks: a product that reaches the floor must leave it, and no other
-product may fall under the floor.
+predicts: split-K grids of the decode kernel that leave SMs idle at M <= 64, a batched product
+of tiny tiles, and few output tiles over a long K on the CuTe kernel where a split that fills
+the SMs was timed slower than one part-filled wave (its fixup costs ~15 k-steps;
+cute_gemm_sm90_policy.SPLIT_FIXED). The list only shrinks: a product that reaches the floor must
+leave it, and no other product may fall under the floor.
 """
 from __future__ import annotations
 
@@ -26,12 +27,16 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
 torch = pytest.importorskip("torch")
 
 FLOOR = 0.84                 # 112 of 132 SMs: 7168 = 56 tiles of 128 in pairs
-# (M, N, K, batch): predicted share of SM slots busy (2026-12-02)
+# (M, N, K, batch): predicted share of SM slots busy (2026-12-02; the CuTe long-K entries 2026-12-04)
 KNOWN_BELOW = {
     (256, 64, 256, 32): 0.48,
     (1, 512, 32768, 1): 0.48, (8, 512, 32768, 1): 0.48, (64, 512, 32768, 1): 0.48,
     (1, 576, 7168, 1): 0.55, (8, 576, 7168, 1): 0.55, (64, 576, 7168, 1): 0.55,
     (64, 1536, 7168, 1): 0.73, (64, 1536, 24576, 1): 0.73,
+    # 96 tiles of 128x64 (23.2 us) beat 128x192 split 4 on all 132 SMs (24.9 us), and 108 units
+    # of 128x64 split 3 (300 TFLOP/s) 128x128 split 2 / 4 / 8 (189 / 246 / 203): gemm_tc.py
+    # --sweep-set cutesplit, H200, 2026-12-04
+    (512, 1536, 7168, 1): 0.73, (512, 576, 7168, 1): 0.82,
 }
 
 

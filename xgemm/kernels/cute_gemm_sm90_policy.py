@@ -165,24 +165,29 @@ def slot_fill(m: int, n: int, l: int, cfg: Config, sms: int = 132) -> float:
 
 # Split-K (Config.split) where a few output tiles run a long K: the tiles' k-tiles are cut into
 # parts run as separate units, so that more SMs share them. What a pick costs is predicted as its
-# waves x the k-tiles a unit runs (plus SPLIT_FIXUP per wave for the partial sums' round trip
-# through L2), in k-steps of a 128 x 192 tile at the rate per area each tile width ran (H200:
-# 4096 x 576 x 7168 took 90 us in three waves of 128 x 64 tiles, quack 63 us in one of 128 x 192,
-# model_shapes.py; 128 x 128 ran 1-3% off 128 x 192, gemm_tc.py --sweep). A split replaces the
-# row's pick only when predicted SPLIT_GAIN faster, each part at least SPLIT_MIN_K_TILES deep.
-TILE_RATE = {64: 0.7, 96: 0.85, 128: 0.97}
-SPLIT_FIXUP = 2
-SPLIT_GAIN = 1.15
+# waves x the k-tiles a unit runs, in k-steps of a 128 x 192 tile at the rate per area each tile
+# width ran (H200: 4096 x 576 x 7168 took 90 us in three waves of 128 x 64 tiles, quack 63 us in
+# one of 128 x 192, model_shapes.py; 128 x 128 ran 1-3% off 128 x 192, gemm_tc.py --sweep), plus
+# SPLIT_PER_PART steps a wave for each part the last one adds and SPLIT_FIXED once (a wave's
+# fixup hides under the next wave's mainloop): fitted to 66 timed configs, 128 x 64/128/192
+# tiles split 1-8 on six shapes (gemm_tc.py --sweep-set cutesplit, docs/performance.md
+# "Session 22"; times within 15% rms). The row's pick is replaced only by a candidate, split or
+# the split tiles unsplit, predicted SPLIT_GAIN faster, each part at least SPLIT_MIN_K_TILES deep.
+TILE_RATE = {64: 0.7, 96: 0.85, 128: 0.97, 160: 0.89}
+SPLIT_FIXED = 14.5
+SPLIT_PER_PART = 2.25
+SPLIT_GAIN = 1.1
 SPLIT_MIN_K_TILES = 8
-_SPLIT_TILES = (Config(128, 192, 2, 1, True, True, 8), Config(128, 128, 2, 1, True, True, 8))
+_SPLIT_TILES = (Config(128, 192, 2, 1, True, True, 8), Config(128, 160, 2, 1, True, True, 8),
+                Config(128, 128, 2, 1, True, True, 8))
 
 
 def predicted_steps(m: int, n: int, k: int, l: int, cfg: Config, sms: int = 132) -> float:
     """The modelled time of a config (above), in k-steps of a 128 x 192 tile."""
     _, _, waves = _grid(m, n, l, cfg, sms)
     rate = TILE_RATE.get(cfg.tile_n, 1.0) * cfg.tile_m / 128 if cfg.tile_m < 128 else TILE_RATE.get(cfg.tile_n, 1.0)
-    steps = k_parts(k, cfg) + (SPLIT_FIXUP if cfg.split > 1 else 0)
-    return waves * steps * cfg.tile_m * cfg.tile_n / (128 * 192) / rate
+    steps = waves * (k_parts(k, cfg) + SPLIT_PER_PART * (cfg.split - 1)) + (SPLIT_FIXED if cfg.split > 1 else 0)
+    return steps * cfg.tile_m * cfg.tile_n / (128 * 192) / rate
 
 
 def _split_pick(m: int, n: int, k: int, l: int, cfg: Config, cfgs) -> Config:
@@ -193,7 +198,7 @@ def _split_pick(m: int, n: int, k: int, l: int, cfg: Config, cfgs) -> Config:
     base = predicted_steps(m, n, k, l, cfg)
     best, best_steps = cfg, base / SPLIT_GAIN
     for c in tuple(cfgs) + _SPLIT_TILES:
-        for split in range(2, MAX_SPLIT + 1):
+        for split in range(1 if c in _SPLIT_TILES else 2, MAX_SPLIT + 1):
             if _ceil_div(kt, split) < SPLIT_MIN_K_TILES:
                 break
             cand = dataclasses.replace(c, split=split)
