@@ -71,13 +71,19 @@ def test_the_policy_fills_the_sms():
     # decode M: a split of 4 doubles where its CTAs fit two an SM (24 tiles x 8 = 192 <= 264)
     assert _pick(1, 1536, 7168) == _pick(16, 1536, 24576) == (64, 64, 6, 8)
     assert _pick(64, 1536, 7168) == (64, 64, 6, 4) and _pick(1, 1536, 1024) == (64, 64, 6, 4)
+    # decode M, 64-column tiles split in two: 128 columns split 8 where those CTAs are at most 1.5
+    # an SM (20 or 24 tiles x 8), else 256-deep K tiles (32 tiles x 8 = 256 CTAs ran slower)
+    assert _pick(1, 2560, 8192) == _pick(8, 3072, 8192) == (128, 64, 4, 8)
+    assert _pick(1, 4096, 14336) == _pick(16, 4096, 4096) == (64, 256, 3, 2)
+    assert _pick(64, 4096, 4096) == (64, 128, 4, 2) and _pick(1, 4096, 1536) == (64, 128, 4, 2)
     for cfg in sk.tune_configs("bfloat16", "bfloat16", False):
         cfg.check()
     keys = sk.gluon_entries("sm_90a")
-    assert len(keys) == len(set(keys)) == 72 and not sk.gluon_entries("sm_100a")
+    assert len(keys) == len(set(keys)) == 80 and not sk.gluon_entries("sm_100a")
     for i in sk.IN_DTYPES:           # every config the policy can pick is in the default build
         for m, n, k in [(64, 8192, 8192), (64, 4096, 4096), (64, 2048, 8192), (64, 16384, 4096), (1, 1024, 1024),
-                        (8, 1024, 65536), (1, 18432, 7168), (1, 8192, 28672), (1, 1536, 7168)]:
+                        (8, 1024, 65536), (1, 18432, 7168), (1, 8192, 28672), (1, 1536, 7168),
+                        (1, 3072, 8192), (1, 4096, 14336)]:
             assert sk.choose(m, n, k, i, "float32", True, 132).key in keys
 
 

@@ -112,6 +112,8 @@ SPLITS = (1, 2, 4, 8)
 TILES = {64: ((128, 4), (64, 6)), 128: ((128, 4), (64, 4))}   # bn -> ((bk, stages) for split <= 2, for 4/8)
 WIDE = (128, 64, 4)       # (bn, bk, stages) of a grid with a 128-column tile for every SM: 96 KB
 DECODE_M = 16             # M up to this: 128-column tiles split in two rather than 64-column ones unsplit
+DEEP = (256, 3)           # (bk, stages) of a 64-column tile split in two at decode M
+OVERFILL = 1.5            # decode CTAs per SM a split of 8 may reach where two fit an SM
 
 
 def _tiles(m: int, n: int, bn: int) -> int:
@@ -147,7 +149,11 @@ def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool
     left unsplit become 128-column ones split in two: the same CTAs, each reading 256-byte rows of
     B over half of K (1 x 8192 x 28672: 1.02x cuBLAS against 0.95x, docs/performance.md). At decode
     M a split of 4 becomes 8 where the CTAs fit the SMs two at a time (96 KB tiles): 1 x 1536 x 7168
-    ran 0.98x cuBLAS split 8 against 0.82x split 4 (H200, gemm_tc.py --sweep-set splitk)."""
+    ran 0.98x cuBLAS split 8 against 0.82x split 4 (H200, gemm_tc.py --sweep-set splitk). At decode
+    M a 64-column split of 2 becomes 128 columns split 8 where those CTAs are at most OVERFILL per
+    SM (two resident), else 256-deep K tiles: 1 x 2560 / 3072 x 8192 ran 17.1 / 18.1 us against
+    22.1 / 22.2 us, 1 x 4096 x 14336 34.3 us against 36.3, and split 8 at 1 x 4096 (256 CTAs) 50 us
+    (docs/performance.md, "Session 22")."""
     if _tiles(m, n, 128) >= sms:
         return Config(in_dtype, out_dtype, *WIDE, 1, b_kmajor)
     bn = 64 if _tiles(m, n, 64) <= sms else 128
@@ -163,6 +169,11 @@ def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool
     if m <= DECODE_M and split == 4 and k >= 4 * 8 * _tile(bn, 8)[0] and tiles * 8 <= sms * resident_per_sm(
             Config(in_dtype, out_dtype, bn, *_tile(bn, 8), 8, b_kmajor)):
         split = 8       # the second resident CTA of each SM: decode CTAs wait on B's latency
+    if m <= DECODE_M and bn == 64 and split == 2:
+        if k >= 4 * 8 * _tile(128, 8)[0] and _tiles(m, n, 128) * 8 <= OVERFILL * sms:
+            return Config(in_dtype, out_dtype, 128, *_tile(128, 8), 8, b_kmajor)
+        if k >= 4 * 2 * DEEP[0]:
+            return Config(in_dtype, out_dtype, 64, *DEEP, 2, b_kmajor)
     return Config(in_dtype, out_dtype, bn, *_tile(bn, split), split, b_kmajor)
 
 
@@ -343,7 +354,7 @@ def tune_configs(in_dtype: str, out_dtype: str, b_kmajor: bool) -> List[Config]:
 
 def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
     """sm_90a: {fp16, bf16} in x {same, fp32} out x B {N-major, K-major} x every (tile, split) the
-    policy can pick: 9 each, 72 in all (tune=True: every TUNE tile at every split); none for other
+    policy can pick: 10 each, 80 in all (tune=True: every TUNE tile at every split); none for other
     archs."""
     if arch != "sm_90a":
         return []
@@ -355,7 +366,7 @@ def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
                     keys += [c.key for c in tune_configs(i, o, bk)]
                 else:
                     keys += [Config(i, o, bn, *_tile(bn, s), s, bk).key for bn in TILES for s in SPLITS]
-                    keys.append(Config(i, o, *WIDE, 1, bk).key)
+                    keys += [Config(i, o, *WIDE, 1, bk).key, Config(i, o, 64, *DEEP, 2, bk).key]
     return keys
 
 
