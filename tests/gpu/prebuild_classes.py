@@ -10,7 +10,7 @@ benchmarks/fuzz.py reach (found by running them on CPU tensors dressed as an H20
 tests/fake_cuda.py, whose recorder stands in for every launch): a fuzz run on the GPU then spends
 its time on cases, not on compiling classes on first use; with --model-shapes those of every product
 of benchmarks/model_shapes.py, whose jit part launches the same classes; always those that
-benchmarks/fp8.py --only tune times.) Then tar the cache's
+benchmarks/fp8.py --only tune and benchmarks/gemm_tc.py --sweep-set cutesplit time.) Then tar the cache's
 current fingerprint directories and carry the tarball (docs/development.md). Not a test module: pytest does not collect it.
 """
 from __future__ import annotations
@@ -81,6 +81,19 @@ def fp8_tune_items() -> list:
             for _, spec, epi in fp8_bench.promote_candidates(m, n, k) + fp8_bench.block_candidates(m, n, k)]
 
 
+def cutesplit_items() -> list:
+    """(module, key) of the configs benchmarks/gemm_tc.py --sweep-set cutesplit forces (bf16, A, B
+    and D row-major, as its torch inputs are)."""
+    sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
+    import gemm_tc
+
+    from xgemm.core.problem import ROW
+    from xgemm.kernels import cute_gemm_sm90 as k90
+    cfgs = [k90.Config(*c) for c in gemm_tc.SWEEP_SPLIT]
+    return [(k90.__name__, k90.class_key(c, "bfloat16", "bfloat16", ROW, ROW, ROW, None, True, (False,) * 4,
+                                         k90.max_clusters(k90.H200_SMS, c), "sm_90a")) for c in cfgs]
+
+
 def _launch_case(fuzz, xgemm, case, seed):
     """The xgemm call of a fuzz case (fuzz.run_gemm / run_softmax without their checks)."""
     import numpy as np
@@ -149,7 +162,7 @@ def main() -> int:
     items += test_cute_epilogue_gpu.epilogue_items() + test_cute_epilogue_gpu.api_items()
     if args.model_shapes:
         items += model_shape_items()
-    items += fp8_tune_items()
+    items += fp8_tune_items() + cutesplit_items()
     for mod, case, pol in T.cases_for_prebuild():
         d = T.build_case(case, device="cpu")
         prob = d["problem"]

@@ -169,7 +169,7 @@ def slot_fill(m: int, n: int, l: int, cfg: Config, sms: int = 132) -> float:
 # width ran (H200: 4096 x 576 x 7168 took 90 us in three waves of 128 x 64 tiles, quack 63 us in
 # one of 128 x 192, model_shapes.py; 128 x 128 ran 1-3% off 128 x 192, gemm_tc.py --sweep), plus
 # SPLIT_PER_PART steps a wave for each part the last one adds and SPLIT_FIXED once (a wave's
-# fixup hides under the next wave's mainloop): fitted to 66 timed configs, 128 x 64/128/192
+# fixup hides under the next wave's mainloop): fitted to 72 timed configs, 128 x 64/128/192
 # tiles split 1-8 on six shapes (gemm_tc.py --sweep-set cutesplit, docs/performance.md
 # "Session 22"; times within 15% rms). The row's pick is replaced only by a candidate, split or
 # the split tiles unsplit, predicted SPLIT_GAIN faster, each part at least SPLIT_MIN_K_TILES deep.
