@@ -416,7 +416,7 @@ def test_ptx_sm90_fp8_block_scales(ptx):
 @needs_dsl
 @pytest.mark.parametrize("name,regs,parts", [("pp_split4", 192, 4), ("coop_split2", 64, 2)])
 def test_ptx_sm90_split_k(ptx, name, regs, parts):
-    """Split-K (Sm90Gemm._split_fixup): a part other than the last stores its accumulator as 16-byte
+    """Split-K (Sm90Gemm._split_store, _split_sum): a part other than the last stores its accumulator as 16-byte
     vectors (regs / 4 of them) and counts itself in its tile's flag with a release add at gpu scope;
     the last part spins on an acquire load of the flag until it counts parts - 1, sets it back to 0,
     and adds the other parts' sums into its accumulator before its epilogue, a loop over the parts

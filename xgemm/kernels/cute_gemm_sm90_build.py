@@ -448,7 +448,7 @@ def _device():
             order _split_store wrote it, before the epilogue (Design). A part's 16-byte loads issue
             together, each feeding its four adds; the parts run as a loop, not unrolled, so that
             ptxas cannot hoist the next parts' loads over the adds (unrolled, it held them all
-            and spilled 191 registers at 128x192 split 4)."""
+            and spilled 151 registers at 128x192 split 4)."""
             vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
             quad = cute.make_rmem_tensor((4,), Float32)
             for p in cutlass.range(self.split - 1, unroll=1):

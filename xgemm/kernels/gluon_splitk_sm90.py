@@ -170,8 +170,9 @@ def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool
             Config(in_dtype, out_dtype, bn, *_tile(bn, 8), 8, b_kmajor)):
         split = 8       # the second resident CTA of each SM: decode CTAs wait on B's latency
     if m <= DECODE_M and bn == 64 and split == 2:
-        if k >= 4 * 8 * _tile(128, 8)[0] and _tiles(m, n, 128) * 8 <= OVERFILL * sms:
-            return Config(in_dtype, out_dtype, 128, *_tile(128, 8), 8, b_kmajor)
+        wide8 = Config(in_dtype, out_dtype, 128, *_tile(128, 8), 8, b_kmajor)
+        if k >= 4 * 8 * wide8.bk and _tiles(m, n, 128) * 8 <= min(OVERFILL, resident_per_sm(wide8)) * sms:
+            return wide8
         if k >= 4 * 2 * DEEP[0]:
             return Config(in_dtype, out_dtype, 64, *DEEP, 2, b_kmajor)
     return Config(in_dtype, out_dtype, bn, *_tile(bn, split), split, b_kmajor)
