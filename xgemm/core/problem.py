@@ -135,6 +135,7 @@ class Policy:
     ctas_per_row: int = 1           # softmax: CTAs of one cluster sharing a row
     raster: str = ""                # "m" | "n" | "" : tile order for L2 reuse
     split_k: int = 1
+    schedule: str = ""              # "stream-k": (tile, k-block) units shared evenly by a one-wave grid
     notes: Tuple[str, ...] = field(default=())
 
     def summary(self) -> str:
@@ -153,5 +154,7 @@ class Policy:
             parts.append(f"raster {self.raster}")
         if self.split_k > 1:
             parts.append(f"split-k {self.split_k}")
+        if self.schedule:
+            parts.append(self.schedule)
         parts.extend(self.notes)
         return ", ".join(parts) or "default"

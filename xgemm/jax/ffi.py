@@ -134,6 +134,7 @@ def call(launch: Launch, operands: Sequence[Any], out_avals: Sequence[Any], *,
 
     Layouts are major-to-minor dimension orders (None = row-major), as jax.ffi.ffi_call takes them.
     """
+    operands, in_layouts = _with_zeroed(launch, operands, in_layouts)
     return _emit(target, attributes, launch, launch.scratch_bytes, operands, out_avals, in_layouts, out_layouts)
 
 
@@ -200,8 +201,9 @@ def default_tvm_target() -> str:
     return TVM_TARGET if os.environ.get("XGEMM_JAX_TVM_GRAPH", "") == "0" else TVM_GRAPH_TARGET
 
 
-def _with_zeroed(tc: TvmFfiCall, operands: Sequence[Any], in_layouts):
-    """The operands and input layouts with the call's zero-filled int32 buffers (TvmFfiCall.zeroed) appended."""
+def _with_zeroed(tc: Any, operands: Sequence[Any], in_layouts):
+    """The operands and input layouts with the call's zero-filled int32 buffers (TvmFfiCall.zeroed,
+    Launch.zeroed) appended."""
     if not tc.zeroed:
         return operands, in_layouts
     import jax.numpy as jnp

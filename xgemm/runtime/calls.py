@@ -103,16 +103,18 @@ class Launch(_Value):
     """A prebuilt kernel and how to launch it: what a cubin kernel's `jax_lowering` returns.
     scratch_bytes: extra uint8 results (e.g. Triton's global scratch), each aligned to
     scratch_align (default 16); alignment: the pointer alignment (bytes) the kernel assumes for its
-    operands."""
+    operands; zeroed: int32 element counts of zero-filled buffers passed after the call's own
+    inputs (Param.input(n_inputs + i)), which the kernel may write as long as it leaves them zero
+    (stream-K's flags)."""
     __slots__ = _fields = ("cubin", "kernel", "grid", "block", "params", "cluster", "shared_mem", "scratch_bytes",
-                           "alignment", "scratch_align", "notes")
+                           "alignment", "scratch_align", "notes", "zeroed")
 
     def __init__(self, cubin: bytes, kernel: str, grid: Tuple[int, int, int], block: Tuple[int, int, int],
                  params: Tuple[Param, ...], cluster: Tuple[int, int, int] = (1, 1, 1), shared_mem: int = 0,
                  scratch_bytes: Tuple[int, ...] = (), alignment: int = 16, scratch_align: Tuple[int, ...] = (),
-                 notes: Tuple[str, ...] = ()):
+                 notes: Tuple[str, ...] = (), zeroed: Tuple[int, ...] = ()):
         self._set(cubin, kernel, grid, block, params, cluster, shared_mem, scratch_bytes, alignment, scratch_align,
-                  notes)
+                  notes, zeroed)
 
     @property
     def module_key(self) -> int:
@@ -124,13 +126,16 @@ class Launch(_Value):
 _META_KINDS = {"i32": (_I32, _DIM_I32), "i64": (_I64, _DIM_I64, _STRIDE_I64), "fp32": (_F32,), "fp64": (_F64,)}
 
 
-def triton_launch(cubin: bytes, meta: dict, clusters: int, args: Sequence[Param], *, alignment: int = 16) -> Launch:
+def triton_launch(cubin: bytes, meta: dict, clusters: int, args: Sequence[Param], *, alignment: int = 16,
+                  scratch_bytes: Sequence[int] = (), zeroed: Sequence[int] = ()) -> Launch:
     """A Launch of a Triton/Gluon cubin described by gluon_cache's JSON metadata.
 
     `clusters` programs of num_ctas CTAs each (grid x = clusters * num_ctas, the cluster
     attribute (num_ctas, 1, 1)), 32 * num_warps threads, meta["shared"] dynamic shared memory, and
     `args` for the kernel's own parameters; the two trailing scratch pointers Triton appends are
     added here: a scratch result of clusters * num_ctas * size bytes, or null when the size is 0.
+    scratch_bytes: the kernel's own scratch buffers (Param.scratch(0), ...: Triton's come after
+    them, 16-byte aligned); zeroed: as Launch's.
     """
     params = meta["params"]
     if [p["name"] for p in params[-2:]] != ["global_scratch", "profile_scratch"] or len(args) != len(params) - 2:
@@ -142,7 +147,7 @@ def triton_launch(cubin: bytes, meta: dict, clusters: int, args: Sequence[Param]
         if not ok:
             raise ValueError(f"{meta.get('name')}: parameter {p['name']} ({t}) cannot take {a}")
     ctas = int(meta.get("num_ctas", 1))
-    scratch, aligns, tail = [], [], []
+    scratch, aligns, tail = [int(n) for n in scratch_bytes], [16] * len(scratch_bytes), []
     for what in ("global", "profile"):
         size = int(meta.get(f"{what}_scratch_size", 0))
         if size:
@@ -154,7 +159,7 @@ def triton_launch(cubin: bytes, meta: dict, clusters: int, args: Sequence[Param]
     return Launch(cubin=cubin, kernel=meta["name"], grid=(clusters * ctas, 1, 1),
                   block=(32 * int(meta["num_warps"]), 1, 1), params=tuple(args) + tuple(tail),
                   cluster=(ctas, 1, 1), shared_mem=int(meta.get("shared", 0)), scratch_bytes=tuple(scratch),
-                  scratch_align=tuple(aligns), alignment=alignment)
+                  scratch_align=tuple(aligns), alignment=alignment, zeroed=tuple(zeroed))
 
 
 # ---------------------------------------------------------------------------------------------
