@@ -148,7 +148,8 @@ def sweep_entries(set_name: str):
     """[(impl name, maker, output key)] of one --sweep-set."""
     if set_name == "splitk":
         from xgemm.kernels import gluon_splitk_sm90 as sk
-        return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} x{c.split}]", impl_splitk_config(c), f"sk{tuple(c)}")
+        return [(f"splitk[n{c.bn} k{c.bk} s{c.stages} {'streamk' if c.streamk else f'x{c.split}'}]",
+                 impl_splitk_config(c), f"sk{tuple(c)}")
                 for c in sk.tune_configs("bfloat16", "bfloat16", False)]
     if set_name in ("swap", "long"):
         return [(_tag(c) + ("T" if t else ""), impl_xgemm_config(c, t), f"cfg{c}{'T' if t else ''}")

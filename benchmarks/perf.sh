@@ -7,7 +7,7 @@
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
 # "tests decode model softmax epilogue fp8 grouped fuzz"; also groupedtune, fp8tune, and the policy
-# sweeps longk (LONGK_SHAPES), splitk (SPLITK_SHAPES) and cutesplit (CUTESPLIT_SHAPES, CUTESPLIT_S)), TESTS (tests/gpu), TESTS_S (220), MODEL_SUBSET (core),
+# sweeps longk (LONGK_SHAPES), splitk (SPLITK_SHAPES, SPLITK_S) and cutesplit (CUTESPLIT_SHAPES, CUTESPLIT_S)), TESTS (tests/gpu), TESTS_S (220), MODEL_SUBSET (core),
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
 # FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer: code still switched
 # off, docs/development.md; default none, e.g. "XGEMM_DECODE=1").
@@ -73,7 +73,7 @@ if want longk; then
 fi
 if want splitk; then
   # gluon_splitk_sm90's tiles x splits on decode shapes (B row-major, bf16)
-  stage splitk 120 python3 benchmarks/gemm_tc.py --shapes "${SPLITK_SHAPES:-1x18432x7168,1x24576x1536,1x57344x8192,1x8192x28672,16x8192x8192,64x4096x4096}" \
+  stage splitk "${SPLITK_S:-120}" python3 benchmarks/gemm_tc.py --shapes "${SPLITK_SHAPES:-1x18432x7168,1x24576x1536,1x57344x8192,1x8192x28672,16x8192x8192,64x4096x4096}" \
     --dtypes bfloat16 --impls cublas,xgemm --sweep --sweep-set splitk --reps 20 --trials 5 --out "$R/splitk.json"
   grep -E "^\|" "$LOGS/splitk.log" | tail -8
 fi

@@ -19,12 +19,13 @@ if not gluon_cache.can_compile():
 
 BF16_X2 = sk.Config("bfloat16", "bfloat16", 64, *sk._tile(64, 2), 2, False)     # 64x4096x4096's pick
 F16_F32_X8 = sk.Config("float16", "float32", 128, *sk._tile(128, 8), 8, True)
+BF16_SK = sk.Config("bfloat16", "bfloat16", *sk.STREAMK, 1, False, True)         # 1x18432x7168's pick
 
 
 @pytest.fixture(scope="module")
 def built(gluon_cache_dir):
     return {cfg: (gluon_cache.compile_kernel(cfg.key)[0], gluon_cache.lookup(cfg.key))
-            for cfg in (BF16_X2, F16_F32_X8)}
+            for cfg in (BF16_X2, F16_F32_X8, BF16_SK)}
 
 
 @pytest.mark.parametrize("cfg", [BF16_X2, F16_F32_X8], ids=["bf16-x2-bN", "f16-f32-x8-bK"])
@@ -42,6 +43,22 @@ def test_ptx_wgmma_from_cp_async_and_a_dsmem_sum(built, cfg):
     assert "%cluster_ctarank" in ptx
 
 
+def test_streamk_ptx_one_wave_parts_through_global_memory(built):
+    """The stream-K kernel: the same cp.async + wgmma mainloop, no cluster; a part left for the
+    tile's last CTA is released by one acq_rel atomic a tile (after a CTA barrier) and read back
+    past L1 (ld.global.cg: another SM wrote it)."""
+    ptx = built[BF16_SK][0].asm["ptx"]
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16", ptx)
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)
+    assert "reqnctapercluster" not in ptx and "mapa" not in ptx and "barrier.cluster" not in ptx
+    atoms = re.findall(r"atom\.global\.[a-z0-9_.]+", ptx)
+    assert atoms == ["atom.global.gpu.acq_rel.add.u32"], atoms
+    assert "ld.global.cg" in ptx
+    meta = built[BF16_SK][1].meta
+    assert meta["num_ctas"] == 1 and meta["shared"] <= sk.SMEM_LIMIT // 2     # two CTAs an SM
+    assert [p["name"] for p in meta["params"]][:5] == ["a_ptr", "b_ptr", "d_ptr", "ws_ptr", "flag_ptr"]
+
+
 def test_metadata(built):
     for cfg in (BF16_X2, F16_F32_X8):
         meta = built[cfg][1].meta
@@ -53,11 +70,11 @@ def test_metadata(built):
 
 
 def _pick(m, n, k):
-    c = sk.choose(m, n, k, "bfloat16", "bfloat16", False, 132)
+    c = sk._choose_cluster(m, n, k, "bfloat16", "bfloat16", False, 132)
     return c.bn, c.bk, c.stages, c.split
 
 
-def test_the_policy_fills_the_sms():
+def test_the_cluster_policy_fills_the_sms():
     assert _pick(64, 8192, 8192) == (64, 128, 4, 1)       # 128 tiles of 64x64: no split
     assert _pick(64, 4096, 4096) == (64, 128, 4, 2)       # 64 tiles x 2
     assert _pick(64, 2048, 8192) == (64, 64, 6, 4)        # 4-CTA clusters: the 96 KB tile
@@ -79,7 +96,7 @@ def test_the_policy_fills_the_sms():
     for cfg in sk.tune_configs("bfloat16", "bfloat16", False):
         cfg.check()
     keys = sk.gluon_entries("sm_90a")
-    assert len(keys) == len(set(keys)) == 80 and not sk.gluon_entries("sm_100a")
+    assert len(keys) == len(set(keys)) == 88 and not sk.gluon_entries("sm_100a")
     for i in sk.IN_DTYPES:           # every config the policy can pick is in the default build
         for m, n, k in [(64, 8192, 8192), (64, 4096, 4096), (64, 2048, 8192), (64, 16384, 4096), (1, 1024, 1024),
                         (8, 1024, 65536), (1, 18432, 7168), (1, 8192, 28672), (1, 1536, 7168),
@@ -87,9 +104,30 @@ def test_the_policy_fills_the_sms():
             assert sk.choose(m, n, k, i, "float32", True, 132).key in keys
 
 
+def test_streamk_where_the_cluster_split_leaves_sms_idle():
+    """At decode M the stream-K kernel replaces WIDE where its tiles fill under 70% of the
+    resident slots over a long K (144 of 264 at 1 x 18432 x 7168: most SMs would run one CTA)."""
+    def pick(m, n, k):
+        return sk.choose(m, n, k, "bfloat16", "bfloat16", False, 132)
+    for m, n, k in [(1, 18432, 7168), (16, 18432, 7168), (1, 20224, 4096), (4, 16896, 8192)]:
+        cfg = pick(m, n, k)
+        assert cfg.streamk and (cfg.bn, cfg.bk, cfg.stages, cfg.split) == (*sk.STREAMK, 1), (m, n, k)
+    for m, n, k in [(1, 24576, 1536), (8, 28672, 8192), (1, 2560, 8192), (1, 18432, 2048), (64, 18432, 7168),
+                    (1, 8192, 28672), (16, 8192, 8192), (64, 4096, 4096), (1, 57344, 8192)]:
+        assert not pick(m, n, k).streamk, (m, n, k)
+    # one wave: two 96 KB CTAs an SM; fewer where a CTA would run under MIN_UNITS units
+    wide = pick(1, 18432, 7168)
+    assert sk.streamk_grid(18432, 7168, wide, 132) == 264 and sk.streamk_units(18432, 7168, wide) == 144 * 112
+    assert sk.streamk_grid(1024, 1024, wide, 132) == 128        # 128 units: a CTA each
+    assert sk.streamk_grid(2048, 4096, wide, 132) == 132        # 1024 units < 8 x 264
+    assert sk.streamk_workspace(4, 18432, wide, 264) == (2 * 264 * 4 * 128, 144)
+    assert sk.Config.from_key(wide.key) == wide and wide.key.endswith("-t1")
+    assert sk.KERNEL.policy(_problem(1, 18432, 7168)).schedule == "stream-k"
+
+
 def test_sm_fill_counts_a_wave_of_resident_ctas():
     """Two 96 KB CTAs fit an SM: 144 of them run as one wave on all 132 SMs; 128 KB ones take two."""
-    wide = sk.choose(1, 18432, 7168, "bfloat16", "bfloat16", False, 132)
+    wide = sk._choose_cluster(1, 18432, 7168, "bfloat16", "bfloat16", False, 132)
     assert sk.resident_per_sm(wide) == 2 and sk.sm_fill(1, 18432, wide, 132) == 1.0
     deep = wide._replace(bk=128)
     assert sk.resident_per_sm(deep) == 1 and sk.sm_fill(1, 18432, deep, 132) == 144 / 264
@@ -116,17 +154,30 @@ def test_supports_only_skinny_aligned_plain_problems(built):
         assert why in (sk.KERNEL.supports(prob) or ""), prob.summary()
 
 
-def test_cuda_lowering_launches_the_cluster_cubin(built):
+def _launch_line(m, n, k):
+    """The custom call jax's cuda lowering of a bf16 m x k @ k x n matmul emits."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
     from xgemm import jax as xj
-    a = jax.ShapeDtypeStruct((64, 4096), jnp.bfloat16)
-    b = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
+    a = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((k, n), jnp.bfloat16)
     text = jax.jit(lambda a, b: xj.matmul(a, b)).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
     (call,) = [line for line in text.splitlines() if "xgemm_cubin_launch_v1" in line]
+    return call
+
+
+def test_cuda_lowering_launches_the_cluster_cubin(built):
+    call = _launch_line(64, 4096, 4096)
     assert 'kernel = "xgemm_splitk_sm90"' in call and "cluster = dense<[2, 1, 1]>" in call
     assert "grid = dense<[128, 1, 1]>" in call           # 64 tiles x 2 CTAs
+
+
+def test_cuda_lowering_of_streamk_passes_scratch_and_zeroed_flags(built):
+    call = _launch_line(1, 18432, 7168)
+    assert 'kernel = "xgemm_streamk_sm90"' in call and "grid = dense<[264, 1, 1]>" in call
+    assert "tensor<144xi32>" in call                     # the flags: a zero-filled input
+    assert f"tensor<{4 * 2 * 264 * 128}xui8>" in call      # the workspace: XLA scratch
 
 
 def test_api_sends_an_out_it_cannot_write_elsewhere(built):

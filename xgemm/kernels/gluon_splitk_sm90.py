@@ -1,5 +1,6 @@
 """gluon_splitk_sm90: D = alpha * A @ B for skinny M (M <= 64 per tile row) as a Gluon kernel whose
-K is split over the CTAs of a cluster and summed through distributed shared memory; prebuilt to
+K is split over the CTAs of a cluster and summed through distributed shared memory, or (stream-K,
+at decode M) shared evenly by a one-wave grid and summed through a global workspace; prebuilt to
 cubins.
 
 Contract
@@ -15,7 +16,7 @@ Contract
             (xgemm/runtime/gluon_cache.py), launched without triton (xgemm/runtime/launch.py eagerly, ffi/ under jit).
   limits    M, N, K < 2**31 (the kernel tiles any M; the policy sends it M <= 64 with K >= 1024, or
             K >= 256 where N has a 128-column tile for every SM);
-            SPLIT (CTAs per cluster) in {1, 2, 4, 8}.
+            SPLIT (CTAs per cluster) in {1, 2, 4, 8}; stream-K: M <= 64, units x grid < 2**31.
 
 Why (the shape class it serves)
   At M = 64, N = K = 8192 the GEMM is a stream of B (128 MiB) past a 1 MiB A: cuBLAS runs at
@@ -43,6 +44,18 @@ Design
   from every CTA's buffer (mapa + ld.shared::cluster.v4.f32, inline asm), adds them in CTA order
   (a fixed order: the sum is deterministic), scales by alpha, rounds and stores. A last cluster
   barrier keeps every CTA's shared memory alive until its peers have read it.
+Stream-K (xgemm_streamk_sm90, M <= 64)
+  Where there are fewer tiles than resident slots (144 tiles of 128 columns against 264 slots of
+  96 KB at 1 x 18432), most SMs run one CTA, whose loads in flight fall short of an SM's share of
+  DRAM bandwidth. Here the N / BN tiles x K / BK blocks are one list of units, and CTA c of G
+  (every resident slot, two 96 KB CTAs an SM) runs units [c * units / G, (c + 1) * units / G): the
+  same mainloop, its loads running on across tile boundaries. A tile a CTA runs whole is stored
+  from registers. A part of a tile goes to the CTA's slot in a float32 workspace (two M x BN slots
+  a CTA: the part its range starts with, the one it ends with); after a CTA barrier, one thread's
+  acq_rel atomic counts the tile's arrivals, and the last CTA to arrive sums every part in CTA
+  order (deterministic), stores the tile and sets the flag back to zero. No CTA waits on another.
+  Workspace and flags: per stream eagerly (runtime/workspace.py), XLA scratch and zero-filled
+  flags under jit.
 """
 from __future__ import annotations
 
@@ -55,7 +68,7 @@ from xgemm.core.dtypes import ITEMSIZE, LONG_DTYPE, SHORT_DTYPE
 from xgemm.core.problem import COL, ROW, Policy
 from xgemm.kernels._common import sm90_half_gemm_reason
 from xgemm.kernels._pointer_gemm import H200_SMS, PointerGemm, b_leading_stride, sm_count
-from xgemm.runtime import driver, gluon_cache, launch
+from xgemm.runtime import driver, gluon_cache, launch, workspace
 from xgemm.runtime.calls import Param, triton_launch
 from xgemm.runtime.gluon_cache import parse_key
 
@@ -69,28 +82,34 @@ RED_PAD = 8             # fp32 pad per buffer row: 2-way (minimal) bank conflict
 SMEM_LIMIT = 227 * 1024 - 1024
 
 
-class Config(namedtuple("Config", "in_dtype out_dtype bn bk stages split b_kmajor")):
-    """One compiled variant: BN x BK tiles (BM = 64), STAGES slots, SPLIT CTAs per cluster."""
+class Config(namedtuple("Config", "in_dtype out_dtype bn bk stages split b_kmajor streamk", defaults=(False,))):
+    """One compiled variant: BN x BK tiles (BM = 64), STAGES slots, SPLIT CTAs per cluster; or,
+    with streamk, the stream-K kernel (split 1): a one-wave grid sharing the (tile, K block) units
+    evenly, partial tiles summed through a global workspace."""
     __slots__ = ()
 
     @property
     def key(self) -> str:
         return (f"{NAME}/sm_90a-{_SHORT[self.in_dtype]}-{_SHORT[self.out_dtype]}/"
-                f"n{self.bn}-k{self.bk}-s{self.stages}-x{self.split}-b{int(self.b_kmajor)}")
+                f"n{self.bn}-k{self.bk}-s{self.stages}-x{self.split}-b{int(self.b_kmajor)}"
+                + ("-t1" if self.streamk else ""))
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
         (_, i, o), f = parse_key(key, NAME)
-        return cls(_LONG[i], _LONG[o], f["n"], f["k"], f["s"], f["x"], bool(f["b"]))
+        return cls(_LONG[i], _LONG[o], f["n"], f["k"], f["s"], f["x"], bool(f["b"]), bool(f.get("t", 0)))
 
     def smem_bytes(self) -> int:
         # the split-K buffer is allocated after the stage slots are dead: the compiler overlays them
         it = _ITEMSIZE[self.in_dtype]
-        return max(self.stages * (BM + self.bn) * self.bk * it, BM * (self.bn + RED_PAD) * 4)
+        stages = self.stages * (BM + self.bn) * self.bk * it
+        return stages if self.streamk else max(stages, BM * (self.bn + RED_PAD) * 4)
 
     def check(self) -> None:
         if self.split not in (1, 2, 4, 8) or self.bn not in (32, 64, 128, 256) or self.bk not in (32, 64, 128, 256):
             raise ValueError(f"{self}: split in 1/2/4/8, bn and bk in 32..256 (powers of two)")
+        if self.streamk and self.split != 1:
+            raise ValueError(f"{self}: the stream-K kernel runs without clusters (split 1)")
         if self.stages < 2 or self.smem_bytes() > SMEM_LIMIT:
             raise ValueError(f"{self}: needs 2+ stages and at most {SMEM_LIMIT} bytes of shared memory")
 
@@ -114,6 +133,11 @@ WIDE = (128, 64, 4)       # (bn, bk, stages) of a grid with a 128-column tile fo
 DECODE_M = 16             # M up to this: 128-column tiles split in two rather than 64-column ones unsplit
 DEEP = (256, 3)           # (bk, stages) of a 64-column tile split in two at decode M
 OVERFILL = 1.5            # decode CTAs per SM a split of 8 may reach where two fit an SM
+STREAMK = (128, 64, 4)    # (bn, bk, stages) of the stream-K kernel: 96 KB, two CTAs an SM
+STREAMK_TUNE = ((128, 64, 4), (64, 128, 4), (128, 128, 4), (64, 256, 3))
+STREAMK_BELOW = 0.7       # decode M: stream-K where WIDE's tiles fill under this share of the resident slots
+STREAMK_MIN_KB = 64       # ... and each tile runs this many K blocks or more (a CTA's part is long)
+MIN_UNITS = 8             # (tile, K block) units a stream-K CTA runs at least, where the grid may shrink
 
 
 def _tiles(m: int, n: int, bn: int) -> int:
@@ -129,12 +153,33 @@ def resident_per_sm(cfg: Config) -> int:
 def sm_fill(m: int, n: int, cfg: Config, sms: int = H200_SMS) -> float:
     """The share of the SMs streaming B, averaged over the waves of resident CTAs (tiles x split):
     the CTAs of one wave run together, so a wave keeps min(1, its CTAs / SMs) of the SMs busy.
-    The split exists to bring this near 1 when M is too small to give every SM a tile."""
+    The split exists to bring this near 1 when M is too small to give every SM a tile. A stream-K
+    grid is one wave on every SM (streamk_grid; a smaller grid only below a unit per SM)."""
+    if cfg.streamk:
+        return 1.0
     ctas = _tiles(m, n, cfg.bn) * cfg.split
     resident = sms * resident_per_sm(cfg)
     waves = -(-ctas // resident)
     last = ctas - (waves - 1) * resident
     return (waves - 1 + min(1.0, last / sms)) / waves
+
+
+def streamk_units(n: int, k: int, cfg: Config) -> int:
+    """The stream-K kernel's (tile, K block) units: M <= 64 is one row of tiles."""
+    return -(-n // cfg.bn) * -(-k // cfg.bk)
+
+
+def streamk_grid(n: int, k: int, cfg: Config, sms: int = H200_SMS) -> int:
+    """CTAs of a stream-K launch: every resident slot (a whole number of CTAs per SM, so each SM
+    streams the same share), fewer per SM where a CTA would run under MIN_UNITS units."""
+    units = streamk_units(n, k, cfg)
+    per_sm = min(resident_per_sm(cfg), max(1, units // (MIN_UNITS * sms)))
+    return max(1, min(units, sms * per_sm))
+
+
+def streamk_workspace(m: int, n: int, cfg: Config, grid: int) -> Tuple[int, int]:
+    """(float32 values, int32 flags) a stream-K launch needs: two M x bn slots a CTA, a flag a tile."""
+    return 2 * grid * m * cfg.bn, -(-n // cfg.bn)
 
 
 def _tile(bn: int, split: int) -> Tuple[int, int]:
@@ -143,6 +188,25 @@ def _tile(bn: int, split: int) -> Tuple[int, int]:
 
 def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool,
            sms: int = H200_SMS) -> Config:
+    """The cluster split's pick (_choose_cluster), or at decode M (<= 16) the stream-K kernel where
+    that pick is WIDE with tiles for under STREAMK_BELOW of the resident slots and K of
+    STREAMK_MIN_KB blocks or more. There most SMs run one WIDE CTA, and one 96 KB CTA's loads in
+    flight do not keep an SM's share of DRAM busy: 1 x 18432 x 7168 (144 tiles) ran 80.4 us WIDE and
+    67.1 us stream-K (264 CTAs), cuBLAS 63.9; 1 x 20480 x 4096 (160) 47.8 and 46.4. With more tiles or
+    shorter K the parts' sums cost more than they gain: 1 x 24576 x 1536 (192 tiles) 21.7 us WIDE,
+    24.8 stream-K; 8 x 28672 x 8192 (224) 110.8 and 116.1 (H200, gemm_tc.py --sweep-set splitk,
+    docs/performance.md, "Session 23")."""
+    cfg = _choose_cluster(m, n, k, in_dtype, out_dtype, b_kmajor, sms)
+    if m <= DECODE_M and (cfg.bn, cfg.bk, cfg.stages, cfg.split) == (*WIDE, 1) \
+            and _tiles(m, n, cfg.bn) < STREAMK_BELOW * sms * resident_per_sm(cfg) and k >= STREAMK_MIN_KB * cfg.bk:
+        sk = Config(in_dtype, out_dtype, *STREAMK, 1, b_kmajor, True)
+        if streamk_units(n, k, sk) * streamk_grid(n, k, sk, sms) < 2 ** 31:
+            return sk
+    return cfg
+
+
+def _choose_cluster(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool,
+                    sms: int = H200_SMS) -> Config:
     """A 128-column tile for every SM or more: WIDE, unsplit (two CTAs an SM: one wave up to twice
     the SMs). Else BN 64 while its tiles fit one wave, else 128; then the largest split that keeps
     tiles * split within the SMs and at least 4 K blocks per CTA. At decode M, 64-column tiles
@@ -294,7 +358,103 @@ def _define():
                  (total * alpha).to(d_ptr.dtype.element_ty), mask=mask)
         gl.barrier(cluster=True)                # peers are done reading this CTA's buffer
 
-    return xgemm_splitk_sm90
+    @gluon.jit
+    def _cta_of(unit, G, units):
+        # the CTA whose range holds `unit` (CTA c runs units [c * units // G, (c + 1) * units // G))
+        return ((unit + 1) * G - 1) // units
+
+    @gluon.jit
+    def _segment_done(acc, d_ptr, ws_ptr, flag_ptr, c, G, start, tile, kbl, units, M, N, ldd, alpha, rows, cols0,
+                      BN: gl.constexpr):
+        # acc holds this CTA's sum over its units of `tile`: store it, or leave it in the workspace
+        # and let the tile's last-arriving CTA sum every part in CTA order (the order is fixed: the
+        # result does not depend on which CTA arrives last)
+        t0 = tile * kbl
+        first = _cta_of(t0, G, units)
+        last = _cta_of(t0 + kbl - 1, G, units)
+        cols = tile * BN + cols0
+        out_mask = (rows < M)[:, None] & (cols < N)[None, :]
+        out_ptrs = d_ptr + rows.to(gl.int64)[:, None] * ldd + cols[None, :]
+        if first == last:
+            gl.store(out_ptrs, (acc * alpha).to(d_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            # two slots a CTA: 0 for the part its range starts with, 1 for the one it ends with
+            ws_off = rows[:, None] * BN + cols0[None, :]
+            ws_mask = (rows < M)[:, None] & (cols0 < BN)[None, :]
+            slot = 2 * c + (start < t0).to(gl.int32)
+            gl.store(ws_ptr + slot.to(gl.int64) * M * BN + ws_off, acc, mask=ws_mask)
+            gl.barrier()                        # every thread's part is stored before the release
+            arrived = gl.atomic_add(flag_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == last - first:
+                total = gl.zeros_like(acc)
+                for src in range(first, last + 1):
+                    s_slot = 2 * src + ((src * units // G) < t0).to(gl.int32)
+                    total += gl.load(ws_ptr + s_slot.to(gl.int64) * M * BN + ws_off, mask=ws_mask, other=0.0,
+                                     cache_modifier=".cg")
+                gl.store(flag_ptr + tile, 0)    # the flags stay zero between launches
+                gl.store(out_ptrs, (total * alpha).to(d_ptr.dtype.element_ty), mask=out_mask)
+
+    @gluon.jit
+    def xgemm_streamk_sm90(a_ptr, b_ptr, d_ptr, ws_ptr, flag_ptr, M, N, K, lda, ldb, ldd, alpha,
+                           BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr,
+                           A_SMEM: gl.constexpr, B_SMEM: gl.constexpr, A_LOAD: gl.constexpr, B_LOAD: gl.constexpr,
+                           ACC: gl.constexpr):
+        BM: gl.constexpr = 64                   # M <= 64: one row of tiles
+        dtype: gl.constexpr = a_ptr.dtype.element_ty
+        G = gl.num_programs(0)
+        c = gl.program_id(0)
+        kbl = gl.cdiv(K, BK)
+        units = gl.cdiv(N, BN) * kbl            # (tile, K block) units, tile-major
+        start = c * units // G                  # the host keeps units * G < 2**31
+        n_local = (c + 1) * units // G - start
+
+        a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], A_SMEM)
+        if B_KMAJOR:
+            b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], B_SMEM)
+            bn = gl.arange(0, BN, gl.SliceLayout(1, B_LOAD))
+            bk = gl.arange(0, BK, gl.SliceLayout(0, B_LOAD))
+        else:
+            b_smem = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], B_SMEM)
+            bk = gl.arange(0, BK, gl.SliceLayout(1, B_LOAD))
+            bn = gl.arange(0, BN, gl.SliceLayout(0, B_LOAD))
+        am = gl.arange(0, BM, gl.SliceLayout(1, A_LOAD))
+        ak = gl.arange(0, BK, gl.SliceLayout(0, A_LOAD))
+
+        for i in gl.static_range(STAGES - 1):
+            t = (start + i) // kbl
+            _load_stage(a_ptr, b_ptr, a_smem.index(i), b_smem.index(i), am, ak, bn + t * BN, bk, M, N, K, lda, ldb,
+                        (start + i - t * kbl) * BK, i < n_local, B_KMAJOR)
+            async_copy.commit_group()
+
+        rows = gl.arange(0, BM, gl.SliceLayout(1, ACC))
+        cols0 = gl.arange(0, BN, gl.SliceLayout(0, ACC))
+        acc = gl.zeros([BM, BN], gl.float32, ACC)
+        for i in range(n_local):
+            s = i % STAGES
+            tile = (start + i) // kbl
+            kb = start + i - tile * kbl
+            async_copy.wait_group(STAGES - 2)   # as in xgemm_splitk_sm90's mainloop
+            fence_async_shared()
+            gl.barrier()
+            j = i + STAGES - 1                  # the loads run on across tile boundaries
+            tj = (start + j) // kbl
+            sj = j % STAGES
+            _load_stage(a_ptr, b_ptr, a_smem.index(sj), b_smem.index(sj), am, ak, bn + tj * BN, bk, M, N, K, lda,
+                        ldb, (start + j - tj * kbl) * BK, j < n_local, B_KMAJOR)
+            async_copy.commit_group()
+            if B_KMAJOR:
+                b_op = b_smem.index(s).permute((1, 0))
+            else:
+                b_op = b_smem.index(s)
+            # a tile's first unit in this CTA starts a fresh sum
+            acc = warpgroup_mma(a_smem.index(s), b_op, acc, use_acc=(kb > 0) & (i > 0), is_async=True)
+            acc, _, _ = warpgroup_mma_wait(0, deps=[acc, a_smem.index(s), b_smem.index(s)])
+            if (kb == kbl - 1) | (i == n_local - 1):
+                _segment_done(acc, d_ptr, ws_ptr, flag_ptr, c, G, start, tile, kbl, units, M, N, ldd, alpha, rows,
+                              cols0, BN)
+        async_copy.wait_group(0)                # no copy may land after the CTA's exit
+
+    return {"xgemm_splitk_sm90": xgemm_splitk_sm90, "xgemm_streamk_sm90": xgemm_streamk_sm90}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,30 +492,38 @@ def gluon_compile_args(key: str, arch: str):
         raise ValueError(f"{key} is built for sm_90a only, not {arch}")
     cfg.check()
     a_smem, b_smem, a_load, b_load, acc, red, out = _layouts(cfg)
-    sig = {"a_ptr": f"*{_SHORT[cfg.in_dtype]}", "b_ptr": f"*{_SHORT[cfg.in_dtype]}",
-           "d_ptr": f"*{_SHORT[cfg.out_dtype]}", "M": "i32", "N": "i32", "K": "i32",
-           "lda": "i64", "ldb": "i64", "ldd": "i64", "alpha": "fp32"}
+    it = f"*{_SHORT[cfg.in_dtype]}"
+    sig = {"a_ptr": it, "b_ptr": it, "d_ptr": f"*{_SHORT[cfg.out_dtype]}"}
+    if cfg.streamk:
+        sig.update({"ws_ptr": "*fp32", "flag_ptr": "*i32"})
+    sig.update({"M": "i32", "N": "i32", "K": "i32", "lda": "i64", "ldb": "i64", "ldd": "i64", "alpha": "fp32"})
     constexprs = {"BN": cfg.bn, "BK": cfg.bk, "STAGES": cfg.stages, "SPLIT": cfg.split,
                   "B_KMAJOR": cfg.b_kmajor, "A_SMEM": a_smem, "B_SMEM": b_smem, "A_LOAD": a_load,
                   "B_LOAD": b_load, "ACC": acc, "RED_SMEM": red, "OUT": out}
+    if cfg.streamk:
+        for name in ("SPLIT", "RED_SMEM", "OUT"):
+            del constexprs[name]
     sig.update({k: "constexpr" for k in constexprs})
     # 16-byte bases; N, K and the leading strides multiples of 8 elements: 16-byte cp.async vectors
     # (the masks of N and K tails must be constant over each 8-element vector)
-    attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]],
-             (4,): [["tt.divisibility", 8]], (5,): [["tt.divisibility", 8]], (6,): [["tt.divisibility", 8]], (7,): [["tt.divisibility", 8]],
-             (8,): [["tt.divisibility", 8]]}
+    names = list(sig)
+    attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("a_ptr", "b_ptr", "d_ptr", "ws_ptr", "flag_ptr")
+             if p in sig}
+    attrs.update({(names.index(p),): [["tt.divisibility", 8]] for p in ("N", "K", "lda", "ldb", "ldd")})
     options = {"num_warps": WARPS, "num_ctas": cfg.split, "enable_fp_fusion": False}
-    return _define(), sig, constexprs, attrs, options
+    kernel = "xgemm_streamk_sm90" if cfg.streamk else "xgemm_splitk_sm90"
+    return _define()[kernel], sig, constexprs, attrs, options
 
 
 def tune_configs(in_dtype: str, out_dtype: str, b_kmajor: bool) -> List[Config]:
     cfgs = [Config(in_dtype, out_dtype, bn, bk, st, s, b_kmajor) for bn, bk, st in TUNE for s in SPLITS]
+    cfgs += [Config(in_dtype, out_dtype, bn, bk, st, 1, b_kmajor, True) for bn, bk, st in STREAMK_TUNE]
     return [c for c in cfgs if c.smem_bytes() <= SMEM_LIMIT]
 
 
 def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
     """sm_90a: {fp16, bf16} in x {same, fp32} out x B {N-major, K-major} x every (tile, split) the
-    policy can pick: 10 each, 80 in all (tune=True: every TUNE tile at every split); none for other
+    policy can pick: 11 each, 88 in all (tune=True: every TUNE tile at every split); none for other
     archs."""
     if arch != "sm_90a":
         return []
@@ -367,7 +535,8 @@ def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
                     keys += [c.key for c in tune_configs(i, o, bk)]
                 else:
                     keys += [Config(i, o, bn, *_tile(bn, s), s, bk).key for bn in TILES for s in SPLITS]
-                    keys += [Config(i, o, *WIDE, 1, bk).key, Config(i, o, 64, *DEEP, 2, bk).key]
+                    keys += [Config(i, o, *WIDE, 1, bk).key, Config(i, o, 64, *DEEP, 2, bk).key,
+                             Config(i, o, *STREAMK, 1, bk, True).key]
     return keys
 
 
@@ -425,15 +594,42 @@ class GluonSplitkSm90(PointerGemm):
         sms = sm_count(problem.device.index)
         cfg = choose(problem.m, problem.n, problem.k, *self._dtypes_of(problem), sms=sms)
         pol = policy_of(cfg)
-        return dataclasses.replace(pol, notes=pol.notes + (f"{sm_fill(problem.m, problem.n, cfg, sms):.0%} of SMs busy",))
+        if cfg.streamk:
+            grid = streamk_grid(problem.n, problem.k, cfg, sms)
+            note = (f"{min(1.0, grid / sms):.0%} of SMs busy: {grid} CTAs share "
+                    f"{streamk_units(problem.n, problem.k, cfg)} units")
+        else:
+            note = f"{sm_fill(problem.m, problem.n, cfg, sms):.0%} of SMs busy"
+        return dataclasses.replace(pol, notes=pol.notes + (note,))
 
     def candidate_policies(self, problem) -> List[Policy]:
         """Every TUNE tile at every split (benchmarks/gemm_tc.py --sweep-set splitk times them)."""
         return [policy_of(c) for c in tune_configs(*self._dtypes_of(problem))]
 
     # -- run / bind: PointerGemm around _resolve --------------------------------------------------
+    def run(self, problem, policy, operands, out, stream) -> None:
+        """Stream-K takes its workspace and flags for this stream (runtime/workspace.py); where
+        they cannot be had (a graph capture before the stream's first run) the cluster split runs."""
+        cfg = config_of(policy, operands[0].dtype, out.dtype, problem.b.majorness == COL)
+        if not cfg.streamk:
+            return super().run(problem, policy, operands, out, stream)
+        sms = sm_count(problem.device.index)
+        elems, flags = streamk_workspace(problem.m, problem.n, cfg, streamk_grid(problem.n, problem.k, cfg, sms))
+        buffers = workspace.split_k(problem.device, stream, elems, flags)
+        if buffers is None:
+            cluster = _choose_cluster(problem.m, problem.n, problem.k, *self._dtypes_of(problem), sms=sms)
+            return super().run(problem, policy_of(cluster), operands, out, stream)
+        launcher, grid, args = self._resolve(problem, policy, operands[0], operands[1], out)
+        launcher(grid, stream, operands[0].ptr, operands[1].ptr, out.ptr, buffers[0].ptr, buffers[1].ptr, *args)
+
+    def bind(self, problem, policy, operands, out):
+        if policy.schedule:
+            return None                 # run() per call: stream-K's buffers are the stream's
+        return super().bind(problem, policy, operands, out)
+
     def _resolve(self, problem, policy, a, b, out):
-        """(launcher, clusters, the scalar args after the three pointers)."""
+        """(launcher, clusters or CTAs, the scalar args after the three pointers, or after the
+        workspace and flags of stream-K)."""
         cfg = config_of(policy, a.dtype, out.dtype, problem.b.majorness == COL)
         m, n, k = problem.m, problem.n, problem.k
         strides = (a.strides[-2], b_leading_stride(b.strides, cfg.b_kmajor), out.strides[-2])
@@ -443,7 +639,8 @@ class GluonSplitkSm90(PointerGemm):
                              f"{a.ptr & 15 == 0}/{b.ptr & 15 == 0}/{out.ptr & 15 == 0}): needs unit inner strides, "
                              f"leading strides multiples of 8 and 16-byte aligned bases")
         launcher = self._launcher(cfg, a.device.index)
-        return launcher, _tiles(m, n, cfg.bn), (m, n, k, *strides, float(problem.epilogue.alpha))
+        grid = streamk_grid(n, k, cfg, sm_count(a.device.index)) if cfg.streamk else _tiles(m, n, cfg.bn)
+        return launcher, grid, (m, n, k, *strides, float(problem.epilogue.alpha))
 
     # -- jax.jit -----------------------------------------------------------------------------------
     def jax_lowering(self, problem, policy, *, portable: bool = False, sm_margin: int = 0):
@@ -453,22 +650,34 @@ class GluonSplitkSm90(PointerGemm):
         entry = gluon_cache.lookup(cfg.key)
         P = Param
         m, n, k = problem.m, problem.n, problem.k
-        args = (P.input(0), P.input(1), P.output(0), P.i32(m), P.i32(n), P.i32(k), P.i64(problem.a.strides[-2]),
-                P.i64(b_leading_stride(problem.b.strides, cfg.b_kmajor)), P.i64(n), P.f32(float(problem.epilogue.alpha)))
-        return triton_launch(entry.cubin, entry.meta, _tiles(m, n, cfg.bn), args)
+        scalars = (P.i32(m), P.i32(n), P.i32(k), P.i64(problem.a.strides[-2]),
+                   P.i64(b_leading_stride(problem.b.strides, cfg.b_kmajor)), P.i64(n),
+                   P.f32(float(problem.epilogue.alpha)))
+        if not cfg.streamk:
+            return triton_launch(entry.cubin, entry.meta, _tiles(m, n, cfg.bn), (P.input(0), P.input(1), P.output(0),
+                                                                                  *scalars))
+        # stream-K: its workspace is XLA scratch, its flags zeros passed after a, b
+        grid = streamk_grid(n, k, cfg, sm_count(problem.device.index) - sm_margin)
+        elems, flags = streamk_workspace(m, n, cfg, grid)
+        return triton_launch(entry.cubin, entry.meta, grid, (P.input(0), P.input(1), P.output(0), P.scratch(0),
+                                                             P.input(2), *scalars),
+                             scratch_bytes=(4 * elems,), zeroed=(flags,))
 
     def prebuild(self, arch: str):
         return gluon_entries(arch)
 
 
 def policy_of(cfg: Config) -> Policy:
+    if cfg.streamk:
+        return Policy(tile=(BM, cfg.bn, cfg.bk), stages=cfg.stages, warps=WARPS, schedule="stream-k",
+                      notes=("partial tiles summed through a global workspace",))
     return Policy(tile=(BM, cfg.bn, cfg.bk), stages=cfg.stages, cluster=(cfg.split, 1), warps=WARPS,
                   split_k=cfg.split, notes=("split-K over the cluster (DSMEM sum)",))
 
 
 def config_of(policy: Policy, in_dtype: str, out_dtype: str, b_kmajor: bool) -> Config:
     _, bn, bk = policy.tile
-    return Config(in_dtype, out_dtype, bn, bk, policy.stages, policy.split_k, b_kmajor)
+    return Config(in_dtype, out_dtype, bn, bk, policy.stages, policy.split_k, b_kmajor, policy.schedule == "stream-k")
 
 
 KERNEL = GluonSplitkSm90()

@@ -2,7 +2,8 @@
 
 One pair per (device, stream), allocated stream-ordered on that stream and never freed while the
 process runs (cuBLAS keeps a workspace per handle the same way). The flags start at zero and every
-split-K launch leaves them at zero again (cute_gemm_sm90_build.Sm90Gemm._split_fixup), so launches
+split-K launch leaves them at zero again (cute_gemm_sm90_build.Sm90Gemm._split_sum, gluon_splitk's
+stream-K kernel), so launches
 on one stream share them without a memset; launches on two streams get two pairs. A pair grows by
 a new allocation, the old one freed stream-ordered behind the launches already queued.
 
