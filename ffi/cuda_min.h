@@ -31,6 +31,7 @@ enum {
 enum {
   CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION_ = 4,
   CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE_ = 5,
+  CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION_ = 6,
 };
 enum { CU_CLUSTER_SCHEDULING_POLICY_SPREAD_ = 1 };
 enum { CU_STREAM_CAPTURE_STATUS_NONE_ = 0 };
@@ -45,6 +46,7 @@ typedef union XgemmCUlaunchAttributeValue {
     unsigned int z;
   } clusterDim;
   int clusterSchedulingPolicyPreference;
+  int programmaticStreamSerializationAllowed;
 } XgemmCUlaunchAttributeValue;
 
 typedef struct XgemmCUlaunchAttribute {

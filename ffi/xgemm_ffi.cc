@@ -9,7 +9,9 @@
 //   attrs    cubin      the cubin bytes (string attribute; loaded once per CUDA context)
 //            kernel     the kernel symbol in the cubin
 //            module_key 64-bit fingerprint of (cubin, kernel), computed in Python: the cache key
-//            grid, block, cluster   3 x i64 each; cluster (1,1,1) launches without a cluster
+//            grid, block, cluster   3 x i64 each; cluster (1,1,1) launches without a cluster;
+//                       block may carry a 4th value, launch flags: 1 = programmatic dependent
+//                       launch (the kernel waits for its predecessor with griddepcontrol.wait)
 //            smem       dynamic shared memory bytes (> 48 KiB sets the function's opt-in limit)
 //            params     3 x i64 per kernel parameter: (kind, a, b), kinds below
 //            buffers    3 x i64 per buffer: (XLA_FFI_DataType, rank, required pointer alignment)
@@ -225,8 +227,8 @@ ffi::Error GetFunction(const Driver& drv, CUstream stream, const Attrs& at, bool
 }
 
 ffi::Error CheckShapes(const Attrs& at) {
-  if (at.grid.size() != 3 || at.block.size() != 3 || at.cluster.size() != 3)
-    return ffi::Error::InvalidArgument("xgemm_cubin_launch: grid, block and cluster need 3 values each");
+  if (at.grid.size() != 3 || (at.block.size() != 3 && at.block.size() != 4) || at.cluster.size() != 3)
+    return ffi::Error::InvalidArgument("xgemm_cubin_launch: grid and cluster need 3 values each, block 3 (+ flags)");
   if (at.params.size() % 3 != 0 || at.buffers.size() % 3 != 0)
     return ffi::Error::InvalidArgument("xgemm_cubin_launch: params and buffers come in triples");
   if (at.params.size() / 3 > kMaxParams)
@@ -360,7 +362,7 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs& args, ffi::RemainingRets&
   if (ffi::Error e = PackParams(at, d, slots, kernel_params, &count); e.failure()) return e;
   kernel_params[count] = nullptr;
 
-  XgemmCUlaunchAttribute attrs[2];
+  XgemmCUlaunchAttribute attrs[3];
   std::memset(attrs, 0, sizeof attrs);
   unsigned int num_attrs = 0;
   if (at.cluster[0] * at.cluster[1] * at.cluster[2] > 1) {
@@ -371,6 +373,11 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs& args, ffi::RemainingRets&
     attrs[1].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE_;
     attrs[1].value.clusterSchedulingPolicyPreference = CU_CLUSTER_SCHEDULING_POLICY_SPREAD_;
     num_attrs = 2;
+  }
+  if (at.block.size() > 3 && (at.block[3] & 1)) {
+    attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION_;
+    attrs[num_attrs].value.programmaticStreamSerializationAllowed = 1;
+    ++num_attrs;
   }
   XgemmCUlaunchConfig config;
   config.gridDimX = static_cast<unsigned int>(at.grid[0]);

@@ -29,6 +29,16 @@ def test_launch_config_cluster_attributes():
     assert driver.launch_config(block=64, shared=0, cluster=2, spread=False).numAttrs == 1
 
 
+def test_launch_config_programmatic_dependent_launch():
+    """pdl adds the programmatic stream serialization attribute after the cluster ones."""
+    for cluster, n in ((1, 1), (2, 3)):
+        cfg = driver.launch_config(block=128, shared=0, cluster=cluster, pdl=True)
+        assert cfg.numAttrs == n
+        a = cfg.attrs[n - 1]
+        assert a.id == driver.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == 6
+        assert a.value.programmaticStreamSerializationAllowed == 1
+
+
 def test_enum_values_match_cuda_python():
     d = pytest.importorskip("cuda.bindings.driver")
     assert driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES == int(

@@ -107,7 +107,8 @@ def attributes(launch: Launch, in_avals: Sequence[Any], out_avals: Sequence[Any]
         flat_layouts.extend(_layout_minor_to_major(layout, rank))
     i64 = lambda xs: np.asarray(list(xs), dtype=np.int64)
     return dict(cubin=bytes(launch.cubin), kernel=launch.kernel, module_key=np.int64(launch.module_key),
-                grid=i64(launch.grid), block=i64(launch.block), cluster=i64(launch.cluster),
+                grid=i64(launch.grid), block=i64(tuple(launch.block) + ((1,) if launch.pdl else ())),
+                cluster=i64(launch.cluster),
                 smem=np.int64(launch.shared_mem), params=i64(params), buffers=i64(buffers),
                 layouts=i64(flat_layouts))
 

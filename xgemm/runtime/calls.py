@@ -105,16 +105,17 @@ class Launch(_Value):
     scratch_align (default 16); alignment: the pointer alignment (bytes) the kernel assumes for its
     operands; zeroed: int32 element counts of zero-filled buffers passed after the call's own
     inputs (Param.input(n_inputs + i)), which the kernel may write as long as it leaves them zero
-    (stream-K's flags)."""
+    (stream-K's flags); pdl: launched with programmatic dependent launch (the kernel waits for its
+    predecessor with griddepcontrol.wait before touching memory)."""
     __slots__ = _fields = ("cubin", "kernel", "grid", "block", "params", "cluster", "shared_mem", "scratch_bytes",
-                           "alignment", "scratch_align", "notes", "zeroed")
+                           "alignment", "scratch_align", "notes", "zeroed", "pdl")
 
     def __init__(self, cubin: bytes, kernel: str, grid: Tuple[int, int, int], block: Tuple[int, int, int],
                  params: Tuple[Param, ...], cluster: Tuple[int, int, int] = (1, 1, 1), shared_mem: int = 0,
                  scratch_bytes: Tuple[int, ...] = (), alignment: int = 16, scratch_align: Tuple[int, ...] = (),
-                 notes: Tuple[str, ...] = (), zeroed: Tuple[int, ...] = ()):
+                 notes: Tuple[str, ...] = (), zeroed: Tuple[int, ...] = (), pdl: bool = False):
         self._set(cubin, kernel, grid, block, params, cluster, shared_mem, scratch_bytes, alignment, scratch_align,
-                  notes, zeroed)
+                  notes, zeroed, pdl)
 
     @property
     def module_key(self) -> int:
@@ -159,7 +160,8 @@ def triton_launch(cubin: bytes, meta: dict, clusters: int, args: Sequence[Param]
     return Launch(cubin=cubin, kernel=meta["name"], grid=(clusters * ctas, 1, 1),
                   block=(32 * int(meta["num_warps"]), 1, 1), params=tuple(args) + tuple(tail),
                   cluster=(ctas, 1, 1), shared_mem=int(meta.get("shared", 0)), scratch_bytes=tuple(scratch),
-                  scratch_align=tuple(aligns), alignment=alignment, zeroed=tuple(zeroed))
+                  scratch_align=tuple(aligns), alignment=alignment, zeroed=tuple(zeroed),
+                  pdl=bool(meta.get("options", {}).get("launch_pdl", False)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5
+LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CLUSTER_SCHEDULING_POLICY_SPREAD = 1
 DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
@@ -66,7 +67,8 @@ class _ClusterDim(ctypes.Structure):
 
 class _LaunchAttributeValue(ctypes.Union):
     _fields_ = [("pad", ctypes.c_char * 64), ("clusterDim", _ClusterDim),
-                ("clusterSchedulingPolicyPreference", ctypes.c_int)]
+                ("clusterSchedulingPolicyPreference", ctypes.c_int),
+                ("programmaticStreamSerializationAllowed", ctypes.c_int)]
 
 
 class LaunchAttribute(ctypes.Structure):
@@ -81,22 +83,33 @@ class LaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
 
-def launch_config(block: int, shared: int, cluster: int = 1, spread: bool = True) -> LaunchConfig:
+def launch_config(block: int, shared: int, cluster: int = 1, spread: bool = True, pdl: bool = False) -> LaunchConfig:
     """A CUlaunchConfig for 1-D grids of `block` threads with a (cluster, 1, 1) cluster attribute
-    (plus the spread scheduling preference triton's launcher asks for) when cluster > 1. The
+    (plus the spread scheduling preference triton's launcher asks for) when cluster > 1, and with
+    pdl the programmatic stream serialization attribute: the kernel may start while the previous
+    one in the stream finishes, and waits for it (griddepcontrol.wait) before touching memory. The
     attribute array is kept alive on the config object."""
     cfg = LaunchConfig()
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
     cfg.gridDimY = cfg.gridDimZ = 1
     cfg.sharedMemBytes = shared
+    attrs = (LaunchAttribute * 3)()
+    n = 0
     if cluster > 1:
-        attrs = (LaunchAttribute * 2)()
         attrs[0].id = LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
         attrs[0].value.clusterDim.x, attrs[0].value.clusterDim.y, attrs[0].value.clusterDim.z = cluster, 1, 1
-        attrs[1].id = LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
-        attrs[1].value.clusterSchedulingPolicyPreference = CLUSTER_SCHEDULING_POLICY_SPREAD
+        n = 1
+        if spread:
+            attrs[1].id = LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+            attrs[1].value.clusterSchedulingPolicyPreference = CLUSTER_SCHEDULING_POLICY_SPREAD
+            n = 2
+    if pdl:
+        attrs[n].id = LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attrs[n].value.programmaticStreamSerializationAllowed = 1
+        n += 1
+    if n:
         cfg.attrs = ctypes.cast(attrs, ctypes.POINTER(LaunchAttribute))
-        cfg.numAttrs = 2 if spread else 1
+        cfg.numAttrs = n
         cfg._keep = attrs
     return cfg
 

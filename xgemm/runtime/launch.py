@@ -10,7 +10,9 @@ size (> 8 CTAs, e.g. 16) are opted into with cuFuncSetAttribute.
 
 Launching: grid x = clusters * num_ctas CTAs of 32 * num_warps threads, the cluster-dimension
 attribute (num_ctas, 1, 1) and a spread cluster scheduling preference (as triton's own launcher),
-on the caller's stream. Triton kernels take two trailing pointers (global and profile scratch):
+on the caller's stream; with programmatic dependent launch where the entry's compile options ask
+for it (launch_pdl: the kernel waits for its predecessor with griddepcontrol.wait, so its launch
+overlaps the previous kernel's tail). Triton kernels take two trailing pointers (global and profile scratch):
 null when their size is 0, else a stream-ordered allocation of grid * num_ctas * size bytes.
 
 Per-call cost: one struct.pack_into into a prebuilt parameter block, two field writes into a
@@ -107,7 +109,8 @@ class Launcher:
         self._module, self._func, self.num_regs, self.local_bytes = d.load_kernel(
             cubin, self.name, device, self.shared, self.num_ctas)
 
-        self._config = d.launch_config(32 * self.num_warps, self.shared, self.num_ctas)
+        self.pdl = bool(meta.get("options", {}).get("launch_pdl", False))
+        self._config = d.launch_config(32 * self.num_warps, self.shared, self.num_ctas, pdl=self.pdl)
         self._config_ref = ctypes.byref(self._config)
         self._launch = d.launcher()
         self._check = d.check
