@@ -39,6 +39,8 @@ def test_ptx_wgmma_from_cp_async_and_a_dsmem_sum(built, cfg):
     assert re.search(rf"\.reqnctapercluster\s+{cfg.split}\b", ptx)
     assert ptx.count("barrier.cluster.arrive") >= 2       # partials ready; buffers kept alive
     assert ptx.count("mapa.shared::cluster") == cfg.split  # one window per source CTA
+    wait = ptx.index("griddepcontrol.wait")                # PDL: every global access after it
+    assert "cp.async" not in ptx[:wait] and "ld.global" not in ptx[:wait] and "st.global" not in ptx[:wait]
     assert "ld.shared::cluster.v4.f32" in ptx
     assert "%cluster_ctarank" in ptx
 
@@ -51,6 +53,11 @@ def test_streamk_ptx_one_wave_parts_through_global_memory(built):
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16", ptx)
     assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)
     assert "reqnctapercluster" not in ptx and "mapa" not in ptx and "barrier.cluster" not in ptx
+    # programmatic dependent launch: no global access before the wait for the previous kernel
+    wait = ptx.index("griddepcontrol.wait")
+    assert "ld.global" not in ptx[:wait] and "cp.async" not in ptx[:wait] and "st.global" not in ptx[:wait]
+    assert ptx.count("griddepcontrol.launch_dependents") == 1
+    assert built[BF16_SK][1].meta["options"]["launch_pdl"]
     atoms = re.findall(r"atom\.global\.[a-z0-9_.]+", ptx)
     assert atoms == ["atom.global.gpu.acq_rel.add.u32"], atoms
     assert "ld.global.cg" in ptx
@@ -171,6 +178,7 @@ def test_cuda_lowering_launches_the_cluster_cubin(built):
     call = _launch_line(64, 4096, 4096)
     assert 'kernel = "xgemm_splitk_sm90"' in call and "cluster = dense<[2, 1, 1]>" in call
     assert "grid = dense<[128, 1, 1]>" in call           # 64 tiles x 2 CTAs
+    assert "block = dense<[128, 1, 1, 1]>" in call       # 128 threads; flags 1: programmatic dependent launch
 
 
 def test_cuda_lowering_of_streamk_passes_scratch_and_zeroed_flags(built):

@@ -255,6 +255,7 @@ def _define():
         warpgroup_mma,
         warpgroup_mma_wait,
     )
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @gluon.jit
     def _load_stage(a_ptr, b_ptr, a_slot, b_slot, am, ak, bn, bk, M, N, K, lda, ldb, k0, valid,
@@ -306,6 +307,7 @@ def _define():
         am = off_m + gl.arange(0, BM, gl.SliceLayout(1, A_LOAD))
         ak = gl.arange(0, BK, gl.SliceLayout(0, A_LOAD))
 
+        gdc_wait()      # launched with PDL: the previous kernel's writes are visible from here on
         for i in gl.static_range(STAGES - 1):
             _load_stage(a_ptr, b_ptr, a_smem.index(i), b_smem.index(i), am, ak, bn, bk, M, N, K, lda, ldb,
                         (kb0 + i) * BK, i < n_local, B_KMAJOR)
@@ -329,6 +331,7 @@ def _define():
             acc = warpgroup_mma(a_smem.index(s), b_op, acc, is_async=True)
             acc, _, _ = warpgroup_mma_wait(0, deps=[acc, a_smem.index(s), b_smem.index(s)])
         async_copy.wait_group(0)                # no copy may land after the CTA's exit
+        gdc_launch_dependents()                 # the next kernel may start its prologue
 
         # split-K sum through distributed shared memory (see the module notes)
         # (the compiler may place this buffer over the drained stage slots: every warp's last
@@ -420,6 +423,7 @@ def _define():
         am = gl.arange(0, BM, gl.SliceLayout(1, A_LOAD))
         ak = gl.arange(0, BK, gl.SliceLayout(0, A_LOAD))
 
+        gdc_wait()                              # as in xgemm_splitk_sm90
         for i in gl.static_range(STAGES - 1):
             t = (start + i) // kbl
             _load_stage(a_ptr, b_ptr, a_smem.index(i), b_smem.index(i), am, ak, bn + t * BN, bk, M, N, K, lda, ldb,
@@ -453,6 +457,7 @@ def _define():
                 _segment_done(acc, d_ptr, ws_ptr, flag_ptr, c, G, start, tile, kbl, units, M, N, ldd, alpha, rows,
                               cols0, BN)
         async_copy.wait_group(0)                # no copy may land after the CTA's exit
+        gdc_launch_dependents()
 
     return {"xgemm_splitk_sm90": xgemm_splitk_sm90, "xgemm_streamk_sm90": xgemm_streamk_sm90}
 
@@ -510,7 +515,8 @@ def gluon_compile_args(key: str, arch: str):
     attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("a_ptr", "b_ptr", "d_ptr", "ws_ptr", "flag_ptr")
              if p in sig}
     attrs.update({(names.index(p),): [["tt.divisibility", 8]] for p in ("N", "K", "lda", "ldb", "ldd")})
-    options = {"num_warps": WARPS, "num_ctas": cfg.split, "enable_fp_fusion": False}
+    # launch_pdl: launched with programmatic dependent launch (runtime/launch.py reads it here)
+    options = {"num_warps": WARPS, "num_ctas": cfg.split, "enable_fp_fusion": False, "launch_pdl": True}
     kernel = "xgemm_streamk_sm90" if cfg.streamk else "xgemm_splitk_sm90"
     return _define()[kernel], sig, constexprs, attrs, options
 
