@@ -62,6 +62,35 @@ def test_every_gluon_kernel_has_a_source_hash():
     assert all(len(h) == 16 for h in hashes.values()) and len(set(hashes.values())) == len(hashes)
 
 
+def test_a_build_module_alone_keys_the_cubins(tmp_path, monkeypatch):
+    """A kernel with a `<module>_build.py` is hashed from that file only: its policy module's code
+    may change and keep the cubins; the build file's code may not."""
+    import importlib.util
+    import shutil
+    import sys
+
+    pkg = tmp_path / "kpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "k.py").write_text(SOURCE)
+    (pkg / "k_build.py").write_text(SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "module_name", lambda name: f"kpkg.{name}")
+
+    def fresh():
+        gluon_cache._source_hashes.clear()
+        importlib.invalidate_caches()
+        return gluon_cache.source_hash("k")
+    base = fresh()
+    (pkg / "k.py").write_text(SOURCE.replace("return x + 1", "return x + 2"))      # the policy side
+    assert fresh() == base
+    (pkg / "k_build.py").write_text(SOURCE.replace("return x + 1", "return x + 2"))
+    assert fresh() != base
+    shutil.rmtree(pkg / "__pycache__", ignore_errors=True)
+    sys.modules.pop("kpkg", None)
+    gluon_cache._source_hashes.clear()
+
+
 def test_cute_fingerprint_follows_the_code(tmp_path):
     files = {name: tmp_path / name / "kernel.py" for name in ("plain", "docs", "code")}   # the name counts
     for path in files.values():

@@ -5,7 +5,9 @@ Layout:  <root>/<kernel>-<source hash>-triton<version>/<arch>/<entry>.cubin|.jso
   kernel   a registered Gluon kernel module (gluon_softmax, ...); its source hash covers SCHEMA
            and the module's code: the file without its docstrings, comment lines and blank lines
            (cache.code_text), so an edit of its code (a trailing comment too) starts a new dir: rebuild
-           the cache after it; an edit of its docs keeps the cubins
+           the cache after it; an edit of its docs keeps the cubins. A kernel with a
+           `<module>_build.py` (gluon_splitk_sm90) is compiled from that file, and only it is hashed:
+           its policy, in the module itself, changes without orphaning the cubins
   entry    the kernel's entry key with "/" -> "~", e.g. gluon_softmax~fp32-fp32~n4096-m8-w16-c1-v4-a4-o0
 
 The JSON holds: key, kernel, name (the cubin's entry), arch, num_warps, num_ctas, shared (dynamic
@@ -85,9 +87,13 @@ def cache_root() -> Path:
 
 
 def source_hash(kernel: str) -> str:
-    """sha256 of the kernel module's file and SCHEMA, read without importing the module."""
+    """sha256 of the code text of the file the kernel is compiled from and SCHEMA, read without
+    importing it: `<module>_build.py` where the kernel has one (the kernels and their compile
+    arguments, apart from the policy in `<module>.py`, whose edits then keep the cubins), else the
+    kernel module itself."""
     if kernel not in _source_hashes:
-        spec = importlib.util.find_spec(registry.module_name(kernel))
+        name = registry.module_name(kernel)
+        spec = importlib.util.find_spec(name + "_build") or importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             raise KernelUnavailableError(f"Gluon kernel {kernel!r}: module {registry.module_name(kernel)} is not installed")
         h = hashlib.sha256(f"xgemm-gluon-schema-{SCHEMA}\n".encode())
