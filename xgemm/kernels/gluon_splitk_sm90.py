@@ -154,8 +154,8 @@ def tune_configs(in_dtype: str, out_dtype: str, b_kmajor: bool) -> List[Config]:
 
 def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
     """sm_90a: {fp16, bf16} in x {same, fp32} out x B {N-major, K-major} x every (tile, split) the
-    policy can pick: 11 each, 88 in all (tune=True: every TUNE tile at every split); none for other
-    archs."""
+    policy can pick: 11 each, 88 in all (tune=True: every TUNE tile at every split and every
+    STREAMK_TUNE tile); none for other archs."""
     if arch != "sm_90a":
         return []
     keys = []
@@ -234,7 +234,8 @@ class GluonSplitkSm90(PointerGemm):
         return dataclasses.replace(pol, notes=pol.notes + (note,))
 
     def candidate_policies(self, problem) -> List[Policy]:
-        """Every TUNE tile at every split (benchmarks/gemm_tc.py --sweep-set splitk times them)."""
+        """Every TUNE tile at every split and every STREAMK_TUNE tile (benchmarks/gemm_tc.py
+        --sweep-set splitk times them)."""
         return [policy_of(c) for c in tune_configs(*self._dtypes_of(problem))]
 
     # -- run / bind: PointerGemm around _resolve --------------------------------------------------
