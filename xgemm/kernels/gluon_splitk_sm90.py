@@ -245,13 +245,12 @@ class GluonSplitkSm90(PointerGemm):
         cfg = config_of(policy, operands[0].dtype, out.dtype, problem.b.majorness == COL)
         if not cfg.streamk:
             return super().run(problem, policy, operands, out, stream)
-        sms = sm_count(problem.device.index)
-        elems, flags = streamk_workspace(problem.m, problem.n, cfg, streamk_grid(problem.n, problem.k, cfg, sms))
-        buffers = workspace.split_k(problem.device, stream, elems, flags)
-        if buffers is None:
-            cluster = _choose_cluster(problem.m, problem.n, problem.k, *self._dtypes_of(problem), sms=sms)
-            return super().run(problem, policy_of(cluster), operands, out, stream)
         launcher, grid, args = self._resolve(problem, policy, operands[0], operands[1], out)
+        buffers = workspace.split_k(problem.device, stream, *streamk_workspace(problem.m, problem.n, cfg, grid))
+        if buffers is None:
+            cluster = _choose_cluster(problem.m, problem.n, problem.k, *self._dtypes_of(problem),
+                                      sms=sm_count(problem.device.index))
+            return super().run(problem, policy_of(cluster), operands, out, stream)
         launcher(grid, stream, operands[0].ptr, operands[1].ptr, out.ptr, buffers[0].ptr, buffers[1].ptr, *args)
 
     def bind(self, problem, policy, operands, out):
