@@ -54,9 +54,11 @@ Stream-K (xgemm_streamk_sm90, M <= 64)
   (every resident slot, two 96 KB CTAs an SM) runs units [c * units / G, (c + 1) * units / G): the
   same mainloop, its loads running on across tile boundaries. A tile a CTA runs whole is stored
   from registers. A part of a tile goes to the CTA's slot in a float32 workspace (two M x BN slots
-  a CTA: the part its range starts with, the one it ends with); after a CTA barrier, one thread's
-  acq_rel atomic counts the tile's arrivals, and the last CTA to arrive sums every part in CTA
-  order (deterministic), stores the tile and sets the flag back to zero. No CTA waits on another.
+  a CTA: the part its range starts with, the one it ends with) as soon as it is done, and the
+  mainloop runs on. At the end of its range, after a CTA barrier, one thread's acq_rel atomic a
+  part counts the tile's arrivals, and the last CTA to arrive sums every part in CTA order
+  (deterministic; four parts' loads in flight, in a layout of M's rows only), stores the tile and
+  sets the flag back to zero. No CTA waits on another.
   Workspace and flags: per stream eagerly (runtime/workspace.py), XLA scratch and zero-filled
   flags under jit.
 """
@@ -234,41 +236,59 @@ def _define():
         return ((unit + 1) * G - 1) // units
 
     @gluon.jit
-    def _segment_done(acc, d_ptr, ws_ptr, flag_ptr, c, G, start, tile, kbl, units, M, N, ldd, alpha, rows, cols0,
-                      BN: gl.constexpr):
-        # acc holds this CTA's sum over its units of `tile`: store it, or leave it in the workspace
-        # and let the tile's last-arriving CTA sum every part in CTA order (the order is fixed: the
-        # result does not depend on which CTA arrives last)
+    def _store_segment(acc, d_ptr, ws_ptr, c, G, start, tile, kbl, units, M, N, ldd, alpha, rows, cols0,
+                       BN: gl.constexpr):
+        # acc holds this CTA's sum over its units of `tile`: a tile it ran whole is stored; a part
+        # goes to one of the CTA's two workspace slots (0: the part its range starts with, 1: the
+        # one it ends with) without waiting, so the mainloop runs on (_arrive counts it at the end)
+        t0 = tile * kbl
+        cols = tile * BN + cols0
+        if _cta_of(t0, G, units) == _cta_of(t0 + kbl - 1, G, units):
+            out_mask = (rows < M)[:, None] & (cols < N)[None, :]
+            gl.store(d_ptr + rows.to(gl.int64)[:, None] * ldd + cols[None, :], (acc * alpha).to(d_ptr.dtype.element_ty),
+                     mask=out_mask)
+        else:
+            ws_mask = (rows < M)[:, None] & (cols0 < BN)[None, :]
+            slot = 2 * c + (start < t0).to(gl.int32)
+            gl.store(ws_ptr + slot.to(gl.int64) * M * BN + rows[:, None] * BN + cols0[None, :], acc, mask=ws_mask)
+
+    @gluon.jit
+    def _arrive(d_ptr, ws_ptr, flag_ptr, G, tile, kbl, units, M, N, ldd, alpha, BN: gl.constexpr,
+                SUM: gl.constexpr):
+        # after a CTA barrier (every thread's part is stored): count this CTA's part of a shared
+        # tile; the last CTA to arrive sums every part in CTA order (a fixed order: the result does
+        # not depend on which CTA arrives last), four parts' loads in flight at a time, 16 rows at
+        # a time in a layout of M's rows only (the wgmma layout holds 64)
         t0 = tile * kbl
         first = _cta_of(t0, G, units)
         last = _cta_of(t0 + kbl - 1, G, units)
-        cols = tile * BN + cols0
-        out_mask = (rows < M)[:, None] & (cols < N)[None, :]
-        out_ptrs = d_ptr + rows.to(gl.int64)[:, None] * ldd + cols[None, :]
-        if first == last:
-            gl.store(out_ptrs, (acc * alpha).to(d_ptr.dtype.element_ty), mask=out_mask)
-        else:
-            # two slots a CTA: 0 for the part its range starts with, 1 for the one it ends with
-            ws_off = rows[:, None] * BN + cols0[None, :]
-            ws_mask = (rows < M)[:, None] & (cols0 < BN)[None, :]
-            slot = 2 * c + (start < t0).to(gl.int32)
-            gl.store(ws_ptr + slot.to(gl.int64) * M * BN + ws_off, acc, mask=ws_mask)
-            gl.barrier()                        # every thread's part is stored before the release
+        if first != last:
             arrived = gl.atomic_add(flag_ptr + tile, 1, sem="acq_rel", scope="gpu")
             if arrived == last - first:
-                total = gl.zeros_like(acc)
-                for src in range(first, last + 1):
-                    s_slot = 2 * src + ((src * units // G) < t0).to(gl.int32)
-                    total += gl.load(ws_ptr + s_slot.to(gl.int64) * M * BN + ws_off, mask=ws_mask, other=0.0,
-                                     cache_modifier=".cg")
+                ROWS: gl.constexpr = 16
+                r = gl.arange(0, ROWS, gl.SliceLayout(1, SUM))
+                cc = gl.arange(0, BN, gl.SliceLayout(0, SUM))
+                cols = tile * BN + cc
+                for r0 in range(0, M, ROWS):
+                    rows = r0 + r
+                    ws_off = rows[:, None] * BN + cc[None, :]
+                    mask = (rows < M)[:, None] & (cc < BN)[None, :]
+                    total = gl.zeros([ROWS, BN], gl.float32, SUM)
+                    for s0 in range(first, last + 1, 4):
+                        for j in gl.static_range(4):
+                            src = gl.minimum(s0 + j, last)          # past `last`: masked off
+                            slot = 2 * src + ((src * units // G) < t0).to(gl.int32)
+                            total += gl.load(ws_ptr + slot.to(gl.int64) * M * BN + ws_off, mask=mask & (s0 + j <= last),
+                                             other=0.0, cache_modifier=".cg")
+                    gl.store(d_ptr + rows.to(gl.int64)[:, None] * ldd + cols[None, :],
+                             (total * alpha).to(d_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
                 gl.store(flag_ptr + tile, 0)    # the flags stay zero between launches
-                gl.store(out_ptrs, (total * alpha).to(d_ptr.dtype.element_ty), mask=out_mask)
 
     @gluon.jit
     def xgemm_streamk_sm90(a_ptr, b_ptr, d_ptr, ws_ptr, flag_ptr, M, N, K, lda, ldb, ldd, alpha,
                            BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr,
                            A_SMEM: gl.constexpr, B_SMEM: gl.constexpr, A_LOAD: gl.constexpr, B_LOAD: gl.constexpr,
-                           ACC: gl.constexpr):
+                           ACC: gl.constexpr, SUM: gl.constexpr):
         BM: gl.constexpr = 64                   # M <= 64: one row of tiles
         dtype: gl.constexpr = a_ptr.dtype.element_ty
         G = gl.num_programs(0)
@@ -321,10 +341,18 @@ def _define():
             acc = warpgroup_mma(a_smem.index(s), b_op, acc, use_acc=(kb > 0) & (i > 0), is_async=True)
             acc, _, _ = warpgroup_mma_wait(0, deps=[acc, a_smem.index(s), b_smem.index(s)])
             if (kb == kbl - 1) | (i == n_local - 1):
-                _segment_done(acc, d_ptr, ws_ptr, flag_ptr, c, G, start, tile, kbl, units, M, N, ldd, alpha, rows,
-                              cols0, BN)
+                _store_segment(acc, d_ptr, ws_ptr, c, G, start, tile, kbl, units, M, N, ldd, alpha, rows, cols0, BN)
         async_copy.wait_group(0)                # no copy may land after the CTA's exit
         gdc_launch_dependents()
+        # the arrivals wait for the end of the CTA's stream: a part's count and sum mid-run stalled
+        # the mainloop behind an atomic's round trip and the sum's loads
+        gl.barrier()                            # every thread's parts are stored before the release
+        if n_local > 0:
+            t_first = start // kbl
+            t_last = (start + n_local - 1) // kbl
+            _arrive(d_ptr, ws_ptr, flag_ptr, G, t_first, kbl, units, M, N, ldd, alpha, BN, SUM)
+            if t_last != t_first:
+                _arrive(d_ptr, ws_ptr, flag_ptr, G, t_last, kbl, units, M, N, ldd, alpha, BN, SUM)
 
     return {"xgemm_splitk_sm90": xgemm_splitk_sm90, "xgemm_streamk_sm90": xgemm_streamk_sm90}
 
@@ -375,6 +403,10 @@ def gluon_compile_args(key: str, arch: str):
     if cfg.streamk:
         for name in ("SPLIT", "RED_SMEM", "OUT"):
             del constexprs[name]
+        # the last CTA's sum of a tile's parts: [16, BN] rows, 4 consecutive fp32 a thread (v4 loads)
+        tpc = min(32, cfg.bn // 4)
+        from triton.experimental.gluon import language as gl
+        constexprs["SUM"] = gl.BlockedLayout([1, 4], [32 // tpc, tpc], [WARPS, 1], [1, 0])
     sig.update({k: "constexpr" for k in constexprs})
     # 16-byte bases; N, K and the leading strides multiples of 8 elements: 16-byte cp.async vectors
     # (the masks of N and K tails must be constant over each 8-element vector)
