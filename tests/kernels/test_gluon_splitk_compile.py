@@ -47,8 +47,8 @@ def test_ptx_wgmma_from_cp_async_and_a_dsmem_sum(built, cfg):
 
 def test_streamk_ptx_one_wave_parts_through_global_memory(built):
     """The stream-K kernel: the same cp.async + wgmma mainloop, no cluster; a part left for the
-    tile's last CTA is released by one acq_rel atomic a tile (after a CTA barrier) and read back
-    past L1 (ld.global.cg: another SM wrote it)."""
+    tile's last CTA is released by one acq_rel atomic a part (after a CTA barrier, past the
+    mainloop) and read back past L1 (ld.global.cg: another SM wrote it)."""
     ptx = built[BF16_SK][0].asm["ptx"]
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16", ptx)
     assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)
@@ -58,9 +58,12 @@ def test_streamk_ptx_one_wave_parts_through_global_memory(built):
     assert "ld.global" not in ptx[:wait] and "cp.async" not in ptx[:wait] and "st.global" not in ptx[:wait]
     assert ptx.count("griddepcontrol.launch_dependents") == 1
     assert built[BF16_SK][1].meta["options"]["launch_pdl"]
+    # one atomic for the part a CTA's range starts with, one for the part it ends with, both after
+    # its mainloop (none inside it: the parts are stored without waiting)
     atoms = re.findall(r"atom\.global\.[a-z0-9_.]+", ptx)
-    assert atoms == ["atom.global.gpu.acq_rel.add.u32"], atoms
-    assert "ld.global.cg" in ptx
+    assert atoms == ["atom.global.gpu.acq_rel.add.u32"] * 2, atoms
+    assert ptx.index("atom.global") > ptx.rindex("wgmma.mma_async")
+    assert ptx.count("ld.global.cg.v4.b32") >= 4          # the sum: four parts' 16-byte loads in flight
     meta = built[BF16_SK][1].meta
     assert meta["num_ctas"] == 1 and meta["shared"] <= sk.SMEM_LIMIT // 2     # two CTAs an SM
     assert [p["name"] for p in meta["params"]][:5] == ["a_ptr", "b_ptr", "d_ptr", "ws_ptr", "flag_ptr"]
@@ -92,8 +95,13 @@ def test_the_cluster_policy_fills_the_sms():
     # decode M: 128-column tiles split in two where 64-column ones would run unsplit
     assert _pick(1, 8192, 28672) == _pick(16, 8192, 8192) == (128, 128, 4, 2)
     assert _pick(64, 8192, 28672) == (64, 128, 4, 1)
-    # decode M: a split of 4 doubles where its CTAs fit two an SM (24 tiles x 8 = 192 <= 264)
+    # decode M: a split of 4 doubles where its 8-CTA clusters fit the GPCs two CTAs an SM (24 tiles
+    # <= 30 clusters; 32 tiles would take two waves)
     assert _pick(1, 1536, 7168) == _pick(16, 1536, 24576) == (64, 64, 6, 8)
+    assert _pick(1, 2048, 8192) == (64, 64, 6, 4)
+    assert sk.resident_clusters(sk.Config("bfloat16", "bfloat16", 64, 64, 6, 8, False)) == 30
+    assert sk.resident_clusters(sk.Config("bfloat16", "bfloat16", 64, 128, 4, 4, False)) == 31
+    assert sk.resident_clusters(sk.Config("bfloat16", "bfloat16", 64, 64, 6, 2, False)) == 132
     assert _pick(64, 1536, 7168) == (64, 64, 6, 4) and _pick(1, 1536, 1024) == (64, 64, 6, 4)
     # decode M, 64-column tiles split in two: 128 columns split 8 where those CTAs are at most 1.5
     # an SM (20 or 24 tiles x 8), else 256-deep K tiles (32 tiles x 8 = 256 CTAs ran slower)
@@ -103,11 +111,12 @@ def test_the_cluster_policy_fills_the_sms():
     for cfg in sk.tune_configs("bfloat16", "bfloat16", False):
         cfg.check()
     keys = sk.gluon_entries("sm_90a")
-    assert len(keys) == len(set(keys)) == 88 and not sk.gluon_entries("sm_100a")
+    assert len(keys) == len(set(keys)) == 104 and not sk.gluon_entries("sm_100a")
     for i in sk.IN_DTYPES:           # every config the policy can pick is in the default build
         for m, n, k in [(64, 8192, 8192), (64, 4096, 4096), (64, 2048, 8192), (64, 16384, 4096), (1, 1024, 1024),
                         (8, 1024, 65536), (1, 18432, 7168), (1, 8192, 28672), (1, 1536, 7168),
-                        (1, 3072, 8192), (1, 4096, 14336)]:
+                        (1, 3072, 8192), (1, 4096, 14336), (1, 7168, 18432), (1, 1024, 8192), (1, 5120, 8192),
+                        (1, 3584, 8192)]:
             assert sk.choose(m, n, k, i, "float32", True, 132).key in keys
 
 
@@ -119,7 +128,7 @@ def test_streamk_where_the_cluster_split_leaves_sms_idle():
     for m, n, k in [(1, 18432, 7168), (16, 18432, 7168), (1, 20224, 4096), (4, 16896, 8192)]:
         cfg = pick(m, n, k)
         assert cfg.streamk and (cfg.bn, cfg.bk, cfg.stages, cfg.split) == (*sk.STREAMK, 1), (m, n, k)
-    for m, n, k in [(1, 24576, 1536), (8, 28672, 8192), (1, 2560, 8192), (1, 18432, 2048), (64, 18432, 7168),
+    for m, n, k in [(1, 24576, 1536), (8, 28672, 8192), (1, 18432, 2048), (64, 18432, 7168),
                     (1, 8192, 28672), (16, 8192, 8192), (64, 4096, 4096), (1, 57344, 8192)]:
         assert not pick(m, n, k).streamk, (m, n, k)
     # one wave: two 96 KB CTAs an SM; fewer where a CTA would run under MIN_UNITS units
@@ -130,6 +139,32 @@ def test_streamk_where_the_cluster_split_leaves_sms_idle():
     assert sk.streamk_workspace(4, 18432, wide, 264) == (2 * 264 * 4 * 128, 144)
     assert sk.Config.from_key(wide.key) == wide and wide.key.endswith("-t1")
     assert sk.KERNEL.policy(_problem(1, 18432, 7168)).schedule == "stream-k"
+
+
+def test_decode_keeps_more_of_b_in_flight_where_the_cluster_split_cannot():
+    """Decode M past WIDE: a split of 1-2 with a CTA on (nearly) every SM stays; 64-column 96 KB
+    tiles split to fill the resident slots where they fill most of them; CTAs with short parts
+    stay; else stream-K, its narrow tile where the WIDE tile's grid would shrink to one CTA an SM."""
+    def pick(m, n, k):
+        c = sk.choose(m, n, k, "bfloat16", "bfloat16", False, 132)
+        return (c.bn, c.bk, c.stages, "sk" if c.streamk else c.split)
+    # balanced: 128 CTAs of one deep tile an SM
+    assert pick(1, 4096, 4096) == pick(1, 4096, 14336) == (64, 256, 3, 2)
+    assert pick(1, 8192, 8192) == pick(16, 8192, 8192) == (128, 128, 4, 2)
+    # FILL: 112 tiles x 2 = 224 of 264 slots; 56 x 4 = 224; 48 x 4 = 192 (split 4: 70% suffices)
+    assert pick(1, 7168, 18432) == pick(16, 7168, 16384) == (64, 64, 6, 2)
+    assert pick(1, 3584, 8192) == pick(1, 3072, 3072) == (64, 64, 6, 4)
+    assert pick(1, 6144, 8192) == (128, 64, 4, "sk")           # 96 x 2 = 192 of 264 at split 2: no
+    # short parts stay (a CTA streams under MIN_PART bytes of B)
+    assert pick(1, 1024, 4096) == pick(1, 576, 7168) == (64, 64, 6, 8)
+    assert pick(1, 1536, 7168) == (64, 64, 6, 8)               # FILL itself: 24 x 8 = 192
+    # stream-K: the narrow tile where the WIDE tile's 2048 units would run on 132 CTAs
+    assert pick(1, 1024, 8192) == pick(1, 2048, 8192) == pick(16, 1024, 8192) == (64, 256, 3, "sk")
+    assert pick(1, 5120, 8192) == pick(1, 2560, 8192) == pick(1, 2048, 16384) == (128, 64, 4, "sk")
+    # past decode M the cluster split's pick stands
+    for m, n, k in [(64, 7168, 18432), (64, 2048, 8192), (32, 1024, 8192)]:
+        args = (m, n, k, "bfloat16", "bfloat16", False, 132)
+        assert sk.choose(*args) == sk._choose_cluster(*args), (m, n, k)
 
 
 def test_sm_fill_counts_a_wave_of_resident_ctas():

@@ -38,10 +38,20 @@ DECODE_M = 16             # M up to this: 128-column tiles split in two rather t
 DEEP = (256, 3)           # (bk, stages) of a 64-column tile split in two at decode M
 OVERFILL = 1.5            # decode CTAs per SM a split of 8 may reach where two fit an SM
 STREAMK = (128, 64, 4)    # (bn, bk, stages) of the stream-K kernel: 96 KB, two CTAs an SM
+STREAMK_NARROW = (64, 256, 3)   # ... where that tile's grid would shrink: 192 KB, one CTA an SM
 STREAMK_TUNE = ((128, 64, 4), (64, 128, 4), (128, 128, 4), (64, 256, 3))
 STREAMK_BELOW = 0.7       # decode M: stream-K where WIDE's tiles fill under this share of the resident slots
 STREAMK_MIN_KB = 64       # ... and each tile runs this many K blocks or more (a CTA's part is long)
 MIN_UNITS = 8             # (tile, K block) units a stream-K CTA runs at least, where the grid may shrink
+BALANCED = 0.95           # decode M: a split of 1-2 whose CTAs fill this share of the SMs, one each, stays
+MIN_PART = 128 * 1024     # decode M: cluster CTAs streaming fewer bytes of B than this stay (stream-K's
+                          # fixed cost, ~1.3 us more, does not pay)
+FILL = (64, 64, 6)        # (bn, bk, stages) of 64-column tiles split to fill the resident slots, two
+                          # 96 KB CTAs an SM ...
+FILL_AT = 0.78            # ... where the split's CTAs fill this share of the slots,
+FILL_AT_4 = 0.7           # or this share with a split of 4 or 8 (shorter parts)
+CLUSTERS = {4: 62, 8: 30}  # 4- and 8-CTA clusters of two-an-SM CTAs the H200 holds at once (a cluster
+                           # fits in one GPC; cuOccupancyMaxActiveClusters, docs/performance.md), per 132 SMs
 
 
 def _tiles(m: int, n: int, bn: int) -> int:
@@ -52,6 +62,16 @@ def _tiles(m: int, n: int, bn: int) -> int:
 def resident_per_sm(cfg: Config) -> int:
     """CTAs of this config one SM holds at once (shared memory decides; at most two)."""
     return max(1, min(2, SMEM_LIMIT // cfg.smem_bytes()))
+
+
+def resident_clusters(cfg: Config, sms: int = H200_SMS) -> int:
+    """Clusters of this config resident at once: a cluster must fit in one GPC, so 4- and 8-CTA
+    clusters number fewer than SMs x resident / split (30, not 33, of 8 at two CTAs an SM on the
+    H200; about half at one)."""
+    per_sm = resident_per_sm(cfg)
+    if cfg.split not in CLUSTERS:
+        return sms * per_sm // cfg.split
+    return CLUSTERS[cfg.split] * sms * per_sm // (2 * H200_SMS)
 
 
 def sm_fill(m: int, n: int, cfg: Config, sms: int = H200_SMS) -> float:
@@ -90,23 +110,71 @@ def _tile(bn: int, split: int) -> Tuple[int, int]:
     return TILES[bn][0 if split <= 2 else 1]
 
 
+def part_bytes(k: int, cfg: Config) -> int:
+    """Bytes of B (16-bit) one CTA of a cluster config streams."""
+    return -(-k // cfg.split) * cfg.bn * 2
+
+
 def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool,
            sms: int = H200_SMS) -> Config:
-    """The cluster split's pick (_choose_cluster), or at decode M (<= 16) the stream-K kernel where
-    that pick is WIDE with tiles for under STREAMK_BELOW of the resident slots and K of
-    STREAMK_MIN_KB blocks or more. There most SMs run one WIDE CTA, and one 96 KB CTA's loads in
-    flight do not keep an SM's share of DRAM busy: 1 x 18432 x 7168 (144 tiles) ran 80.4 us WIDE and
-    67.1 us stream-K (264 CTAs), cuBLAS 63.9; 1 x 20480 x 4096 (160) 47.8 and 46.4. With more tiles or
-    shorter K the parts' sums cost more than they gain: 1 x 24576 x 1536 (192 tiles) 21.7 us WIDE,
-    24.8 stream-K; 8 x 28672 x 8192 (224) 110.8 and 116.1 (H200, gemm_tc.py --sweep-set splitk,
-    docs/performance.md, "Session 23")."""
+    """The cluster split's pick (_choose_cluster), or at decode M (<= 16) the config that keeps
+    more of B in flight where that pick leaves SMs idle or streams too little per SM. In order:
+    - WIDE (a 128-column tile for every SM) with tiles for under STREAMK_BELOW of the resident
+      slots and K of STREAMK_MIN_KB blocks or more: stream-K. Most SMs would run one WIDE CTA:
+      1 x 18432 x 7168 (144 tiles) ran 80.4 us WIDE, 67.1 stream-K, cuBLAS 63.9. With more tiles
+      or shorter K the parts' sums cost more: 1 x 24576 x 1536 (192 tiles) 21.7 WIDE, 24.8.
+    - A split of 1-2 whose CTAs fill BALANCED of the SMs, one each, stays: its deep tiles ran
+      3-14% ahead of stream-K (1 x 4096 x 4096, 1 x 8192 x 8192, 1 x 4096 x 14336).
+    - FILL (64-column 96 KB tiles, two CTAs an SM) at the largest split whose CTAs all fit the
+      resident slots, where they fill FILL_AT of them (FILL_AT_4 at a split of 4-8): 1 x 7168 x
+      18432 split 2 (224 CTAs) 65.1 us, against 70.0 for the cluster pick's 112 CTAs and 70.1
+      stream-K; 1 x 3584 x 8192 split 4 (224) 1.05x cuBLAS, stream-K 0.95x.
+    - CTAs streaming under MIN_PART bytes of B stay (stream-K's fixed cost does not pay).
+    - Else stream-K: the WIDE tile where its grid is two CTAs on every SM, else the narrow one
+      (one 192 KB CTA an SM; the WIDE tile's grid would shrink to one 96 KB CTA an SM). 1 x 5120
+      x 8192: 80 cluster CTAs 33.2 us, stream-K 26.2; 1 x 2048 x 8192 17.7 (split 4) against
+      14.9; 1 x 1024 x 8192 11.2 (split 8) against 10.6; cuBLAS 26.0, 13.6, 10.5.
+    (H200, bf16, B row-major, gemm_tc.py --sweep-set splitk; docs/performance.md, "Session 24".)"""
     cfg = _choose_cluster(m, n, k, in_dtype, out_dtype, b_kmajor, sms)
-    if m <= DECODE_M and (cfg.bn, cfg.bk, cfg.stages, cfg.split) == (*WIDE, 1) \
-            and _tiles(m, n, cfg.bn) < STREAMK_BELOW * sms * resident_per_sm(cfg) and k >= STREAMK_MIN_KB * cfg.bk:
-        sk = Config(in_dtype, out_dtype, *STREAMK, 1, b_kmajor, True)
-        if streamk_units(n, k, sk) * streamk_grid(n, k, sk, sms) < 2 ** 31:
-            return sk
-    return cfg
+    if m > DECODE_M:
+        return cfg
+    tiles = _tiles(m, n, cfg.bn)
+    if (cfg.bn, cfg.bk, cfg.stages, cfg.split) == (*WIDE, 1):
+        if tiles >= STREAMK_BELOW * sms * resident_per_sm(cfg) or k < STREAMK_MIN_KB * cfg.bk:
+            return cfg
+        return _streamk_or(cfg, Config(in_dtype, out_dtype, *STREAMK, 1, b_kmajor, True), n, k, sms)
+    ctas = tiles * cfg.split
+    if cfg.split <= 2 and BALANCED * sms <= ctas <= sms:
+        return cfg
+    fill = _fill_config(m, n, k, in_dtype, out_dtype, b_kmajor, sms)
+    if fill is not None:
+        share = _tiles(m, n, fill.bn) * fill.split / (sms * resident_per_sm(fill))
+        if share >= FILL_AT or (share >= FILL_AT_4 and fill.split >= 4):
+            return fill
+    if part_bytes(k, cfg) < MIN_PART:
+        return cfg
+    wide = Config(in_dtype, out_dtype, *STREAMK, 1, b_kmajor, True)
+    narrow = Config(in_dtype, out_dtype, *STREAMK_NARROW, 1, b_kmajor, True)
+    full = streamk_grid(n, k, wide, sms) == sms * resident_per_sm(wide)
+    return _streamk_or(cfg, wide if full else narrow, n, k, sms)
+
+
+def _fill_config(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool,
+                 sms: int) -> Optional[Config]:
+    """FILL's tiles at the largest split of 2, 4 or 8 whose CTAs all fit the resident slots (and
+    the clusters of 4 or 8 their GPCs), each CTA running 4 K blocks or more; None if none does."""
+    best = None
+    for split in (2, 4, 8):
+        cfg = Config(in_dtype, out_dtype, *FILL, split, b_kmajor)
+        tiles = _tiles(m, n, cfg.bn)
+        if tiles <= resident_clusters(cfg, sms) and k >= 4 * split * cfg.bk:
+            best = cfg
+    return best
+
+
+def _streamk_or(cfg: Config, sk: Config, n: int, k: int, sms: int) -> Config:
+    """sk, unless its units x grid would overflow the kernel's int32 unit arithmetic."""
+    return sk if streamk_units(n, k, sk) * streamk_grid(n, k, sk, sms) < 2 ** 31 else cfg
 
 
 def _choose_cluster(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool,
@@ -134,8 +202,8 @@ def _choose_cluster(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kma
         split = s
     if m <= DECODE_M and bn == 64 and split == 1 and 2 * _tiles(m, n, 128) <= sms and k >= 8 * _tile(128, 2)[0]:
         bn, split = 128, 2
-    if m <= DECODE_M and split == 4 and k >= 4 * 8 * _tile(bn, 8)[0] and tiles * 8 <= sms * resident_per_sm(
-            Config(in_dtype, out_dtype, bn, *_tile(bn, 8), 8, b_kmajor)):
+    if m <= DECODE_M and split == 4 and k >= 4 * 8 * _tile(bn, 8)[0] and tiles <= resident_clusters(
+            Config(in_dtype, out_dtype, bn, *_tile(bn, 8), 8, b_kmajor), sms):
         split = 8       # the second resident CTA of each SM: decode CTAs wait on B's latency
     if m <= DECODE_M and bn == 64 and split == 2:
         wide8 = Config(in_dtype, out_dtype, 128, *_tile(128, 8), 8, b_kmajor)
@@ -154,7 +222,7 @@ def tune_configs(in_dtype: str, out_dtype: str, b_kmajor: bool) -> List[Config]:
 
 def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
     """sm_90a: {fp16, bf16} in x {same, fp32} out x B {N-major, K-major} x every (tile, split) the
-    policy can pick: 11 each, 88 in all (tune=True: every TUNE tile at every split and every
+    policy can pick: 13 each, 104 in all (tune=True: every TUNE tile at every split and every
     STREAMK_TUNE tile); none for other archs."""
     if arch != "sm_90a":
         return []
@@ -167,7 +235,8 @@ def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
                 else:
                     keys += [Config(i, o, bn, *_tile(bn, s), s, bk).key for bn in TILES for s in SPLITS]
                     keys += [Config(i, o, *WIDE, 1, bk).key, Config(i, o, 64, *DEEP, 2, bk).key,
-                             Config(i, o, *STREAMK, 1, bk, True).key]
+                             Config(i, o, *FILL, 2, bk).key, Config(i, o, *STREAMK, 1, bk, True).key,
+                             Config(i, o, *STREAMK_NARROW, 1, bk, True).key]
     return keys
 
 
