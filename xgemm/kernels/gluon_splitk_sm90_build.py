@@ -320,19 +320,26 @@ def _define():
         rows = gl.arange(0, BM, gl.SliceLayout(1, ACC))
         cols0 = gl.arange(0, BN, gl.SliceLayout(0, ACC))
         acc = gl.zeros([BM, BN], gl.float32, ACC)
+        # (tile, K block) of unit i and of unit j = i + STAGES - 1 (the refill), stepped rather than
+        # divided each iteration (two integer divisions by kbl sat in the loop)
+        tile = start // kbl
+        kb = start - tile * kbl
+        tj = (start + STAGES - 1) // kbl
+        kj = start + STAGES - 1 - tj * kbl
         for i in range(n_local):
             s = i % STAGES
-            tile = (start + i) // kbl
-            kb = start + i - tile * kbl
             async_copy.wait_group(STAGES - 2)   # as in xgemm_splitk_sm90's mainloop
             fence_async_shared()
             gl.barrier()
             j = i + STAGES - 1                  # the loads run on across tile boundaries
-            tj = (start + j) // kbl
             sj = j % STAGES
             _load_stage(a_ptr, b_ptr, a_smem.index(sj), b_smem.index(sj), am, ak, bn + tj * BN, bk, M, N, K, lda,
-                        ldb, (start + j - tj * kbl) * BK, j < n_local, B_KMAJOR)
+                        ldb, kj * BK, j < n_local, B_KMAJOR)
             async_copy.commit_group()
+            kj += 1
+            wrap_j = (kj == kbl).to(gl.int32)
+            tj += wrap_j
+            kj -= wrap_j * kbl
             if B_KMAJOR:
                 b_op = b_smem.index(s).permute((1, 0))
             else:
@@ -342,6 +349,10 @@ def _define():
             acc, _, _ = warpgroup_mma_wait(0, deps=[acc, a_smem.index(s), b_smem.index(s)])
             if (kb == kbl - 1) | (i == n_local - 1):
                 _store_segment(acc, d_ptr, ws_ptr, c, G, start, tile, kbl, units, M, N, ldd, alpha, rows, cols0, BN)
+            kb += 1
+            wrap = (kb == kbl).to(gl.int32)
+            tile += wrap
+            kb -= wrap * kbl
         async_copy.wait_group(0)                # no copy may land after the CTA's exit
         gdc_launch_dependents()
         # the arrivals wait for the end of the CTA's stream: a part's count and sum mid-run stalled
