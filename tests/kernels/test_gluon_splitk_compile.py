@@ -111,9 +111,10 @@ def test_the_cluster_policy_fills_the_sms():
     for cfg in sk.tune_configs("bfloat16", "bfloat16", False):
         cfg.check()
     keys = sk.gluon_entries("sm_90a")
-    assert len(keys) == len(set(keys)) == 104 and not sk.gluon_entries("sm_100a")
+    assert len(keys) == len(set(keys)) == 112 and not sk.gluon_entries("sm_100a")
     for i in sk.IN_DTYPES:           # every config the policy can pick is in the default build
         for m, n, k in [(64, 8192, 8192), (64, 4096, 4096), (64, 2048, 8192), (64, 16384, 4096), (1, 1024, 1024),
+                        (1, 576, 7168), (1, 512, 32768),
                         (8, 1024, 65536), (1, 18432, 7168), (1, 8192, 28672), (1, 1536, 7168),
                         (1, 3072, 8192), (1, 4096, 14336), (1, 7168, 18432), (1, 1024, 8192), (1, 5120, 8192),
                         (1, 3584, 8192)]:
@@ -156,8 +157,12 @@ def test_decode_keeps_more_of_b_in_flight_where_the_cluster_split_cannot():
     assert pick(1, 3584, 8192) == pick(1, 3072, 3072) == (64, 64, 6, 4)
     assert pick(1, 6144, 8192) == (128, 64, 4, "sk")           # 96 x 2 = 192 of 264 at split 2: no
     # short parts stay (a CTA streams under MIN_PART bytes of B)
-    assert pick(1, 1024, 4096) == pick(1, 576, 7168) == (64, 64, 6, 8)
+    assert pick(1, 1024, 4096) == (64, 64, 6, 8)
     assert pick(1, 1536, 7168) == (64, 64, 6, 8)               # FILL itself: 24 x 8 = 192
+    # split 8 whose clusters fit one CTA an SM (<= 15 tiles): the 128 KB tile; it stays on 80% of
+    # the SMs (14 tiles x 8 = 112 CTAs) or with parts under 256 KB, else stream-K
+    assert pick(1, 576, 7168) == pick(1, 896, 16384) == pick(1, 832, 12288) == (64, 128, 4, 8)
+    assert pick(1, 768, 16384) == pick(1, 512, 32768) == (64, 256, 3, "sk")
     # stream-K: the narrow tile where the WIDE tile's 2048 units would run on 132 CTAs
     assert pick(1, 1024, 8192) == pick(1, 2048, 8192) == pick(16, 1024, 8192) == (64, 256, 3, "sk")
     assert pick(1, 5120, 8192) == pick(1, 2560, 8192) == pick(1, 2048, 16384) == (128, 64, 4, "sk")

@@ -44,6 +44,10 @@ STREAMK_BELOW = 0.7       # decode M: stream-K where WIDE's tiles fill under thi
 STREAMK_MIN_KB = 64       # ... and each tile runs this many K blocks or more (a CTA's part is long)
 MIN_UNITS = 8             # (tile, K block) units a stream-K CTA runs at least, where the grid may shrink
 BALANCED = 0.95           # decode M: a split of 1-2 whose CTAs fill this share of the SMs, one each, stays
+DEEP_8 = (128, 4)         # (bk, stages) of 64-column tiles split 8 where the clusters fit one CTA an SM
+                          # (128 KB: more of B in flight than the 96 KB tile whose second slot is idle) ...
+DEEP_8_SMS = 0.8          # ... which stays where its CTAs sit on this share of the SMs or stream under
+                          # 2 x MIN_PART bytes of B each
 MIN_PART = 128 * 1024     # decode M: cluster CTAs streaming fewer bytes of B than this stay (stream-K's
                           # fixed cost, ~1.3 us more, does not pay)
 FILL = (64, 64, 6)        # (bn, bk, stages) of 64-column tiles split to fill the resident slots, two
@@ -125,6 +129,10 @@ def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool
       or shorter K the parts' sums cost more: 1 x 24576 x 1536 (192 tiles) 21.7 WIDE, 24.8.
     - A split of 1-2 whose CTAs fill BALANCED of the SMs, one each, stays: its deep tiles ran
       3-14% ahead of stream-K (1 x 4096 x 4096, 1 x 8192 x 8192, 1 x 4096 x 14336).
+    - A split of 8 over 64-column tiles whose clusters fit one CTA an SM takes the 128 KB DEEP_8
+      tile, and stays where its CTAs sit on DEEP_8_SMS of the SMs or stream under 2 x MIN_PART
+      each: 1 x 960 x 7168 1.15x cuBLAS against 1.10x for the 96 KB tile, 1 x 832 x 12288 1.05x
+      against 0.88x stream-K; 1 x 512 x 32768 (64 CTAs, 512 KB each) 0.63x, stream-K 0.88x.
     - FILL (64-column 96 KB tiles, two CTAs an SM) at the largest split whose CTAs all fit the
       resident slots, where they fill FILL_AT of them (FILL_AT_4 at a split of 4-8): 1 x 7168 x
       18432 split 2 (224 CTAs) 65.1 us, against 70.0 for the cluster pick's 112 CTAs and 70.1
@@ -146,6 +154,11 @@ def choose(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kmajor: bool
     ctas = tiles * cfg.split
     if cfg.split <= 2 and BALANCED * sms <= ctas <= sms:
         return cfg
+    deep8 = Config(in_dtype, out_dtype, 64, *DEEP_8, 8, b_kmajor)
+    if cfg.split == 8 and cfg.bn == 64 and tiles <= resident_clusters(deep8, sms):
+        if ctas >= DEEP_8_SMS * sms or part_bytes(k, deep8) < 2 * MIN_PART:
+            return deep8
+        cfg = deep8
     fill = _fill_config(m, n, k, in_dtype, out_dtype, b_kmajor, sms)
     if fill is not None:
         share = _tiles(m, n, fill.bn) * fill.split / (sms * resident_per_sm(fill))
@@ -222,7 +235,7 @@ def tune_configs(in_dtype: str, out_dtype: str, b_kmajor: bool) -> List[Config]:
 
 def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
     """sm_90a: {fp16, bf16} in x {same, fp32} out x B {N-major, K-major} x every (tile, split) the
-    policy can pick: 13 each, 104 in all (tune=True: every TUNE tile at every split and every
+    policy can pick: 14 each, 112 in all (tune=True: every TUNE tile at every split and every
     STREAMK_TUNE tile); none for other archs."""
     if arch != "sm_90a":
         return []
@@ -235,7 +248,8 @@ def gluon_entries(arch: str = "sm_90a", tune: bool = False) -> List[str]:
                 else:
                     keys += [Config(i, o, bn, *_tile(bn, s), s, bk).key for bn in TILES for s in SPLITS]
                     keys += [Config(i, o, *WIDE, 1, bk).key, Config(i, o, 64, *DEEP, 2, bk).key,
-                             Config(i, o, *FILL, 2, bk).key, Config(i, o, *STREAMK, 1, bk, True).key,
+                             Config(i, o, *FILL, 2, bk).key, Config(i, o, 64, *DEEP_8, 8, bk).key,
+                             Config(i, o, *STREAMK, 1, bk, True).key,
                              Config(i, o, *STREAMK_NARROW, 1, bk, True).key]
     return keys
 
