@@ -197,7 +197,7 @@ def _choose_cluster(m: int, n: int, k: int, in_dtype: str, out_dtype: str, b_kma
     tiles * split within the SMs and at least 4 K blocks per CTA. At decode M, 64-column tiles
     left unsplit become 128-column ones split in two: the same CTAs, each reading 256-byte rows of
     B over half of K (1 x 8192 x 28672: 1.02x cuBLAS against 0.95x, docs/performance.md). At decode
-    M a split of 4 becomes 8 where the CTAs fit the SMs two at a time (96 KB tiles): 1 x 1536 x 7168
+    M a split of 4 becomes 8 where its 8-CTA clusters fit the GPCs (resident_clusters): 1 x 1536 x 7168
     ran 0.98x cuBLAS split 8 against 0.82x split 4 (H200, gemm_tc.py --sweep-set splitk). At decode
     M a 64-column split of 2 becomes 128 columns split 8 where those CTAs are at most OVERFILL per
     SM (two resident), else 256-deep K tiles: 1 x 2560 / 3072 x 8192 ran 17.1 / 18.1 us against
