@@ -4,7 +4,8 @@ for Nsight Compute, so xgemm's kernel and a peer's can be profiled the same way.
     ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight \\
         python benchmarks/one_gemm.py --impl xgemm --shape 8192x8192x8192 --dtype bfloat16
 
---impl xgemm | quack | cublas. Inputs are random normal; the result is checked against
+--impl xgemm | quack | cublas; with xgemm, --config (a cute_gemm_sm90 Config) or --splitk (a
+gluon_splitk_sm90 tile, cluster split or stream-K) forces one kernel config. Inputs are random normal; the result is checked against
 torch.matmul (relative Frobenius error < 1e-2) after the profiled call. --fp8 tensor | row | block
 | fast: xgemm.scaled_matmul on e4m3 operands quantized by xgemm.quantize_fp8 (fast: row scales,
 use_fast_accum), or with --impl cublas torch._scaled_mm where it takes the recipe; checked
@@ -26,6 +27,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--config", default="", help="xgemm only: a cute_gemm_sm90 Config as comma-separated "
                     "fields (e.g. 128,192,2,1,1,0,8,0,1), run through the kernel protocol")
+    ap.add_argument("--splitk", default="", help="xgemm only: a gluon_splitk_sm90 tile as bn,bk,stages,split "
+                    "(e.g. 128,128,4,2) or bn,bk,stages,sk for its stream-K kernel, run through the kernel protocol")
     ap.add_argument("--fp8", choices=("tensor", "row", "block", "fast"), default=None)
     args = ap.parse_args()
     m, n, k = (int(v) for v in args.shape.split("x"))
@@ -42,6 +45,18 @@ def main() -> int:
         a, b = x.a[0], x.b[0]
         run, _ = impl_xgemm_config(cfg)(x)
         call = lambda: (run(0), x.out(f"cfg{cfg}", 0))[1]   # noqa: E731
+    elif args.impl == "xgemm" and args.splitk:
+        from _harness import Inputs
+        from gemm_tc import impl_splitk_config
+        from xgemm.kernels import gluon_splitk_sm90 as sk
+        bn, bk, stages, split = args.splitk.split(",")
+        streamk = split == "sk"
+        cfg = sk.Config(args.dtype, args.dtype, int(bn), int(bk), int(stages), 1 if streamk else int(split), False,
+                        streamk)
+        x = Inputs(m, n, k, args.dtype)
+        a, b = x.a[0], x.b[0]
+        run, _ = impl_splitk_config(cfg)(x)
+        call = lambda: (run(0), x.out(f"sk{tuple(cfg)}", 0))[1]   # noqa: E731
     elif args.impl == "xgemm":
         import xgemm
         call = lambda: xgemm.matmul(a, b)          # noqa: E731
