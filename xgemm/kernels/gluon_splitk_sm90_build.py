@@ -231,6 +231,13 @@ def _define():
         gl.barrier(cluster=True)                # peers are done reading this CTA's buffer
 
     @gluon.jit
+    def _next_unit(tile, kb, kbl):
+        # the (tile, K block) after (tile, kb): stepped, not divided, in the mainloop
+        kb += 1
+        wrap = (kb == kbl).to(gl.int32)
+        return tile + wrap, kb - wrap * kbl
+
+    @gluon.jit
     def _cta_of(unit, G, units):
         # the CTA whose range holds `unit` (CTA c runs units [c * units // G, (c + 1) * units // G))
         return ((unit + 1) * G - 1) // units
@@ -322,7 +329,8 @@ def _define():
         acc = gl.zeros([BM, BN], gl.float32, ACC)
         # (tile, K block) of unit i and of unit j = i + STAGES - 1 (the refill), stepped rather than
         # divided each iteration (two integer divisions by kbl sat in the loop)
-        tile = start // kbl
+        t_first = start // kbl
+        tile = t_first
         kb = start - tile * kbl
         tj = (start + STAGES - 1) // kbl
         kj = start + STAGES - 1 - tj * kbl
@@ -336,10 +344,7 @@ def _define():
             _load_stage(a_ptr, b_ptr, a_smem.index(sj), b_smem.index(sj), am, ak, bn + tj * BN, bk, M, N, K, lda,
                         ldb, kj * BK, j < n_local, B_KMAJOR)
             async_copy.commit_group()
-            kj += 1
-            wrap_j = (kj == kbl).to(gl.int32)
-            tj += wrap_j
-            kj -= wrap_j * kbl
+            tj, kj = _next_unit(tj, kj, kbl)
             if B_KMAJOR:
                 b_op = b_smem.index(s).permute((1, 0))
             else:
@@ -349,17 +354,13 @@ def _define():
             acc, _, _ = warpgroup_mma_wait(0, deps=[acc, a_smem.index(s), b_smem.index(s)])
             if (kb == kbl - 1) | (i == n_local - 1):
                 _store_segment(acc, d_ptr, ws_ptr, c, G, start, tile, kbl, units, M, N, ldd, alpha, rows, cols0, BN)
-            kb += 1
-            wrap = (kb == kbl).to(gl.int32)
-            tile += wrap
-            kb -= wrap * kbl
+            tile, kb = _next_unit(tile, kb, kbl)
         async_copy.wait_group(0)                # no copy may land after the CTA's exit
         gdc_launch_dependents()
         # the arrivals wait for the end of the CTA's stream: a part's count and sum mid-run stalled
         # the mainloop behind an atomic's round trip and the sum's loads
         gl.barrier()                            # every thread's parts are stored before the release
         if n_local > 0:
-            t_first = start // kbl
             t_last = (start + n_local - 1) // kbl
             _arrive(d_ptr, ws_ptr, flag_ptr, G, t_first, kbl, units, M, N, ldd, alpha, BN, SUM)
             if t_last != t_first:
@@ -373,8 +374,9 @@ def _define():
 # ----------------------------------------------------------------------------------------------
 
 def _layouts(cfg: Config):
-    """(A, B shared; A, B cp.async; accumulator; split-K buffer; output) layouts. Everything of
-    the mainloop is broadcast over the cluster's CTAs (zero CGA bases); the output splits dim 0."""
+    """(A, B shared; A, B cp.async; accumulator; split-K buffer; output; stream-K sum) layouts.
+    Everything of the mainloop is broadcast over the cluster's CTAs (zero CGA bases); the output
+    splits dim 0."""
     from triton.experimental.gluon import language as gl
     bits = cfg.split.bit_length() - 1
     bcast = [[0, 0] for _ in range(bits)]
@@ -394,7 +396,9 @@ def _layouts(cfg: Config):
     tpc = min(32, cfg.bn // 4)
     out = gl.BlockedLayout([1, 1, 4], [1, 32 // tpc, tpc], [1, WARPS, 1], [2, 1, 0],
                            cga_layout=[[1 << i, 0, 0] for i in range(bits)])
-    return a_smem, b_smem, load(cfg.bk), load(b_block[1]), acc, red, out
+    # the stream-K last CTA's sum of a tile's parts: [16, BN] rows, 4 consecutive fp32 a thread
+    total = gl.BlockedLayout([1, 4], [32 // tpc, tpc], [WARPS, 1], [1, 0])
+    return a_smem, b_smem, load(cfg.bk), load(b_block[1]), acc, red, out, total
 
 
 def gluon_compile_args(key: str, arch: str):
@@ -402,7 +406,7 @@ def gluon_compile_args(key: str, arch: str):
     if arch != "sm_90a":
         raise ValueError(f"{key} is built for sm_90a only, not {arch}")
     cfg.check()
-    a_smem, b_smem, a_load, b_load, acc, red, out = _layouts(cfg)
+    a_smem, b_smem, a_load, b_load, acc, red, out, total = _layouts(cfg)
     it = f"*{_SHORT[cfg.in_dtype]}"
     sig = {"a_ptr": it, "b_ptr": it, "d_ptr": f"*{_SHORT[cfg.out_dtype]}"}
     if cfg.streamk:
@@ -414,10 +418,7 @@ def gluon_compile_args(key: str, arch: str):
     if cfg.streamk:
         for name in ("SPLIT", "RED_SMEM", "OUT"):
             del constexprs[name]
-        # the last CTA's sum of a tile's parts: [16, BN] rows, 4 consecutive fp32 a thread (v4 loads)
-        tpc = min(32, cfg.bn // 4)
-        from triton.experimental.gluon import language as gl
-        constexprs["SUM"] = gl.BlockedLayout([1, 4], [32 // tpc, tpc], [WARPS, 1], [1, 0])
+        constexprs["SUM"] = total
     sig.update({k: "constexpr" for k in constexprs})
     # 16-byte bases; N, K and the leading strides multiples of 8 elements: 16-byte cp.async vectors
     # (the masks of N and K tails must be constant over each 8-element vector)
