@@ -36,10 +36,14 @@ Why a device-made descriptor per group
 Design (Triton's persistent TMA matmul, 09-persistent-matmul, over groups as 08-grouped-gemm)
   One program per SM walks the tiles of every group, tile pid, pid + programs, ... : rows mode
   numbers the [BM, BN] tiles group after group (cdiv(rows_g, BM) x cdiv(N, BN) each, then the
-  rows in no group, which only store zeros); ragged_k mode has E x cdiv(M, BM) x cdiv(N, BN) tiles.
+  rows in no group, which only store zeros); ragged_k mode has E x cdiv(M, BM) x cdiv(N, BN) tiles,
+  each program making its descriptors once per group it visits.
   Within a group tiles go GROUP_M tile rows at a time ("super-rows") so that the programs running
   together share B's columns in L2. The K loop is triton's software pipeline (`stages` TMA loads
   in flight, async wgmma with one group outstanding); the epilogue rounds once and stores by TMA.
+  A warp-specialized variant of rows mode (Config.ws, xgemm_grouped_ws_sm90: Triton's Hopper
+  partitioning into a TMA producer and two consumer warp groups, the producer running ahead into
+  the next tile) is a candidate of the tune sweep (WS_TUNE).
 """
 from __future__ import annotations
 
@@ -50,7 +54,7 @@ from xgemm.core.dtypes import LONG_DTYPE, SHORT_DTYPE
 from xgemm.core.problem import COL, ROW, Policy
 from xgemm.kernels._common import sm90_device_reason
 from xgemm.kernels._pointer_gemm import H200_SMS, PointerGemm, sm_count
-from xgemm.runtime import gluon_cache
+from xgemm.runtime import driver, gluon_cache
 from xgemm.runtime.calls import Param, triton_launch
 from xgemm.runtime.gluon_cache import parse_key
 
@@ -65,27 +69,42 @@ TILES = {"wide": (128, 256, 64, 3, 8), "narrow": (128, 128, 64, 4, 8)}
 TUNE = ((128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 256, 32, 6, 8), (128, 128, 64, 5, 8),
         (64, 256, 64, 4, 4), (64, 256, 64, 4, 8),    # 64 rows: less of a part-filled tile per group
         (128, 256, 128, 2, 8), (128, 128, 128, 3, 8))  # 128 deep: half the k-steps of a short group
+# The warp-specialized kernel's tiles (ws): `warps` is the compile option, 4, which Triton's Hopper
+# partitioning turns into a producer warp group and two consumer warp groups of BM / 2 rows each.
+# Each fits the 227 KB of shared memory with the two 64-row store buffers a consumer keeps.
+WS_TUNE = ((128, 256, 64, 2, 4), (128, 256, 32, 4, 4), (128, 256, 32, 5, 4), (128, 128, 64, 4, 4),
+           (128, 128, 128, 2, 4))
+MAX_WS_GROUPS = 2 ** 16 - 1     # the tile -> group search takes 16 steps
+WS_SCHEDULE = "warp-specialized"    # Policy.schedule of the ws kernel
 SMEM_BYTES = 227 * 1024
 
 
-class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps b_kmajor ragged_k")):
-    """One compiled variant: the tile, the pipeline depth, B's majorness (rows mode) and the mode."""
+class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps b_kmajor ragged_k ws",
+                        defaults=(False,))):
+    """One compiled variant: the tile, the pipeline depth, B's majorness (rows mode), the mode, and
+    ws: the warp-specialized kernel (a TMA producer warp group beside `warps` // 4 x 2 consumer
+    warp groups, Triton's Hopper partitioning) over ragged descriptors, instead of the software-
+    pipelined one over per-group descriptors."""
     __slots__ = ()
 
     @property
     def key(self) -> str:
         return (f"{NAME}/sm_90a-{SHORT_DTYPE[self.in_dtype]}-{SHORT_DTYPE[self.out_dtype]}/"
                 f"m{self.bm}-n{self.bn}-k{self.bk}-s{self.stages}-w{self.warps}-b{int(self.b_kmajor)}"
-                f"-r{int(self.ragged_k)}")
+                f"-r{int(self.ragged_k)}" + ("-p1" if self.ws else ""))
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
         (_, i, o), f = parse_key(key, NAME)
-        return cls(LONG_DTYPE[i], LONG_DTYPE[o], f["m"], f["n"], f["k"], f["s"], f["w"], bool(f["b"]), bool(f["r"]))
+        return cls(LONG_DTYPE[i], LONG_DTYPE[o], f["m"], f["n"], f["k"], f["s"], f["w"], bool(f["b"]), bool(f["r"]),
+                   bool(f.get("p", 0)))
 
     def check(self) -> None:
-        if (self.bm, self.bn, self.bk, self.stages, self.warps) not in (*TILES.values(), *TUNE):
-            raise ValueError(f"{self}: the tile must be one of {TILES} or {TUNE}")
+        tiles = WS_TUNE if self.ws else (*TILES.values(), *TUNE)
+        if (self.bm, self.bn, self.bk, self.stages, self.warps) not in tiles:
+            raise ValueError(f"{self}: the tile must be one of {tiles}")
+        if self.ws and self.ragged_k:
+            raise ValueError(f"{self}: the warp-specialized kernel serves rows mode only")
         if self.ragged_k and self.b_kmajor:
             raise ValueError(f"{self}: ragged_k reads B N-major only (the grouped axis outer)")
         if self.out_dtype == "float32" and self.bn > 128:
@@ -104,6 +123,11 @@ def choose(shape, in_dtype: str, out_dtype: str, b_kmajor: bool) -> Config:
     """The wide tile where N fills it (N >= 2048) and the result is 16-bit, else the narrow one."""
     wide = shape.n >= 2048 and out_dtype != "float32"
     return Config(in_dtype, out_dtype, *TILES["wide" if wide else "narrow"], b_kmajor, shape.ragged_k)
+
+
+def table_bytes(shape, grid: int) -> int:
+    """The warp-specialized kernel's group table: per program, 3 x (E + 1) int32."""
+    return grid * 3 * (shape.groups + 1) * 4
 
 
 def programs(shape, cfg: Config, sms: int) -> int:
@@ -170,19 +194,23 @@ def _define():
             # out[g] = A[:, row0:end] @ B[row0:end, :]; ldbe: D's group stride
             tiles_m = tl.cdiv(M, BM)
             per = tiles_m * tiles_n
-            for tile in range(pid, E * per, nprog):
-                g = tile // per
-                tm, tn = _super_row(tile % per, tiles_m, tiles_n, GROUP_M)
-                row0 = tl.minimum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), T)
-                end = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0)
-                span = tl.maximum(end, 1)       # a descriptor's dims are >= 1; no load reads it when empty
-                # A M-major and B N-major: the grouped axis is the outer dim of both loads
-                a_desc = tl.make_tensor_descriptor(a_ptr, [span, M], [lda, 1], [BK, BM])
-                b_desc = tl.make_tensor_descriptor(b_ptr, [span, N], [ldb, 1], [BK, BN])
-                d_desc = tl.make_tensor_descriptor(d_ptr + g * ldbe, [M, N], [ldd, 1], [BM, BN // EPI_SPLIT])
-                acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), row0, end, tm * BM, tn * BN,
-                              BK, True, False)
-                _store(d_desc, acc, tm * BM, tn * BN, BN, EPI_SPLIT)
+            for g in range(0, E):   # descriptors made once per group a program visits, not per tile
+                t0 = g * per
+                tile = t0 + (pid - t0 % nprog + nprog) % nprog      # the program's first tile of group g
+                if tile < t0 + per:
+                    row0 = tl.minimum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), T)
+                    end = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0)
+                    span = tl.maximum(end, 1)   # a descriptor's dims are >= 1; no load reads it when empty
+                    # A M-major and B N-major: the grouped axis is the outer dim of both loads
+                    a_desc = tl.make_tensor_descriptor(a_ptr, [span, M], [lda, 1], [BK, BM])
+                    b_desc = tl.make_tensor_descriptor(b_ptr, [span, N], [ldb, 1], [BK, BN])
+                    d_desc = tl.make_tensor_descriptor(d_ptr + g * ldbe, [M, N], [ldd, 1], [BM, BN // EPI_SPLIT])
+                    while tile < t0 + per:
+                        tm, tn = _super_row(tile - t0, tiles_m, tiles_n, GROUP_M)
+                        acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), row0, end, tm * BM, tn * BN,
+                                      BK, True, False)
+                        _store(d_desc, acc, tm * BM, tn * BN, BN, EPI_SPLIT)
+                        tile += nprog
         else:
             # groups of A's rows, then group E: the rows in no group, stored as zeros
             first = 0           # the number of tiles of the groups before g
@@ -211,10 +239,85 @@ def _define():
                 first += count
                 row0 = end
 
+    @triton.jit
+    def _ragged(ptr, cols, ld, BR: tl.constexpr, BC: tl.constexpr):
+        """A row-major [rows, cols] array seen through triton/tools/ragged_tma.py's descriptor,
+        made on the device: [MAX, MAX, 2**30, cols] with strides [2**34 - ld, ld, ld, 1]. Block
+        (2**30, off + size, 2**30 - size + r, c) then addresses row off + r (the first two dims'
+        strides cancel modulo 2**64) and the box is clipped at row off + size: a store past it
+        writes nothing."""
+        wrap = tl.full((), 1, tl.int64) << 34
+        return tl.make_tensor_descriptor(ptr, [0x7FFF0000, 0x7FFF0000, 0x40000000, cols],
+                                         [wrap - ld, ld, ld, 1], [1, 1, BR, BC])
+
+    @triton.jit
+    def _rstore(desc, off, size, r, c, x):
+        desc.store([0x40000000, off + size, 0x40000000 - size + r, c], tl.reshape(x, (1, 1, x.shape[0], x.shape[1])))
+
+    @triton.jit
+    def xgemm_grouped_ws_sm90(a_ptr, b_ptr, d_ptr, ends_ptr, table_ptr, T, M, N, K, E, lda, ldb, ldbe, ldd,
+                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                              B_KMAJOR: tl.constexpr):
+        """The warp-specialized variant, rows mode only: one flat loop over the tiles
+        (tl.range(warp_specialize=True): Triton's Hopper partitioning puts the TMA loads in a
+        producer warp group, which runs ahead into the next tile while two consumer warp groups,
+        BM / 2 rows each, finish this one), its descriptors made once per program. A tile finds its
+        group by a binary search of the cumulative tile counts, which the program first writes to
+        its slice of table_ptr (3 x (E + 1) int32: the partitioning takes no scan or reduction
+        inside the loop, nor a branch around a store). Its result goes out in two row halves
+        through a ragged descriptor clipped at the group's end (the partitioning splits a 2-D
+        store, not the 4-D one, along the consumers' rows)."""
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        tiles_n = tl.cdiv(N, BN)
+        # segment g < E: rows [end_{g-1}, end_g) of A and D; segment E: the rows in no group, to T
+        table = table_ptr + pid * 3 * (E + 1)
+        row0 = 0
+        total = 0
+        for g in range(0, E + 1):
+            end = tl.maximum(tl.minimum(tl.load(ends_ptr + g, mask=g < E, other=T), T), row0)
+            total += tl.cdiv(end - row0, BM) * tiles_n
+            tl.store(table + g, total)
+            tl.store(table + E + 1 + g, row0)
+            tl.store(table + 2 * (E + 1) + g, end)
+            row0 = end
+        tl.debug_barrier()          # the table's stores, before any thread's search reads them
+        # A K-major [T, K], plain: a tile's rows past its group's end read the next group's rows,
+        # whose products land in rows the clipped store drops (rows are independent here)
+        a_desc = tl.make_tensor_descriptor(a_ptr, [T, K], [lda, 1], [BM, BK])
+        d_rdesc = _ragged(d_ptr, N, ldd, BM // 2, BN)
+        if B_KMAJOR:
+            b_desc = tl.make_tensor_descriptor(b_ptr, [E, N, K], [ldbe, ldb, 1], [1, BN, BK])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_ptr, [E, K, N], [ldbe, ldb, 1], [1, BK, BN])
+        for tile in tl.range(pid, total, nprog, warp_specialize=True):
+            g = 0                   # the count of segments whose cumulative tiles are <= tile
+            for s in tl.static_range(15, -1, -1):
+                probe = g + (1 << s) - 1
+                cum = tl.load(table + tl.minimum(probe, E))
+                g = tl.where((probe <= E) & (cum <= tile), g + (1 << s), g)
+            first = tl.load(table + g - 1, mask=g > 0, other=0)
+            row0 = tl.load(table + E + 1 + g)
+            size = tl.load(table + 2 * (E + 1) + g) - row0
+            tm, tn = _super_row(tile - first, tl.cdiv(size, BM), tiles_n, GROUP_M)
+            k1 = tl.where(g < E, K, 0)      # segment E multiplies nothing
+            acc = tl.zeros((BM, BN), tl.float32)
+            for k in range(0, k1, BK):
+                a = a_desc.load([row0 + tm * BM, k])
+                if B_KMAJOR:
+                    b = tl.reshape(b_desc.load([g, tn * BN, k]), [BN, BK]).T
+                else:
+                    b = tl.reshape(b_desc.load([g, k, tn * BN]), [BK, BN])
+                acc = tl.dot(a, b, acc)
+            halves = tl.permute(tl.reshape(acc.to(d_rdesc.dtype), (2, BM // 2, BN)), (1, 2, 0))
+            top, bottom = tl.split(halves)
+            _rstore(d_rdesc, row0, size, tm * BM, tn * BN, top)
+            _rstore(d_rdesc, row0, size, tm * BM + BM // 2, tn * BN, bottom)
+
     # the kernel calls the helpers by their global names: the interpreter (TRITON_INTERPRET) looks
     # them up in this module's globals, not in this function's scope
-    globals().update(_super_row=_super_row, _k_loop=_k_loop, _store=_store)
-    return xgemm_grouped_sm90
+    globals().update(_super_row=_super_row, _k_loop=_k_loop, _store=_store, _ragged=_ragged, _rstore=_rstore)
+    return xgemm_grouped_sm90, xgemm_grouped_ws_sm90
 
 
 def gluon_compile_args(key: str, arch: str):
@@ -223,25 +326,31 @@ def gluon_compile_args(key: str, arch: str):
         raise ValueError(f"{key} is built for sm_90a only, not {arch}")
     cfg.check()
     it, ot = SHORT_DTYPE[cfg.in_dtype], SHORT_DTYPE[cfg.out_dtype]
-    sig = {"a_ptr": f"*{it}", "b_ptr": f"*{it}", "d_ptr": f"*{ot}", "ends_ptr": "*i32", "T": "i32", "M": "i32",
-           "N": "i32", "K": "i32", "E": "i32", "lda": "i64", "ldb": "i64", "ldbe": "i64", "ldd": "i64"}
-    constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "B_KMAJOR": cfg.b_kmajor,
-                  "RAGGED_K": cfg.ragged_k, "EPI_SPLIT": epilogue_split(cfg)}
+    sig = {"a_ptr": f"*{it}", "b_ptr": f"*{it}", "d_ptr": f"*{ot}", "ends_ptr": "*i32"}
+    if cfg.ws:
+        sig["table_ptr"] = "*i32"
+    sig.update({"T": "i32", "M": "i32", "N": "i32", "K": "i32", "E": "i32", "lda": "i64", "ldb": "i64",
+                "ldbe": "i64", "ldd": "i64"})
+    constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "B_KMAJOR": cfg.b_kmajor}
+    if not cfg.ws:
+        constexprs.update(RAGGED_K=cfg.ragged_k, EPI_SPLIT=epilogue_split(cfg))
     sig.update({k: "constexpr" for k in constexprs})
     # what supports() checks: 16-byte bases and strides of 8 elements (16 bytes; 4 for float32 D)
+    lds = [list(sig).index(n) for n in ("lda", "ldb", "ldbe", "ldd")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(3)}
-    attrs.update({(i,): [["tt.divisibility", 8]] for i in (9, 10, 11)})
-    attrs[(12,)] = [["tt.divisibility", 4 if cfg.out_dtype == "float32" else 8]]
+    attrs.update({(i,): [["tt.divisibility", 8]] for i in lds[:3]})
+    attrs[(lds[3],)] = [["tt.divisibility", 4 if cfg.out_dtype == "float32" else 8]]
     options = {"num_warps": cfg.warps, "num_stages": cfg.stages, "enable_fp_fusion": False}
-    return _define(), sig, constexprs, attrs, options
+    return _define()[int(cfg.ws)], sig, constexprs, attrs, options
 
 
 def tune_entries() -> List[str]:
     """The sweep's candidates (TUNE and TILES) for bf16 at the benchmark's two layouts: the forward
     (A K-major, B K-major as torch._grouped_mm's weights) and the weight gradient (ragged_k, A
-    M-major, B N-major)."""
-    return [Config("bfloat16", "bfloat16", *tile, bk, rk).key for tile in (*TILES.values(), *TUNE)
+    M-major, B N-major); and the warp-specialized forward (WS_TUNE) with B K- and N-major."""
+    keys = [Config("bfloat16", "bfloat16", *tile, bk, rk).key for tile in (*TILES.values(), *TUNE)
             for bk, rk in ((True, False), (False, True))]
+    return keys + [Config("bfloat16", "bfloat16", *tile, bk, False, True).key for tile in WS_TUNE for bk in (True, False)]
 
 
 def gluon_entries(arch: str = "sm_90a") -> List[str]:
@@ -320,19 +429,29 @@ class TritonGroupedSm90(PointerGemm):
     def _config(self, problem, policy) -> Config:
         bm, bn, bk = policy.tile
         return Config(problem.a.dtype, problem.out_dtype, bm, bn, bk, policy.stages, policy.warps, _b_kmajor(problem),
-                      problem.shape.ragged_k)
+                      problem.shape.ragged_k, policy.schedule == WS_SCHEDULE)
 
     def _args(self, problem):
         s = problem.shape
         return (s.rows, s.m, s.n, s.k, s.groups, *_strides(problem))
 
     def run(self, problem, policy, operands, out, stream) -> None:
-        """operands: (A, B, ends) views, ends int32 and contiguous; out: the result's view."""
+        """operands: (A, B, ends) views, ends int32 and contiguous; out: the result's view. The
+        warp-specialized kernel's group table is allocated stream-ordered around its launch (a
+        graph node under capture, as Triton's own scratch is)."""
         cfg = self._config(problem, policy)
         device = operands[0].device.index
         a, b, ends = operands
-        self._launcher(cfg, device)(programs(problem.shape, cfg, sm_count(device)), stream, a.ptr, b.ptr, out.ptr,
-                                    ends.ptr, *self._args(problem))
+        grid = programs(problem.shape, cfg, sm_count(device))
+        launcher = self._launcher(cfg, device)
+        if not cfg.ws:
+            launcher(grid, stream, a.ptr, b.ptr, out.ptr, ends.ptr, *self._args(problem))
+            return
+        table = driver.mem_alloc_async(table_bytes(problem.shape, grid), stream)
+        try:
+            launcher(grid, stream, a.ptr, b.ptr, out.ptr, ends.ptr, table, *self._args(problem))
+        finally:
+            driver.mem_free_async(table, stream)
 
     def bind(self, problem, policy, operands, out):
         return None             # no torch fast path for grouped calls (it serves gemm)
@@ -343,9 +462,12 @@ class TritonGroupedSm90(PointerGemm):
         entry = gluon_cache.lookup(cfg.key)
         P = Param
         scalars = self._args(problem)
-        args = (P.input(0), P.input(1), P.output(0), P.input(2), *(P.i32(v) for v in scalars[:5]),
+        grid = programs(problem.shape, cfg, H200_SMS - sm_margin)
+        table = (P.scratch(0),) if cfg.ws else ()
+        args = (P.input(0), P.input(1), P.output(0), P.input(2), *table, *(P.i32(v) for v in scalars[:5]),
                 *(P.i64(v) for v in scalars[5:]))
-        return triton_launch(entry.cubin, entry.meta, programs(problem.shape, cfg, H200_SMS - sm_margin), args)
+        return triton_launch(entry.cubin, entry.meta, grid, args,
+                             scratch_bytes=(table_bytes(problem.shape, grid),) if cfg.ws else ())
 
     def prebuild(self, arch: str):
         return gluon_entries(arch)
