@@ -223,9 +223,9 @@ def run_tune(args, log) -> list:
             cfg = tg.Config.from_key(key)
             if cfg.ragged_k != c.shape.ragged_k or gluon_cache.available(key):
                 continue
-            label = f"{cfg.bm}x{cfg.bn}x{cfg.bk} s{cfg.stages} " + ("ws" if cfg.ws else f"split{tg.epilogue_split(cfg)}")
+            label = f"{cfg.bm}x{cfg.bn}x{cfg.bk} s{cfg.stages} " + ("flat" if cfg.flat else f"split{tg.epilogue_split(cfg)}")
             pol = Policy(tile=(cfg.bm, cfg.bn, cfg.bk), stages=cfg.stages, warps=cfg.warps,
-                         schedule=tg.WS_SCHEDULE if cfg.ws else "")
+                         schedule=tg.FLAT_SCHEDULE if cfg.flat else "")
 
             def call(i, pol=pol, label=label):
                 y = torch.empty(c.shape.out, dtype=torch.bfloat16, device="cuda")

@@ -88,18 +88,18 @@ def test_ragged_k_mode_matches_float64(dtype, out, a_col, b_col, sizes):
     torch.testing.assert_close(got.double(), want.to(DT[out]).double(), rtol=0, atol=0)
 
 
-WS_SIZES = {**SIZES, "zipf256": "zipf", "tail_rows": [1, 0, 127, 128, 129, 255, 2]}
+FLAT_SIZES = {**SIZES, "zipf256": "zipf", "tail_rows": [1, 0, 127, 128, 129, 255, 2]}
 
 
-def _ws_run(x, w, offs, stream=None):
-    """The warp-specialized kernel (tg.WS_TUNE[0]) through the kernel protocol, into a NaN-filled result."""
+def _flat_run(x, w, offs, stream=None):
+    """The flattened kernel (tg.FLAT_TUNE[0]) through the kernel protocol, into a NaN-filled result."""
     from xgemm import arrays
     from xgemm.core.problem import Policy
     c = grouped.check_grouped_mm(x, w, offs)
     plan, va, vb, moves = grouped._plan(c)
     assert moves == (None, None)
-    bm, bn, bk, stages, warps = tg.WS_TUNE[0]
-    pol = Policy(tile=(bm, bn, bk), stages=stages, warps=warps, schedule=tg.WS_SCHEDULE)
+    bm, bn, bk, stages, warps = tg.FLAT_TUNE[0]
+    pol = Policy(tile=(bm, bn, bk), stages=stages, warps=warps, schedule=tg.FLAT_SCHEDULE)
     y = torch.full(c.shape.out, float("nan"), dtype=x.dtype, device="cuda")
     tg.KERNEL.run(plan.problem, pol, (va, vb, arrays.view(offs, "offs", "test")), arrays.view(y, "out", "test"),
                   stream or torch.cuda.current_stream().cuda_stream)
@@ -107,9 +107,9 @@ def _ws_run(x, w, offs, stream=None):
 
 
 @pytest.mark.parametrize("b_col", [False, True], ids=["b_nmajor", "b_kmajor"])
-@pytest.mark.parametrize("sizes", list(WS_SIZES), ids=str)
-def test_warp_specialized_kernel_matches_float64(sizes, b_col):
-    """The warp-specialized rows-mode kernel (a candidate of the tune sweep) on the edge cases: empty,
+@pytest.mark.parametrize("sizes", list(FLAT_SIZES), ids=str)
+def test_flattened_kernel_matches_float64(sizes, b_col):
+    """The flattened rows-mode kernel (a candidate of the tune sweep) on the edge cases: empty,
     one-row and off-tile groups, sizes summing below and above T (rows in no group are zeros), 256
     Zipf-skewed groups; exact on integer operands."""
     rng = np.random.default_rng(5)
@@ -119,30 +119,30 @@ def test_warp_specialized_kernel_matches_float64(sizes, b_col):
         sizes = np.concatenate([rng.multinomial(t, p / p.sum()), np.zeros(64, int)])
         rng.shuffle(sizes)
     else:
-        sizes = WS_SIZES[sizes]
+        sizes = FLAT_SIZES[sizes]
     n = 520
     gen = torch.Generator().manual_seed(9)
     x = _ints((t, k), gen, "bfloat16")
     w = _lay(_ints((len(sizes), k, n), gen, "bfloat16"), b_col)
     offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
-    got = _ws_run(x, w, offs)
+    got = _flat_run(x, w, offs)
     want = torch.zeros(t, n, dtype=torch.float64, device="cuda")
     for g, (r0, r1) in enumerate(_bounds(sizes, t)):
         want[r0:r1] = x[r0:r1].double() @ w[g].double()
     torch.testing.assert_close(got.double(), want.bfloat16().double(), rtol=0, atol=0)
 
 
-def test_warp_specialized_kernel_in_a_cuda_graph():
+def test_flattened_kernel_in_a_cuda_graph():
     """Its group table is a stream-ordered allocation: captured, then replayed with new sizes."""
     gen = torch.Generator().manual_seed(2)
     t, k, n = 512, 128, 256
     x, w = _ints((t, k), gen, "bfloat16"), _ints((4, k, n), gen, "bfloat16")
     offs = torch.tensor(np.cumsum([100, 200, 0, 212]), dtype=torch.int32, device="cuda")
-    _ws_run(x, w, offs)
+    _flat_run(x, w, offs)
     torch.cuda.synchronize()
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     with torch.cuda.graph(graph, stream=stream):
-        y = _ws_run(x, w, offs, stream.cuda_stream)
+        y = _flat_run(x, w, offs, stream.cuda_stream)
     for sizes in ([100, 200, 0, 212], [0, 512, 0, 0], [33, 1, 77, 401]):
         offs.copy_(torch.tensor(np.cumsum(sizes), dtype=torch.int32))
         y.fill_(float("nan"))

@@ -22,7 +22,7 @@ from xgemm.runtime import gluon_cache  # noqa: E402
 INTERPRETED = textwrap.dedent("""
     import itertools, torch, triton
     from xgemm.kernels import triton_grouped_sm90 as tg
-    kernel, ws_kernel = tg._define()
+    kernel, flat_kernel = tg._define()
     cases = 0
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
     torch.manual_seed(0)
@@ -58,12 +58,12 @@ INTERPRETED = textwrap.dedent("""
         for g, (r0, r1) in enumerate(bounds(sizes, t)):
             want[r0:r1] = a[r0:r1].double() @ b[g].double()
         assert torch.equal(d.double(), want), (sizes, bk)
-        # the warp-specialized kernel (rows mode): its table poisoned, its tiles of 16 rows stored in halves
+        # the flattened kernel (rows mode), its group table poisoned
         d = torch.full((t, n), float("nan")).half()
         table = torch.full((3 * 3 * (e + 1),), -7, dtype=torch.int32)
-        ws_kernel[(3,)](a, bb, d, ends, table, t, t, n, k, e, a.stride(0), bb.stride(-1) if bk else bb.stride(-2),
+        flat_kernel[(3,)](a, bb, d, ends, table, t, t, n, k, e, a.stride(0), bb.stride(-1) if bk else bb.stride(-2),
                         bb.stride(0), d.stride(0), BM=16, BN=16, BK=16, GROUP_M=2, B_KMAJOR=bk)
-        assert torch.equal(d.double(), want), (sizes, bk, "ws")
+        assert torch.equal(d.double(), want), (sizes, bk, "flat")
         cases += 1
     # ragged_k: [M, T] (M-major) @ [T, N] (N-major) with T in groups -> [E, M, N]; empty groups are zeros
     for sizes in [[0, 33, 1, 47, 0], [100], [3, 200], [20, -5, 30]]:

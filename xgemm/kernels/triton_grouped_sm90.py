@@ -36,14 +36,15 @@ Why a device-made descriptor per group
 Design (Triton's persistent TMA matmul, 09-persistent-matmul, over groups as 08-grouped-gemm)
   One program per SM walks the tiles of every group, tile pid, pid + programs, ... : rows mode
   numbers the [BM, BN] tiles group after group (cdiv(rows_g, BM) x cdiv(N, BN) each, then the
-  rows in no group, which only store zeros); ragged_k mode has E x cdiv(M, BM) x cdiv(N, BN) tiles,
-  each program making its descriptors once per group it visits.
+  rows in no group, which only store zeros); ragged_k mode has E x cdiv(M, BM) x cdiv(N, BN) tiles.
+  Both make a group's descriptors once per program that visits it (ragged_k made them per tile
+  until 2026-12-04: its weight gradient ran 0.91x torch._grouped_mm's, 0.97x since).
   Within a group tiles go GROUP_M tile rows at a time ("super-rows") so that the programs running
   together share B's columns in L2. The K loop is triton's software pipeline (`stages` TMA loads
   in flight, async wgmma with one group outstanding); the epilogue rounds once and stores by TMA.
-  A warp-specialized variant of rows mode (Config.ws, xgemm_grouped_ws_sm90: Triton's Hopper
-  partitioning into a TMA producer and two consumer warp groups, the producer running ahead into
-  the next tile) is a candidate of the tune sweep (WS_TUNE).
+  A flattened variant of rows mode (Config.flat, xgemm_grouped_flat_sm90: one loop over the tiles
+  that Triton fuses with the K loop, so the next tile's first loads are issued under this tile's
+  epilogue) is a candidate of the tune sweep (FLAT_TUNE).
 """
 from __future__ import annotations
 
@@ -69,42 +70,39 @@ TILES = {"wide": (128, 256, 64, 3, 8), "narrow": (128, 128, 64, 4, 8)}
 TUNE = ((128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 256, 32, 6, 8), (128, 128, 64, 5, 8),
         (64, 256, 64, 4, 4), (64, 256, 64, 4, 8),    # 64 rows: less of a part-filled tile per group
         (128, 256, 128, 2, 8), (128, 128, 128, 3, 8))  # 128 deep: half the k-steps of a short group
-# The warp-specialized kernel's tiles (ws): `warps` is the compile option, 4, which Triton's Hopper
-# partitioning turns into a producer warp group and two consumer warp groups of BM / 2 rows each.
-# Each fits the 227 KB of shared memory with the two 64-row store buffers a consumer keeps.
-WS_TUNE = ((128, 256, 64, 2, 4), (128, 256, 32, 4, 4), (128, 256, 32, 5, 4), (128, 128, 64, 4, 4),
-           (128, 128, 128, 2, 4))
-MAX_WS_GROUPS = 2 ** 16 - 1     # the tile -> group search takes 16 steps
-WS_SCHEDULE = "warp-specialized"    # Policy.schedule of the ws kernel
+# The flattened kernel's tiles (flat), each within the 227 KB of shared memory with its store buffer.
+FLAT_TUNE = ((128, 256, 64, 3, 8), (128, 256, 32, 5, 8), (128, 256, 32, 6, 8), (128, 128, 64, 4, 8),
+             (128, 128, 64, 5, 8))
+MAX_FLAT_GROUPS = 2 ** 16 - 1     # the tile -> group search takes 16 steps
+FLAT_SCHEDULE = "flattened"     # Policy.schedule of the flat kernel
 SMEM_BYTES = 227 * 1024
 
 
-class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps b_kmajor ragged_k ws",
+class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps b_kmajor ragged_k flat",
                         defaults=(False,))):
     """One compiled variant: the tile, the pipeline depth, B's majorness (rows mode), the mode, and
-    ws: the warp-specialized kernel (a TMA producer warp group beside `warps` // 4 x 2 consumer
-    warp groups, Triton's Hopper partitioning) over ragged descriptors, instead of the software-
-    pipelined one over per-group descriptors."""
+    flat: rows mode's flattened kernel (one tile loop fused with the K loop, descriptors made once
+    per program) instead of the one that walks the groups."""
     __slots__ = ()
 
     @property
     def key(self) -> str:
         return (f"{NAME}/sm_90a-{SHORT_DTYPE[self.in_dtype]}-{SHORT_DTYPE[self.out_dtype]}/"
                 f"m{self.bm}-n{self.bn}-k{self.bk}-s{self.stages}-w{self.warps}-b{int(self.b_kmajor)}"
-                f"-r{int(self.ragged_k)}" + ("-p1" if self.ws else ""))
+                f"-r{int(self.ragged_k)}" + ("-f1" if self.flat else ""))
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
         (_, i, o), f = parse_key(key, NAME)
         return cls(LONG_DTYPE[i], LONG_DTYPE[o], f["m"], f["n"], f["k"], f["s"], f["w"], bool(f["b"]), bool(f["r"]),
-                   bool(f.get("p", 0)))
+                   bool(f.get("f", 0)))
 
     def check(self) -> None:
-        tiles = WS_TUNE if self.ws else (*TILES.values(), *TUNE)
+        tiles = FLAT_TUNE if self.flat else (*TILES.values(), *TUNE)
         if (self.bm, self.bn, self.bk, self.stages, self.warps) not in tiles:
             raise ValueError(f"{self}: the tile must be one of {tiles}")
-        if self.ws and self.ragged_k:
-            raise ValueError(f"{self}: the warp-specialized kernel serves rows mode only")
+        if self.flat and self.ragged_k:
+            raise ValueError(f"{self}: the flattened kernel serves rows mode only")
         if self.ragged_k and self.b_kmajor:
             raise ValueError(f"{self}: ragged_k reads B N-major only (the grouped axis outer)")
         if self.out_dtype == "float32" and self.bn > 128:
@@ -126,7 +124,7 @@ def choose(shape, in_dtype: str, out_dtype: str, b_kmajor: bool) -> Config:
 
 
 def table_bytes(shape, grid: int) -> int:
-    """The warp-specialized kernel's group table: per program, 3 x (E + 1) int32."""
+    """The flattened kernel's group table: per program, 3 x (E + 1) int32."""
     return grid * 3 * (shape.groups + 1) * 4
 
 
@@ -255,18 +253,15 @@ def _define():
         desc.store([0x40000000, off + size, 0x40000000 - size + r, c], tl.reshape(x, (1, 1, x.shape[0], x.shape[1])))
 
     @triton.jit
-    def xgemm_grouped_ws_sm90(a_ptr, b_ptr, d_ptr, ends_ptr, table_ptr, T, M, N, K, E, lda, ldb, ldbe, ldd,
+    def xgemm_grouped_flat_sm90(a_ptr, b_ptr, d_ptr, ends_ptr, table_ptr, T, M, N, K, E, lda, ldb, ldbe, ldd,
                               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                               B_KMAJOR: tl.constexpr):
-        """The warp-specialized variant, rows mode only: one flat loop over the tiles
-        (tl.range(warp_specialize=True): Triton's Hopper partitioning puts the TMA loads in a
-        producer warp group, which runs ahead into the next tile while two consumer warp groups,
-        BM / 2 rows each, finish this one), its descriptors made once per program. A tile finds its
-        group by a binary search of the cumulative tile counts, which the program first writes to
-        its slice of table_ptr (3 x (E + 1) int32: the partitioning takes no scan or reduction
-        inside the loop, nor a branch around a store). Its result goes out in two row halves
-        through a ragged descriptor clipped at the group's end (the partitioning splits a 2-D
-        store, not the 4-D one, along the consumers' rows)."""
+        """The flattened variant, rows mode only: one loop over the tiles, its descriptors made once
+        per program, which Triton's loop fusion (tl.range(flatten=True)) joins with the K loop, so
+        the software pipeline issues the next tile's first loads under this tile's epilogue. A tile
+        finds its group by a binary search of the cumulative tile counts, which the program first
+        writes to its slice of table_ptr (3 x (E + 1) int32), and stores its result through a
+        ragged descriptor clipped at the group's end."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         tiles_n = tl.cdiv(N, BN)
@@ -285,12 +280,12 @@ def _define():
         # A K-major [T, K], plain: a tile's rows past its group's end read the next group's rows,
         # whose products land in rows the clipped store drops (rows are independent here)
         a_desc = tl.make_tensor_descriptor(a_ptr, [T, K], [lda, 1], [BM, BK])
-        d_rdesc = _ragged(d_ptr, N, ldd, BM // 2, BN)
+        d_rdesc = _ragged(d_ptr, N, ldd, BM, BN)
         if B_KMAJOR:
             b_desc = tl.make_tensor_descriptor(b_ptr, [E, N, K], [ldbe, ldb, 1], [1, BN, BK])
         else:
             b_desc = tl.make_tensor_descriptor(b_ptr, [E, K, N], [ldbe, ldb, 1], [1, BK, BN])
-        for tile in tl.range(pid, total, nprog, warp_specialize=True):
+        for tile in tl.range(pid, total, nprog, flatten=True):
             g = 0                   # the count of segments whose cumulative tiles are <= tile
             for s in tl.static_range(15, -1, -1):
                 probe = g + (1 << s) - 1
@@ -300,24 +295,23 @@ def _define():
             row0 = tl.load(table + E + 1 + g)
             size = tl.load(table + 2 * (E + 1) + g) - row0
             tm, tn = _super_row(tile - first, tl.cdiv(size, BM), tiles_n, GROUP_M)
-            k1 = tl.where(g < E, K, 0)      # segment E multiplies nothing
+            # one trip count for every tile (the loop fusion takes no other): segment E's tiles read
+            # A's rows at T, and B's group E, both past the end, so TMA's zero fill makes them zeros
+            r = tl.where(g < E, row0 + tm * BM, T)
             acc = tl.zeros((BM, BN), tl.float32)
-            for k in range(0, k1, BK):
-                a = a_desc.load([row0 + tm * BM, k])
+            for k in range(0, K, BK):
+                a = a_desc.load([r, k])
                 if B_KMAJOR:
                     b = tl.reshape(b_desc.load([g, tn * BN, k]), [BN, BK]).T
                 else:
                     b = tl.reshape(b_desc.load([g, k, tn * BN]), [BK, BN])
                 acc = tl.dot(a, b, acc)
-            halves = tl.permute(tl.reshape(acc.to(d_rdesc.dtype), (2, BM // 2, BN)), (1, 2, 0))
-            top, bottom = tl.split(halves)
-            _rstore(d_rdesc, row0, size, tm * BM, tn * BN, top)
-            _rstore(d_rdesc, row0, size, tm * BM + BM // 2, tn * BN, bottom)
+            _rstore(d_rdesc, row0, size, tm * BM, tn * BN, acc.to(d_rdesc.dtype))
 
     # the kernel calls the helpers by their global names: the interpreter (TRITON_INTERPRET) looks
     # them up in this module's globals, not in this function's scope
     globals().update(_super_row=_super_row, _k_loop=_k_loop, _store=_store, _ragged=_ragged, _rstore=_rstore)
-    return xgemm_grouped_sm90, xgemm_grouped_ws_sm90
+    return xgemm_grouped_sm90, xgemm_grouped_flat_sm90
 
 
 def gluon_compile_args(key: str, arch: str):
@@ -327,12 +321,12 @@ def gluon_compile_args(key: str, arch: str):
     cfg.check()
     it, ot = SHORT_DTYPE[cfg.in_dtype], SHORT_DTYPE[cfg.out_dtype]
     sig = {"a_ptr": f"*{it}", "b_ptr": f"*{it}", "d_ptr": f"*{ot}", "ends_ptr": "*i32"}
-    if cfg.ws:
+    if cfg.flat:
         sig["table_ptr"] = "*i32"
     sig.update({"T": "i32", "M": "i32", "N": "i32", "K": "i32", "E": "i32", "lda": "i64", "ldb": "i64",
                 "ldbe": "i64", "ldd": "i64"})
     constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "B_KMAJOR": cfg.b_kmajor}
-    if not cfg.ws:
+    if not cfg.flat:
         constexprs.update(RAGGED_K=cfg.ragged_k, EPI_SPLIT=epilogue_split(cfg))
     sig.update({k: "constexpr" for k in constexprs})
     # what supports() checks: 16-byte bases and strides of 8 elements (16 bytes; 4 for float32 D)
@@ -341,16 +335,16 @@ def gluon_compile_args(key: str, arch: str):
     attrs.update({(i,): [["tt.divisibility", 8]] for i in lds[:3]})
     attrs[(lds[3],)] = [["tt.divisibility", 4 if cfg.out_dtype == "float32" else 8]]
     options = {"num_warps": cfg.warps, "num_stages": cfg.stages, "enable_fp_fusion": False}
-    return _define()[int(cfg.ws)], sig, constexprs, attrs, options
+    return _define()[int(cfg.flat)], sig, constexprs, attrs, options
 
 
 def tune_entries() -> List[str]:
     """The sweep's candidates (TUNE and TILES) for bf16 at the benchmark's two layouts: the forward
     (A K-major, B K-major as torch._grouped_mm's weights) and the weight gradient (ragged_k, A
-    M-major, B N-major); and the warp-specialized forward (WS_TUNE) with B K- and N-major."""
+    M-major, B N-major); and the flattened forward (FLAT_TUNE) with B K- and N-major."""
     keys = [Config("bfloat16", "bfloat16", *tile, bk, rk).key for tile in (*TILES.values(), *TUNE)
             for bk, rk in ((True, False), (False, True))]
-    return keys + [Config("bfloat16", "bfloat16", *tile, bk, False, True).key for tile in WS_TUNE for bk in (True, False)]
+    return keys + [Config("bfloat16", "bfloat16", *tile, bk, False, True).key for tile in FLAT_TUNE for bk in (True, False)]
 
 
 def gluon_entries(arch: str = "sm_90a") -> List[str]:
@@ -429,7 +423,7 @@ class TritonGroupedSm90(PointerGemm):
     def _config(self, problem, policy) -> Config:
         bm, bn, bk = policy.tile
         return Config(problem.a.dtype, problem.out_dtype, bm, bn, bk, policy.stages, policy.warps, _b_kmajor(problem),
-                      problem.shape.ragged_k, policy.schedule == WS_SCHEDULE)
+                      problem.shape.ragged_k, policy.schedule == FLAT_SCHEDULE)
 
     def _args(self, problem):
         s = problem.shape
@@ -437,14 +431,14 @@ class TritonGroupedSm90(PointerGemm):
 
     def run(self, problem, policy, operands, out, stream) -> None:
         """operands: (A, B, ends) views, ends int32 and contiguous; out: the result's view. The
-        warp-specialized kernel's group table is allocated stream-ordered around its launch (a
+        flattened kernel's group table is allocated stream-ordered around its launch (a
         graph node under capture, as Triton's own scratch is)."""
         cfg = self._config(problem, policy)
         device = operands[0].device.index
         a, b, ends = operands
         grid = programs(problem.shape, cfg, sm_count(device))
         launcher = self._launcher(cfg, device)
-        if not cfg.ws:
+        if not cfg.flat:
             launcher(grid, stream, a.ptr, b.ptr, out.ptr, ends.ptr, *self._args(problem))
             return
         table = driver.mem_alloc_async(table_bytes(problem.shape, grid), stream)
@@ -463,11 +457,11 @@ class TritonGroupedSm90(PointerGemm):
         P = Param
         scalars = self._args(problem)
         grid = programs(problem.shape, cfg, H200_SMS - sm_margin)
-        table = (P.scratch(0),) if cfg.ws else ()
+        table = (P.scratch(0),) if cfg.flat else ()
         args = (P.input(0), P.input(1), P.output(0), P.input(2), *table, *(P.i32(v) for v in scalars[:5]),
                 *(P.i64(v) for v in scalars[5:]))
         return triton_launch(entry.cubin, entry.meta, grid, args,
-                             scratch_bytes=(table_bytes(problem.shape, grid),) if cfg.ws else ())
+                             scratch_bytes=(table_bytes(problem.shape, grid),) if cfg.flat else ())
 
     def prebuild(self, arch: str):
         return gluon_entries(arch)
