@@ -124,12 +124,20 @@ def test_supports_declines_what_it_cannot_run(monkeypatch):
 
 def test_policy_and_entries():
     keys = tg.gluon_entries("sm_90a")
-    assert len(keys) == len(set(keys)) == 18 and not tg.gluon_entries("sm_100a")
+    assert len(keys) == len(set(keys)) == 30 and not tg.gluon_entries("sm_100a")
     for p in (_problem(), _problem(n=512), _problem(out="float32"), _problem(ragged_k=True, a_major=COL, b_major=ROW),
               _problem(dtype="float16", out="float16", b_major=ROW)):
         pol = tg.KERNEL.policy(p)
         assert tg.KERNEL._config(p, pol).key in keys
     assert tg.KERNEL.policy(_problem()).tile == (128, 256, 64)
+    # rows mode runs the flattened kernel up to MAX_FLAT_GROUPS groups (its search's reach), ragged_k never
+    assert tg.KERNEL.policy(_problem()).schedule == tg.FLAT_SCHEDULE and "fused" in tg.KERNEL.policy(_problem()).summary()
+    assert tg.choose(_problem(e=tg.MAX_FLAT_GROUPS).shape, "bfloat16", "bfloat16", True).flat
+    assert not tg.choose(_problem(e=tg.MAX_FLAT_GROUPS + 1).shape, "bfloat16", "bfloat16", True).flat
+    assert not tg.KERNEL._config(_problem(ragged_k=True, a_major=COL, b_major=ROW),
+                                 tg.KERNEL.policy(_problem(ragged_k=True, a_major=COL, b_major=ROW))).flat
+    with pytest.raises(ValueError, match="rows mode only"):
+        tg.Config("bfloat16", "bfloat16", *tg.TILES["wide"], False, True, True).check()
     assert tg.KERNEL.policy(_problem(out="float32")).tile == (128, 128, 64)
     assert "no host read" in tg.KERNEL.policy(_problem()).summary()
     # the store buffer halves only where the whole one does not fit beside the operand stages
@@ -146,7 +154,8 @@ if not gluon_cache.can_compile():
     pytest.skip(f"needs triton >= 3.8 (found {triton.__version__})", allow_module_level=True)
 
 CFGS = [tg.Config("bfloat16", "bfloat16", *tg.TILES["wide"], True, False),
-        tg.Config("float16", "float32", *tg.TILES["narrow"], False, True)]
+        tg.Config("float16", "float32", *tg.TILES["narrow"], False, True),
+        tg.Config("bfloat16", "bfloat16", *tg.TILES["wide"], False, False, True)]
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +163,7 @@ def built(gluon_cache_dir):
     return {cfg: (gluon_cache.compile_kernel(cfg.key)[0], gluon_cache.lookup(cfg.key)) for cfg in CFGS}
 
 
-@pytest.mark.parametrize("cfg", CFGS, ids=["bf16-rows-wide", "f16-f32-ragged-k"])
+@pytest.mark.parametrize("cfg", CFGS[:2], ids=["bf16-rows-wide", "f16-f32-ragged-k"])
 def test_ptx_wgmma_fed_by_device_made_tma_descriptors(built, cfg):
     ptx = built[cfg][0].asm["ptx"]
     it = {"float16": "f16", "bfloat16": "bf16"}[cfg.in_dtype]
@@ -172,9 +181,10 @@ def test_ptx_wgmma_fed_by_device_made_tma_descriptors(built, cfg):
 
 
 def test_cuda_lowering_launches_the_kernel_forward_and_backward(gluon_cache_dir):
-    """jax's cuda lowering of ragged_dot and of its grad: three launches of the grouped cubin (the
-    forward; dlhs with rhs^T asked for column-major, a bitcast of rhs; drhs in ragged_k mode with
-    lhs^T likewise), each after the cumsum of the sizes, and no XLA ragged dot left."""
+    """jax's cuda lowering of ragged_dot and of its grad: three launches of the grouped cubins (the
+    forward and dlhs, with rhs^T asked for column-major, a bitcast of rhs, on the flattened kernel;
+    drhs in ragged_k mode with lhs^T likewise), each after the cumsum of the sizes, and no XLA
+    ragged dot left."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
@@ -190,7 +200,9 @@ def test_cuda_lowering_launches_the_kernel_forward_and_backward(gluon_cache_dir)
     text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(lhs, rhs, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
     calls = [line for line in text.splitlines() if "xgemm_cubin_launch_v1" in line]
-    assert len(calls) == 3 and all('kernel = "xgemm_grouped_sm90"' in c for c in calls), calls
+    # the forward and dlhs (rows mode) on the flattened kernel, with its group table as XLA scratch
+    assert len(calls) == 3 and sum('kernel = "xgemm_grouped_flat_sm90"' in c for c in calls) == 2, calls
+    assert sum('kernel = "xgemm_grouped_sm90"' in c for c in calls) == 1, calls
     assert not re.search(r"(chlo|stablehlo|mhlo)\.ragged", text)             # XLA's ragged dot is gone
 
 
@@ -215,3 +227,19 @@ def test_jax_explain_names_the_kernel_on_a_hopper_gpu(monkeypatch):
     finally:
         policy.clear_plans()
     assert "kernel: triton_grouped_sm90" in text and "inside jax.jit" in text, text
+
+
+def test_ptx_of_the_flattened_kernel(built):
+    """The flattened rows-mode cubin: one fused loop (the K loop's TMA loads and wgmmas, the
+    epilogue's clipped 4-D store behind a branch), B through a 3-D descriptor, no spills."""
+    cfg = CFGS[2]
+    compiled, entry = built[cfg]
+    ptx = compiled.asm["ptx"]
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)
+    assert "cp.async.bulk.tensor.2d.shared::cta.global.mbarrier" in ptx       # A
+    assert "cp.async.bulk.tensor.3d.shared::cta.global.mbarrier" in ptx       # B [E, K, N]
+    assert "cp.async.bulk.tensor.4d.global.shared::cta" in ptx                # the ragged store
+    assert ".local" not in ptx
+    assert "scf.if" in compiled.asm["ttgir"]          # the fused loop's epilogue branch
+    assert [p["name"] for p in entry.meta["params"]][:5] == ["a_ptr", "b_ptr", "d_ptr", "ends_ptr", "table_ptr"]
+    assert entry.meta["shared"] <= 227 * 1024
