@@ -26,7 +26,7 @@ TABLE: Dict[str, Tuple[str, ...]] = {
         "reference",
     ),
     "grouped": (
-        "triton_grouped_sm90",  # persistent, TMA descriptors made per group on the device
+        "triton_grouped_sm90",  # persistent, each tile's group found on the device
         "reference",
     ),
     "gate": (

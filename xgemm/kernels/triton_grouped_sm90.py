@@ -42,9 +42,10 @@ Design (Triton's persistent TMA matmul, 09-persistent-matmul, over groups as 08-
   Within a group tiles go GROUP_M tile rows at a time ("super-rows") so that the programs running
   together share B's columns in L2. The K loop is triton's software pipeline (`stages` TMA loads
   in flight, async wgmma with one group outstanding); the epilogue rounds once and stores by TMA.
-  A flattened variant of rows mode (Config.flat, xgemm_grouped_flat_sm90: one loop over the tiles
-  that Triton fuses with the K loop, so the next tile's first loads are issued under this tile's
-  epilogue) is a candidate of the tune sweep (FLAT_TUNE).
+  Rows mode runs a flattened variant (Config.flat, xgemm_grouped_flat_sm90: one loop over the
+  tiles that Triton fuses with the K loop, so the next tile's first loads are issued under this
+  tile's epilogue; each tile finds its group on the device) up to MAX_FLAT_GROUPS groups; past
+  that, the loop over the groups above.
 """
 from __future__ import annotations
 
