@@ -62,7 +62,7 @@ INTERPRETED = textwrap.dedent("""
         d = torch.full((t, n), float("nan")).half()
         table = torch.full((3 * 3 * (e + 1),), -7, dtype=torch.int32)
         flat_kernel[(3,)](a, bb, d, ends, table, t, t, n, k, e, a.stride(0), bb.stride(-1) if bk else bb.stride(-2),
-                        bb.stride(0), d.stride(0), BM=16, BN=16, BK=16, GROUP_M=2, B_KMAJOR=bk)
+                        bb.stride(0), d.stride(0), BM=16, BN=16, BK=16, GROUP_M=2, B_KMAJOR=bk, RAGGED_K=False)
         assert torch.equal(d.double(), want), (sizes, bk, "flat")
         cases += 1
     # ragged_k: [M, T] (M-major) @ [T, N] (N-major) with T in groups -> [E, M, N]; empty groups are zeros
@@ -75,6 +75,13 @@ INTERPRETED = textwrap.dedent("""
         launch(a.t().contiguous().t(), b, d, ends, t, m, n, t, e, m * n, False, True)
         want = torch.stack([a[:, r0:r1].double() @ b[r0:r1].double() for r0, r1 in bounds(sizes, t, True)])
         assert torch.equal(d.double(), want), sizes
+        # the flattened kernel: one loop over the k-steps of the program's tiles, 1 to 7 programs
+        for programs in (1, 3, 7):
+            d = torch.full((e, m, n), float("nan")).half()
+            at = a.t().contiguous().t()
+            flat_kernel[(programs,)](at, b, d, ends, None, t, m, n, t, e, at.stride(1), b.stride(0), m * n, n,
+                                     BM=16, BN=16, BK=16, GROUP_M=2, B_KMAJOR=False, RAGGED_K=True)
+            assert torch.equal(d.double(), want), (sizes, programs, "flat")
         cases += 1
     print(f"cases {cases}")
 """)
@@ -134,10 +141,9 @@ def test_policy_and_entries():
     assert tg.KERNEL.policy(_problem()).schedule == tg.FLAT_SCHEDULE and "fused" in tg.KERNEL.policy(_problem()).summary()
     assert tg.choose(_problem(e=tg.MAX_FLAT_GROUPS).shape, "bfloat16", "bfloat16", True).flat
     assert not tg.choose(_problem(e=tg.MAX_FLAT_GROUPS + 1).shape, "bfloat16", "bfloat16", True).flat
-    assert not tg.KERNEL._config(_problem(ragged_k=True, a_major=COL, b_major=ROW),
-                                 tg.KERNEL.policy(_problem(ragged_k=True, a_major=COL, b_major=ROW))).flat
-    with pytest.raises(ValueError, match="rows mode only"):
-        tg.Config("bfloat16", "bfloat16", *tg.TILES["wide"], False, True, True).check()
+    rk = _problem(ragged_k=True, a_major=COL, b_major=ROW)         # ragged_k: flattened by hand, any E
+    assert tg.KERNEL._config(rk, tg.KERNEL.policy(rk)).flat
+    assert tg.choose(_problem(ragged_k=True, e=tg.MAX_FLAT_GROUPS + 1).shape, "bfloat16", "bfloat16", False).flat
     assert tg.KERNEL.policy(_problem(out="float32")).tile == (128, 128, 64)
     assert "no host read" in tg.KERNEL.policy(_problem()).summary()
     # the store buffer halves only where the whole one does not fit beside the operand stages
@@ -155,7 +161,8 @@ if not gluon_cache.can_compile():
 
 CFGS = [tg.Config("bfloat16", "bfloat16", *tg.TILES["wide"], True, False),
         tg.Config("float16", "float32", *tg.TILES["narrow"], False, True),
-        tg.Config("bfloat16", "bfloat16", *tg.TILES["wide"], False, False, True)]
+        tg.Config("bfloat16", "bfloat16", *tg.TILES["wide"], False, False, True),
+        tg.Config("bfloat16", "bfloat16", *tg.TILES["wide"], False, True, True)]
 
 
 @pytest.fixture(scope="module")
@@ -182,9 +189,8 @@ def test_ptx_wgmma_fed_by_device_made_tma_descriptors(built, cfg):
 
 def test_cuda_lowering_launches_the_kernel_forward_and_backward(gluon_cache_dir):
     """jax's cuda lowering of ragged_dot and of its grad: three launches of the grouped cubins (the
-    forward and dlhs, with rhs^T asked for column-major, a bitcast of rhs, on the flattened kernel;
-    drhs in ragged_k mode with lhs^T likewise), each after the cumsum of the sizes, and no XLA
-    ragged dot left."""
+    forward and dlhs, with rhs^T asked for column-major, a bitcast of rhs; drhs in ragged_k mode
+    with lhs^T likewise), each after the cumsum of the sizes, and no XLA ragged dot left."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
@@ -200,9 +206,7 @@ def test_cuda_lowering_launches_the_kernel_forward_and_backward(gluon_cache_dir)
     text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(lhs, rhs, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
     calls = [line for line in text.splitlines() if "xgemm_cubin_launch_v1" in line]
-    # the forward and dlhs (rows mode) on the flattened kernel, with its group table as XLA scratch
-    assert len(calls) == 3 and sum('kernel = "xgemm_grouped_flat_sm90"' in c for c in calls) == 2, calls
-    assert sum('kernel = "xgemm_grouped_sm90"' in c for c in calls) == 1, calls
+    assert len(calls) == 3 and all('kernel = "xgemm_grouped_flat_sm90"' in c for c in calls), calls
     assert not re.search(r"(chlo|stablehlo|mhlo)\.ragged", text)             # XLA's ragged dot is gone
 
 
@@ -243,3 +247,14 @@ def test_ptx_of_the_flattened_kernel(built):
     assert "scf.if" in compiled.asm["ttgir"]          # the fused loop's epilogue branch
     assert [p["name"] for p in entry.meta["params"]][:5] == ["a_ptr", "b_ptr", "d_ptr", "ends_ptr", "table_ptr"]
     assert entry.meta["shared"] <= 227 * 1024
+
+
+def test_ptx_of_the_flattened_weight_gradient(built):
+    """ragged_k flattened by hand: A and B through ragged 4-D descriptors (zeros past the group),
+    the result through a 3-D one, the loads pipelined (more than one copy of each in the PTX)."""
+    compiled, entry = built[CFGS[3]]
+    ptx = compiled.asm["ptx"]
+    assert ptx.count("cp.async.bulk.tensor.4d.shared::cta.global.mbarrier") >= 4
+    assert "cp.async.bulk.tensor.3d.global.shared::cta" in ptx
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)
+    assert ".local" not in ptx and entry.meta["shared"] <= 227 * 1024

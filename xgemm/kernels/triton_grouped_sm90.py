@@ -102,8 +102,6 @@ class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps b_km
         tiles = FLAT_TUNE if self.flat else (*TILES.values(), *TUNE)
         if (self.bm, self.bn, self.bk, self.stages, self.warps) not in tiles:
             raise ValueError(f"{self}: the tile must be one of {tiles}")
-        if self.flat and self.ragged_k:
-            raise ValueError(f"{self}: the flattened kernel serves rows mode only")
         if self.ragged_k and self.b_kmajor:
             raise ValueError(f"{self}: ragged_k reads B N-major only (the grouped axis outer)")
         if self.out_dtype == "float32" and self.bn > 128:
@@ -123,7 +121,7 @@ def choose(shape, in_dtype: str, out_dtype: str, b_kmajor: bool) -> Config:
     rows mode on the flattened kernel up to MAX_FLAT_GROUPS groups (H200, 2026-12-04: 1.7% faster
     on the uneven MoE case, 3.4% on the Zipf one, docs/performance.md)."""
     wide = shape.n >= 2048 and out_dtype != "float32"
-    flat = not shape.ragged_k and shape.groups <= MAX_FLAT_GROUPS
+    flat = shape.ragged_k or shape.groups <= MAX_FLAT_GROUPS
     return Config(in_dtype, out_dtype, *TILES["wide" if wide else "narrow"], b_kmajor, shape.ragged_k, flat)
 
 
@@ -247,10 +245,15 @@ def _define():
         made on the device: [MAX, MAX, 2**30, cols] with strides [2**34 - ld, ld, ld, 1]. Block
         (2**30, off + size, 2**30 - size + r, c) then addresses row off + r (the first two dims'
         strides cancel modulo 2**64) and the box is clipped at row off + size: a store past it
-        writes nothing."""
+        writes nothing and a load past it reads zeros."""
         wrap = tl.full((), 1, tl.int64) << 34
         return tl.make_tensor_descriptor(ptr, [0x7FFF0000, 0x7FFF0000, 0x40000000, cols],
                                          [wrap - ld, ld, ld, 1], [1, 1, BR, BC])
+
+    @triton.jit
+    def _rload(desc, off, size, r, c):
+        x = desc.load([0x40000000, off + size, 0x40000000 - size + r, c])
+        return tl.reshape(x, (x.shape[2], x.shape[3]))
 
     @triton.jit
     def _rstore(desc, off, size, r, c, x):
@@ -258,17 +261,62 @@ def _define():
 
     @triton.jit
     def xgemm_grouped_flat_sm90(a_ptr, b_ptr, d_ptr, ends_ptr, table_ptr, T, M, N, K, E, lda, ldb, ldbe, ldd,
-                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                              B_KMAJOR: tl.constexpr):
-        """The flattened variant, rows mode only: one loop over the tiles, its descriptors made once
-        per program, which Triton's loop fusion (tl.range(flatten=True)) joins with the K loop, so
-        the software pipeline issues the next tile's first loads under this tile's epilogue. A tile
-        finds its group by a binary search of the cumulative tile counts, which the program first
-        writes to its slice of table_ptr (3 x (E + 1) int32), and stores its result through a
-        ragged descriptor clipped at the group's end."""
+                                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                                B_KMAJOR: tl.constexpr, RAGGED_K: tl.constexpr):
+        """The flattened variant: one loop, its descriptors made once per program, in which the
+        software pipeline issues the next tile's first loads under this tile's epilogue.
+        Rows mode: a loop over the tiles that Triton's loop fusion (tl.range(flatten=True)) joins
+        with the K loop. A tile finds its group by a binary search of the cumulative tile counts,
+        which the program first writes to its slice of table_ptr (3 x (E + 1) int32), and stores
+        its result through a ragged descriptor clipped at the group's end.
+        ragged_k: the fusion takes one K trip count for every tile, and a group's K is its size, so
+        the loop is written flat here: one iteration per k-step of the program's tiles (an empty
+        group's tile takes one, of zeros), the tile's coordinates worked out at its first step and
+        its result stored at its last. A and B are read through ragged descriptors (zeros past
+        the group's end); table_ptr is unused."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         tiles_n = tl.cdiv(N, BN)
+        if RAGGED_K:
+            tiles_m = tl.cdiv(M, BM)
+            per = tiles_m * tiles_n
+            steps = 0
+            for g in range(0, E):
+                t0 = g * per
+                first = t0 + (pid - t0 % nprog + nprog) % nprog     # the program's first tile of group g
+                mine = tl.maximum(t0 + per - first + nprog - 1, 0) // nprog
+                row0 = tl.minimum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), T)
+                size = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0) - row0
+                steps += mine * tl.maximum(tl.cdiv(size, BK), 1)
+            a_desc = _ragged(a_ptr, M, lda, BK, BM)             # A M-major: [T, M]
+            b_desc = _ragged(b_ptr, N, ldb, BK, BN)             # B N-major: [T, N]
+            d_desc = tl.make_tensor_descriptor(d_ptr, [E, M, N], [ldbe, ldd, 1], [1, BM, BN])
+            tile = pid - nprog
+            ks = 0
+            nsteps = 0
+            g = 0
+            row0 = 0
+            size = 0
+            tm = 0
+            tn = 0
+            acc = tl.zeros((BM, BN), tl.float32)
+            for _ in range(0, steps):
+                if ks == 0:
+                    tile += nprog
+                    g = tile // per
+                    tm, tn = _super_row(tile % per, tiles_m, tiles_n, GROUP_M)
+                    row0 = tl.minimum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), T)
+                    size = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0) - row0
+                    nsteps = tl.maximum(tl.cdiv(size, BK), 1)
+                a = _rload(a_desc, row0, size, ks * BK, tm * BM)
+                b = _rload(b_desc, row0, size, ks * BK, tn * BN)
+                acc = tl.dot(a.T, b, acc)
+                ks += 1
+                if ks == nsteps:
+                    d_desc.store([g, tm * BM, tn * BN], tl.reshape(acc.to(d_desc.dtype), (1, BM, BN)))
+                    acc = tl.zeros((BM, BN), tl.float32)
+                    ks = 0
+            return
         # segment g < E: rows [end_{g-1}, end_g) of A and D; segment E: the rows in no group, to T
         table = table_ptr + pid * 3 * (E + 1)
         row0 = 0
@@ -314,7 +362,8 @@ def _define():
 
     # the kernel calls the helpers by their global names: the interpreter (TRITON_INTERPRET) looks
     # them up in this module's globals, not in this function's scope
-    globals().update(_super_row=_super_row, _k_loop=_k_loop, _store=_store, _ragged=_ragged, _rstore=_rstore)
+    globals().update(_super_row=_super_row, _k_loop=_k_loop, _store=_store, _ragged=_ragged, _rload=_rload,
+                     _rstore=_rstore)
     return xgemm_grouped_sm90, xgemm_grouped_flat_sm90
 
 
@@ -329,9 +378,10 @@ def gluon_compile_args(key: str, arch: str):
         sig["table_ptr"] = "*i32"
     sig.update({"T": "i32", "M": "i32", "N": "i32", "K": "i32", "E": "i32", "lda": "i64", "ldb": "i64",
                 "ldbe": "i64", "ldd": "i64"})
-    constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "B_KMAJOR": cfg.b_kmajor}
+    constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "B_KMAJOR": cfg.b_kmajor,
+                  "RAGGED_K": cfg.ragged_k}
     if not cfg.flat:
-        constexprs.update(RAGGED_K=cfg.ragged_k, EPI_SPLIT=epilogue_split(cfg))
+        constexprs["EPI_SPLIT"] = epilogue_split(cfg)
     sig.update({k: "constexpr" for k in constexprs})
     # what supports() checks: 16-byte bases and strides of 8 elements (16 bytes; 4 for float32 D)
     lds = [list(sig).index(n) for n in ("lda", "ldb", "ldbe", "ldd")]
@@ -345,16 +395,17 @@ def gluon_compile_args(key: str, arch: str):
 def tune_entries() -> List[str]:
     """The sweep's candidates (TUNE and TILES) for bf16 at the benchmark's two layouts: the forward
     (A K-major, B K-major as torch._grouped_mm's weights) and the weight gradient (ragged_k, A
-    M-major, B N-major); and the flattened forward (FLAT_TUNE) with B K- and N-major."""
+    M-major, B N-major); and the flattened kernel's (FLAT_TUNE), its forward with B K- and N-major."""
     keys = [Config("bfloat16", "bfloat16", *tile, bk, rk).key for tile in (*TILES.values(), *TUNE)
             for bk, rk in ((True, False), (False, True))]
-    return keys + [Config("bfloat16", "bfloat16", *tile, bk, False, True).key for tile in FLAT_TUNE for bk in (True, False)]
+    return keys + [Config("bfloat16", "bfloat16", *tile, bk, rk, True).key for tile in FLAT_TUNE
+                   for bk, rk in ((True, False), (False, False), (False, True))]
 
 
 def gluon_entries(arch: str = "sm_90a") -> List[str]:
     """sm_90a: {fp16, bf16} x {same, fp32} out x the tiles choose() picks (the wide one for 16-bit
-    results only) x {rows with B N- or K-major, flattened or not (past MAX_FLAT_GROUPS), ragged_k}:
-    30 entries. (tune_entries() are built only for the sweep, by docs/development.md's recipe.)"""
+    results only) x {rows with B N- or K-major, flattened or not (past MAX_FLAT_GROUPS), ragged_k
+    flattened}: 30 entries. (tune_entries() are built only for the sweep, by docs/development.md's recipe.)"""
     if arch != "sm_90a":
         return []
     keys = []
@@ -363,7 +414,7 @@ def gluon_entries(arch: str = "sm_90a") -> List[str]:
             for tile in (("narrow",) if o == "float32" else ("narrow", "wide")):
                 keys += [Config(i, o, *TILES[tile], bk, rk, flat).key for bk, rk, flat in
                          ((False, False, True), (True, False, True), (False, False, False), (True, False, False),
-                          (False, True, False))]
+                          (False, True, True))]
     return keys
 
 
@@ -449,6 +500,9 @@ class TritonGroupedSm90(PointerGemm):
         if not cfg.flat:
             launcher(grid, stream, a.ptr, b.ptr, out.ptr, ends.ptr, *self._args(problem))
             return
+        if cfg.ragged_k:            # no group table
+            launcher(grid, stream, a.ptr, b.ptr, out.ptr, ends.ptr, 0, *self._args(problem))
+            return
         table = driver.mem_alloc_async(table_bytes(problem.shape, grid), stream)
         try:
             launcher(grid, stream, a.ptr, b.ptr, out.ptr, ends.ptr, table, *self._args(problem))
@@ -465,11 +519,12 @@ class TritonGroupedSm90(PointerGemm):
         P = Param
         scalars = self._args(problem)
         grid = programs(problem.shape, cfg, H200_SMS - sm_margin)
-        table = (P.scratch(0),) if cfg.flat else ()
+        needs_table = cfg.flat and not cfg.ragged_k
+        table = (P.scratch(0),) if needs_table else (P.null(),) if cfg.flat else ()
         args = (P.input(0), P.input(1), P.output(0), P.input(2), *table, *(P.i32(v) for v in scalars[:5]),
                 *(P.i64(v) for v in scalars[5:]))
         return triton_launch(entry.cubin, entry.meta, grid, args,
-                             scratch_bytes=(table_bytes(problem.shape, grid),) if cfg.flat else ())
+                             scratch_bytes=(table_bytes(problem.shape, grid),) if needs_table else ())
 
     def prebuild(self, arch: str):
         return gluon_entries(arch)
