@@ -24,28 +24,34 @@ Contract
   arch      sm_90a cubins built by triton >= 3.8 (xgemm/runtime/gluon_cache.py), launched without
             triton (runtime/launch.py), with Triton's global scratch for the device-made descriptors.
 
-Why a device-made descriptor per group
-  The group sizes stay on the device, so the host cannot cut A or D at the group boundaries. Each
-  group's descriptors are made inside the kernel (tl.make_tensor_descriptor) over the prefix of
-  the array that ends at the group's end: [end, K] for A's rows, [end, N] for D. A tile that
-  starts inside the group and runs past its end then loads zeros (TMA's out-of-bounds fill) and
-  its store is clipped at the end, so a tile never reads or writes another group's rows, and the
-  bases stay the caller's (aligned) pointers. In ragged_k mode the prefix [.., end] of the
-  contraction axis does the same for the K loop, which starts at the group's first index.
+How a tile stays inside its group
+  The group sizes stay on the device, so the host cannot cut A or D at the group boundaries. The
+  flattened kernel reads through descriptors made once per program, some of them "ragged"
+  (triton/tools/ragged_tma.py's 4-D view with 64-bit wraparound strides, made on the device): a
+  box addressed by (group start, group size, row) is clipped at the group's end, so loads past
+  it read zeros and stores past it write nothing. The bases stay the caller's (aligned) pointers.
+    rows     A is read plainly: a tile's rows past its group's end read the next group's rows,
+             whose products land in rows the ragged store of D drops (rows are independent).
+    ragged_k A and B are read ragged along the grouped (contraction) axis: zeros past the end.
+  The loop over the groups (rows mode past MAX_FLAT_GROUPS) makes each group's descriptors over
+  the prefix of the array that ends at the group's end instead, once per program that visits it.
 
 Design (Triton's persistent TMA matmul, 09-persistent-matmul, over groups as 08-grouped-gemm)
-  One program per SM walks the tiles of every group, tile pid, pid + programs, ... : rows mode
-  numbers the [BM, BN] tiles group after group (cdiv(rows_g, BM) x cdiv(N, BN) each, then the
-  rows in no group, which only store zeros); ragged_k mode has E x cdiv(M, BM) x cdiv(N, BN) tiles.
-  Both make a group's descriptors once per program that visits it (ragged_k made them per tile
-  until 2026-12-04: its weight gradient ran 0.91x torch._grouped_mm's, 0.97x since).
-  Within a group tiles go GROUP_M tile rows at a time ("super-rows") so that the programs running
-  together share B's columns in L2. The K loop is triton's software pipeline (`stages` TMA loads
-  in flight, async wgmma with one group outstanding); the epilogue rounds once and stores by TMA.
-  Rows mode runs a flattened variant (Config.flat, xgemm_grouped_flat_sm90: one loop over the
-  tiles that Triton fuses with the K loop, so the next tile's first loads are issued under this
-  tile's epilogue; each tile finds its group on the device) up to MAX_FLAT_GROUPS groups; past
-  that, the loop over the groups above.
+  One program per SM walks the tiles, tile pid, pid + programs, ...: rows mode numbers the
+  [BM, BN] tiles group after group (cdiv(rows_g, BM) x cdiv(N, BN) each, then the rows in no
+  group, which store zeros); ragged_k mode has E x cdiv(M, BM) x cdiv(N, BN) tiles. Within a
+  group tiles go GROUP_M tile rows at a time ("super-rows") so that the programs running together
+  share B's columns in L2. K loops are triton's software pipeline (`stages` TMA loads in flight,
+  async wgmma with one group outstanding); the epilogue rounds once and stores by TMA.
+  The flattened kernel (Config.flat, xgemm_grouped_flat_sm90) runs one loop per program, so the
+  pipeline issues the next tile's first loads under this tile's epilogue:
+    rows     a loop over the tiles that Triton fuses with the K loop (tl.range(flatten=True)); each
+             tile finds its group by a binary search of a per-program table of cumulative tile
+             counts; up to MAX_FLAT_GROUPS groups, past which the loop over the groups serves.
+    ragged_k a loop over the k-steps of the program's tiles, written flat (the fusion takes one K
+             trip count, and a group's K is its size).
+  Against the loop over the groups, on the H200 (2026-12-04, docs/performance.md): rows 1.7-3.4%
+  faster, ragged_k 5.2%; a warp-specialized variant (Triton's Hopper partitioning) ran 2-28x slower.
 """
 from __future__ import annotations
 
@@ -102,6 +108,8 @@ class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps b_km
         tiles = FLAT_TUNE if self.flat else (*TILES.values(), *TUNE)
         if (self.bm, self.bn, self.bk, self.stages, self.warps) not in tiles:
             raise ValueError(f"{self}: the tile must be one of {tiles}")
+        if self.ragged_k and not self.flat:
+            raise ValueError(f"{self}: ragged_k runs on the flattened kernel")
         if self.ragged_k and self.b_kmajor:
             raise ValueError(f"{self}: ragged_k reads B N-major only (the grouped axis outer)")
         if self.out_dtype == "float32" and self.bn > 128:
@@ -159,13 +167,9 @@ def _define():
         return first + (local % width) % rows, (local % width) // rows
 
     @triton.jit
-    def _k_loop(a_desc, b_desc, acc, k0, k1, r, c, BK: tl.constexpr, A_MMAJOR: tl.constexpr,
-                B_KMAJOR: tl.constexpr):
+    def _k_loop(a_desc, b_desc, acc, k0, k1, r, c, BK: tl.constexpr, B_KMAJOR: tl.constexpr):
         for k in range(k0, k1, BK):
-            if A_MMAJOR:
-                a = a_desc.load([k, r]).T
-            else:
-                a = a_desc.load([r, k])
+            a = a_desc.load([r, k])
             if B_KMAJOR:
                 b = b_desc.load([c, k]).T
             else:
@@ -186,58 +190,38 @@ def _define():
     @triton.jit
     def xgemm_grouped_sm90(a_ptr, b_ptr, d_ptr, ends_ptr, T, M, N, K, E, lda, ldb, ldbe, ldd,
                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                           B_KMAJOR: tl.constexpr, RAGGED_K: tl.constexpr, EPI_SPLIT: tl.constexpr):
+                           B_KMAJOR: tl.constexpr, EPI_SPLIT: tl.constexpr):
+        """Rows mode past MAX_FLAT_GROUPS: a loop over the groups, each group's descriptors made
+        once per program that visits it, and the K loop inside."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         tiles_n = tl.cdiv(N, BN)
-        if RAGGED_K:
-            # out[g] = A[:, row0:end] @ B[row0:end, :]; ldbe: D's group stride
-            tiles_m = tl.cdiv(M, BM)
-            per = tiles_m * tiles_n
-            for g in range(0, E):   # descriptors made once per group a program visits, not per tile
-                t0 = g * per
-                tile = t0 + (pid - t0 % nprog + nprog) % nprog      # the program's first tile of group g
-                if tile < t0 + per:
-                    row0 = tl.minimum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), T)
-                    end = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0)
-                    span = tl.maximum(end, 1)   # a descriptor's dims are >= 1; no load reads it when empty
-                    # A M-major and B N-major: the grouped axis is the outer dim of both loads
-                    a_desc = tl.make_tensor_descriptor(a_ptr, [span, M], [lda, 1], [BK, BM])
-                    b_desc = tl.make_tensor_descriptor(b_ptr, [span, N], [ldb, 1], [BK, BN])
-                    d_desc = tl.make_tensor_descriptor(d_ptr + g * ldbe, [M, N], [ldd, 1], [BM, BN // EPI_SPLIT])
-                    while tile < t0 + per:
-                        tm, tn = _super_row(tile - t0, tiles_m, tiles_n, GROUP_M)
-                        acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), row0, end, tm * BM, tn * BN,
-                                      BK, True, False)
-                        _store(d_desc, acc, tm * BM, tn * BN, BN, EPI_SPLIT)
-                        tile += nprog
-        else:
-            # groups of A's rows, then group E: the rows in no group, stored as zeros
-            first = 0           # the number of tiles of the groups before g
-            row0 = 0
-            tile = pid
-            for g in range(0, E + 1):
-                end = T
-                if g < E:
-                    end = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0)
-                tiles_m = tl.cdiv(end - row0, BM)
-                count = tiles_m * tiles_n
-                if tile < first + count:
-                    a_desc = tl.make_tensor_descriptor(a_ptr, [end, K], [lda, 1], [BM, BK])   # A K-major
-                    if B_KMAJOR:
-                        b_desc = tl.make_tensor_descriptor(b_ptr + g * ldbe, [N, K], [ldb, 1], [BN, BK])
-                    else:
-                        b_desc = tl.make_tensor_descriptor(b_ptr + g * ldbe, [K, N], [ldb, 1], [BK, BN])
-                    d_desc = tl.make_tensor_descriptor(d_ptr, [end, N], [ldd, 1], [BM, BN // EPI_SPLIT])
-                    k1 = tl.where(g < E, K, 0)   # group E multiplies nothing
-                    while tile < first + count:
-                        tm, tn = _super_row(tile - first, tiles_m, tiles_n, GROUP_M)
-                        acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), 0, k1, row0 + tm * BM,
-                                      tn * BN, BK, False, B_KMAJOR)
-                        _store(d_desc, acc, row0 + tm * BM, tn * BN, BN, EPI_SPLIT)
-                        tile += nprog
-                first += count
-                row0 = end
+        # groups of A's rows, then group E: the rows in no group, stored as zeros
+        first = 0           # the number of tiles of the groups before g
+        row0 = 0
+        tile = pid
+        for g in range(0, E + 1):
+            end = T
+            if g < E:
+                end = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0)
+            tiles_m = tl.cdiv(end - row0, BM)
+            count = tiles_m * tiles_n
+            if tile < first + count:
+                a_desc = tl.make_tensor_descriptor(a_ptr, [end, K], [lda, 1], [BM, BK])   # A K-major
+                if B_KMAJOR:
+                    b_desc = tl.make_tensor_descriptor(b_ptr + g * ldbe, [N, K], [ldb, 1], [BN, BK])
+                else:
+                    b_desc = tl.make_tensor_descriptor(b_ptr + g * ldbe, [K, N], [ldb, 1], [BK, BN])
+                d_desc = tl.make_tensor_descriptor(d_ptr, [end, N], [ldd, 1], [BM, BN // EPI_SPLIT])
+                k1 = tl.where(g < E, K, 0)   # group E multiplies nothing
+                while tile < first + count:
+                    tm, tn = _super_row(tile - first, tiles_m, tiles_n, GROUP_M)
+                    acc = _k_loop(a_desc, b_desc, tl.zeros((BM, BN), tl.float32), 0, k1, row0 + tm * BM,
+                                  tn * BN, BK, B_KMAJOR)
+                    _store(d_desc, acc, row0 + tm * BM, tn * BN, BN, EPI_SPLIT)
+                    tile += nprog
+            first += count
+            row0 = end
 
     @triton.jit
     def _ragged(ptr, cols, ld, BR: tl.constexpr, BC: tl.constexpr):
@@ -378,10 +362,8 @@ def gluon_compile_args(key: str, arch: str):
         sig["table_ptr"] = "*i32"
     sig.update({"T": "i32", "M": "i32", "N": "i32", "K": "i32", "E": "i32", "lda": "i64", "ldb": "i64",
                 "ldbe": "i64", "ldd": "i64"})
-    constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "B_KMAJOR": cfg.b_kmajor,
-                  "RAGGED_K": cfg.ragged_k}
-    if not cfg.flat:
-        constexprs["EPI_SPLIT"] = epilogue_split(cfg)
+    constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": GROUP_M, "B_KMAJOR": cfg.b_kmajor}
+    constexprs.update({"RAGGED_K": cfg.ragged_k} if cfg.flat else {"EPI_SPLIT": epilogue_split(cfg)})
     sig.update({k: "constexpr" for k in constexprs})
     # what supports() checks: 16-byte bases and strides of 8 elements (16 bytes; 4 for float32 D)
     lds = [list(sig).index(n) for n in ("lda", "ldb", "ldbe", "ldd")]
@@ -396,8 +378,7 @@ def tune_entries() -> List[str]:
     """The sweep's candidates (TUNE and TILES) for bf16 at the benchmark's two layouts: the forward
     (A K-major, B K-major as torch._grouped_mm's weights) and the weight gradient (ragged_k, A
     M-major, B N-major); and the flattened kernel's (FLAT_TUNE), its forward with B K- and N-major."""
-    keys = [Config("bfloat16", "bfloat16", *tile, bk, rk).key for tile in (*TILES.values(), *TUNE)
-            for bk, rk in ((True, False), (False, True))]
+    keys = [Config("bfloat16", "bfloat16", *tile, True, False).key for tile in (*TILES.values(), *TUNE)]
     return keys + [Config("bfloat16", "bfloat16", *tile, bk, rk, True).key for tile in FLAT_TUNE
                    for bk, rk in ((True, False), (False, False), (False, True))]
 
