@@ -109,7 +109,7 @@ def _flat_run(x, w, offs):
 @pytest.mark.parametrize("b_col", [False, True], ids=["b_nmajor", "b_kmajor"])
 @pytest.mark.parametrize("sizes", list(FLAT_SIZES), ids=str)
 def test_flattened_kernel_matches_float64(sizes, b_col):
-    """The flattened rows-mode kernel (a candidate of the tune sweep) on the edge cases: empty,
+    """The flattened rows-mode kernel at its tune sweep's first tile, on the edge cases: empty,
     one-row and off-tile groups, sizes summing below and above T (rows in no group are zeros), 256
     Zipf-skewed groups; exact on integer operands."""
     rng = np.random.default_rng(5)

@@ -134,7 +134,8 @@ def test_policy_and_entries():
         assert tg.KERNEL._config(p, pol).key in keys
     assert tg.KERNEL.policy(_problem()).tile == (128, 256, 64)
     # rows mode runs the flattened kernel up to MAX_FLAT_GROUPS groups (its search's reach), ragged_k never
-    assert tg.KERNEL.policy(_problem()).schedule == tg.FLAT_SCHEDULE and "fused" in tg.KERNEL.policy(_problem()).summary()
+    pol = tg.KERNEL.policy(_problem())
+    assert pol.schedule == tg.FLAT_SCHEDULE and "fused" in pol.summary()
     assert tg.choose(_problem(e=tg.MAX_FLAT_GROUPS).shape, "bfloat16", "bfloat16", True).flat
     assert not tg.choose(_problem(e=tg.MAX_FLAT_GROUPS + 1).shape, "bfloat16", "bfloat16", True).flat
     rk = _problem(ragged_k=True, a_major=COL, b_major=ROW)         # ragged_k: flattened by hand, any E

@@ -88,8 +88,9 @@ SMEM_BYTES = 227 * 1024
 class Config(namedtuple("Config", "in_dtype out_dtype bm bn bk stages warps b_kmajor ragged_k flat",
                         defaults=(False,))):
     """One compiled variant: the tile, the pipeline depth, B's majorness (rows mode), the mode, and
-    flat: rows mode's flattened kernel (one tile loop fused with the K loop, descriptors made once
-    per program) instead of the one that walks the groups."""
+    flat: the flattened kernel (one loop a program, descriptors made once per program), which
+    serves ragged_k always and rows mode up to MAX_FLAT_GROUPS, instead of the one that walks the
+    groups."""
     __slots__ = ()
 
     @property
@@ -126,15 +127,21 @@ def epilogue_split(cfg: Config) -> int:
 
 def choose(shape, in_dtype: str, out_dtype: str, b_kmajor: bool) -> Config:
     """The wide tile where N fills it (N >= 2048) and the result is 16-bit, else the narrow one;
-    rows mode on the flattened kernel up to MAX_FLAT_GROUPS groups (H200, 2026-12-04: 1.7% faster
-    on the uneven MoE case, 3.4% on the Zipf one, docs/performance.md)."""
+    the flattened kernel for ragged_k, and for rows mode up to MAX_FLAT_GROUPS groups (H200,
+    2026-12-04, against the loop over the groups: rows 1.7% faster on the uneven MoE case and 3.4%
+    on the Zipf one, ragged_k 5.2%; docs/performance.md)."""
     wide = shape.n >= 2048 and out_dtype != "float32"
     flat = shape.ragged_k or shape.groups <= MAX_FLAT_GROUPS
     return Config(in_dtype, out_dtype, *TILES["wide" if wide else "narrow"], b_kmajor, shape.ragged_k, flat)
 
 
+def needs_table(cfg: Config) -> bool:
+    """The flattened kernel in rows mode reads its groups from a table (table_bytes)."""
+    return cfg.flat and not cfg.ragged_k
+
+
 def table_bytes(shape, grid: int) -> int:
-    """The flattened kernel's group table: per program, 3 x (E + 1) int32."""
+    """The flattened rows-mode kernel's group table: per program, 3 x (E + 1) int32."""
     return grid * 3 * (shape.groups + 1) * 4
 
 
@@ -224,6 +231,13 @@ def _define():
             row0 = end
 
     @triton.jit
+    def _k_span(ends_ptr, g, T):
+        """ragged_k: (first index, size) of group g on the grouped axis, from the previous offset
+        (clamped to [0, T], a decreasing offset giving an empty group)."""
+        row0 = tl.minimum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), T)
+        return row0, tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0) - row0
+
+    @triton.jit
     def _ragged(ptr, cols, ld, BR: tl.constexpr, BC: tl.constexpr):
         """A row-major [rows, cols] array seen through triton/tools/ragged_tma.py's descriptor,
         made on the device: [MAX, MAX, 2**30, cols] with strides [2**34 - ld, ld, ld, 1]. Block
@@ -269,8 +283,7 @@ def _define():
                 t0 = g * per
                 first = t0 + (pid - t0 % nprog + nprog) % nprog     # the program's first tile of group g
                 mine = tl.maximum(t0 + per - first + nprog - 1, 0) // nprog
-                row0 = tl.minimum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), T)
-                size = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0) - row0
+                row0, size = _k_span(ends_ptr, g, T)
                 steps += mine * tl.maximum(tl.cdiv(size, BK), 1)
             a_desc = _ragged(a_ptr, M, lda, BK, BM)             # A M-major: [T, M]
             b_desc = _ragged(b_ptr, N, ldb, BK, BN)             # B N-major: [T, N]
@@ -289,8 +302,7 @@ def _define():
                     tile += nprog
                     g = tile // per
                     tm, tn = _super_row(tile % per, tiles_m, tiles_n, GROUP_M)
-                    row0 = tl.minimum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), T)
-                    size = tl.maximum(tl.minimum(tl.load(ends_ptr + g), T), row0) - row0
+                    row0, size = _k_span(ends_ptr, g, T)
                     nsteps = tl.maximum(tl.cdiv(size, BK), 1)
                 a = _rload(a_desc, row0, size, ks * BK, tm * BM)
                 b = _rload(b_desc, row0, size, ks * BK, tn * BN)
@@ -346,7 +358,8 @@ def _define():
 
     # the kernel calls the helpers by their global names: the interpreter (TRITON_INTERPRET) looks
     # them up in this module's globals, not in this function's scope
-    globals().update(_super_row=_super_row, _k_loop=_k_loop, _store=_store, _ragged=_ragged, _rload=_rload,
+    globals().update(_super_row=_super_row, _k_loop=_k_loop, _store=_store, _k_span=_k_span, _ragged=_ragged,
+                     _rload=_rload,
                      _rstore=_rstore)
     return xgemm_grouped_sm90, xgemm_grouped_flat_sm90
 
@@ -375,9 +388,9 @@ def gluon_compile_args(key: str, arch: str):
 
 
 def tune_entries() -> List[str]:
-    """The sweep's candidates (TUNE and TILES) for bf16 at the benchmark's two layouts: the forward
-    (A K-major, B K-major as torch._grouped_mm's weights) and the weight gradient (ragged_k, A
-    M-major, B N-major); and the flattened kernel's (FLAT_TUNE), its forward with B K- and N-major."""
+    """The sweep's candidates for bf16: the loop over the groups at TILES and TUNE, forward with A
+    K-major and B K-major (torch._grouped_mm's weights); the flattened kernel at FLAT_TUNE, forward
+    with B K- and N-major and the weight gradient (ragged_k, A M-major, B N-major)."""
     keys = [Config("bfloat16", "bfloat16", *tile, True, False).key for tile in (*TILES.values(), *TUNE)]
     return keys + [Config("bfloat16", "bfloat16", *tile, bk, rk, True).key for tile in FLAT_TUNE
                    for bk, rk in ((True, False), (False, False), (False, True))]
@@ -454,11 +467,13 @@ class TritonGroupedSm90(PointerGemm):
         sms = sm_count(problem.device.index)
         what = (f"{s.groups} groups x {-(-s.m // cfg.bm)}x{-(-s.n // cfg.bn)} tiles" if s.ragged_k else
                 f"the tiles of {s.groups} row groups (about {-(-s.rows // cfg.bm)}x{-(-s.n // cfg.bn)})")
-        how = ("one loop over the tiles fused with the K loop, each tile's group found on the device" if cfg.flat else
+        how = ("one loop over the k-steps of the program's tiles" if cfg.flat and s.ragged_k else
+               "one loop over the tiles fused with the K loop, each tile's group found on the device" if cfg.flat else
                "TMA descriptors made per group on the device")
         return Policy(tile=(cfg.bm, cfg.bn, cfg.bk), stages=cfg.stages, warps=cfg.warps,
                       schedule=FLAT_SCHEDULE if cfg.flat else "",
-                      notes=(f"persistent: {programs(s, cfg, sms)} programs over {what}", f"{how}; no host read of the sizes"))
+                      notes=(f"persistent: {programs(s, cfg, sms)} programs over {what}",
+                             f"{how}; no host read of the sizes"))
 
     def _config(self, problem, policy) -> Config:
         bm, bn, bk = policy.tile
@@ -477,18 +492,13 @@ class TritonGroupedSm90(PointerGemm):
         device = operands[0].device.index
         a, b, ends = operands
         grid = programs(problem.shape, cfg, sm_count(device))
-        launcher = self._launcher(cfg, device)
-        if not cfg.flat:
-            launcher(grid, stream, a.ptr, b.ptr, out.ptr, ends.ptr, *self._args(problem))
-            return
-        if cfg.ragged_k:            # no group table
-            launcher(grid, stream, a.ptr, b.ptr, out.ptr, ends.ptr, 0, *self._args(problem))
-            return
-        table = driver.mem_alloc_async(table_bytes(problem.shape, grid), stream)
+        table = driver.mem_alloc_async(table_bytes(problem.shape, grid), stream) if needs_table(cfg) else 0
         try:
-            launcher(grid, stream, a.ptr, b.ptr, out.ptr, ends.ptr, table, *self._args(problem))
+            self._launcher(cfg, device)(grid, stream, a.ptr, b.ptr, out.ptr, ends.ptr, *((table,) if cfg.flat else ()),
+                                        *self._args(problem))
         finally:
-            driver.mem_free_async(table, stream)
+            if table:
+                driver.mem_free_async(table, stream)
 
     def bind(self, problem, policy, operands, out):
         return None             # no torch fast path for grouped calls (it serves gemm)
@@ -500,12 +510,11 @@ class TritonGroupedSm90(PointerGemm):
         P = Param
         scalars = self._args(problem)
         grid = programs(problem.shape, cfg, H200_SMS - sm_margin)
-        needs_table = cfg.flat and not cfg.ragged_k
-        table = (P.scratch(0),) if needs_table else (P.null(),) if cfg.flat else ()
+        table = (P.scratch(0),) if needs_table(cfg) else (P.null(),) if cfg.flat else ()
         args = (P.input(0), P.input(1), P.output(0), P.input(2), *table, *(P.i32(v) for v in scalars[:5]),
                 *(P.i64(v) for v in scalars[5:]))
         return triton_launch(entry.cubin, entry.meta, grid, args,
-                             scratch_bytes=(table_bytes(problem.shape, grid),) if needs_table else ())
+                             scratch_bytes=(table_bytes(problem.shape, grid),) if needs_table(cfg) else ())
 
     def prebuild(self, arch: str):
         return gluon_entries(arch)
