@@ -155,12 +155,12 @@ def run_jax(args, log) -> list:
     return records
 
 
-# the promoting FP8 class's candidate tile widths: 128 (the policy's) and 192 (96 accumulator
-# registers a thread, twice; fewer shared-memory bytes per FLOP)
+# the promoting FP8 class's tile widths, which choose_fp8_promoted_policy picks from by waves: 128
+# and 192 (96 accumulator registers a thread, twice; fewer shared-memory bytes per FLOP)
 PROMOTE_TILES = (128, 192)
 
 
-def _promoted_spec(m: int, n: int, k: int, tile_n=None) -> tuple:
+def _promoted_spec(m: int, n: int, k: int, tile_n=None, block: bool = False) -> tuple:
     """The class spec (build()'s arguments) of e4m3 -> bf16 at the promoting policy's config for
     this shape (its tile_n replaced where given), A row- and B column-major, on an H200."""
     import dataclasses
@@ -168,7 +168,7 @@ def _promoted_spec(m: int, n: int, k: int, tile_n=None) -> tuple:
     from xgemm.core.problem import COL, ROW
     from xgemm.kernels import cute_gemm_sm90 as k90
     from xgemm.kernels.cute_gemm_sm90_policy import choose_fp8_promoted_policy
-    cfg = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1))
+    cfg = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1, block))
     if tile_n is not None:
         cfg = dataclasses.replace(cfg, tile_n=tile_n)
     return (cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True, (False,) * 4,
@@ -185,12 +185,10 @@ def promote_candidates(m: int, n: int, k: int) -> list:
 
 
 def block_candidates(m: int, n: int, k: int) -> list:
-    """(label, class spec, Epi) of the block-scaled class as the default call runs it (a ring of
-    its scales in shared memory, Epi.scale_ring, ran at half its rate and was removed)."""
+    """(label, class spec, Epi) of the block-scaled class as the default call runs it."""
     from xgemm.kernels import cute_gemm_sm90 as k90
-    spec = _promoted_spec(m, n, k)
-    block = k90.Epi(scale_m=True, scale_n=True, promote=True, block=True)
-    return [("block", spec, block)]
+    spec = _promoted_spec(m, n, k, block=True)
+    return [("block", spec, k90.Epi(scale_m=True, scale_n=True, promote=True, block=True))]
 
 
 def run_tune(args, log) -> list:
@@ -217,7 +215,8 @@ def _tune_classes(torch, args, log, recipe: str, candidates) -> list:
         _, ops = _operands(torch, m, n, k)
         a8, b8, sa, sb = ops[recipe]
         ref = _reference(torch, a8, b8, sa, sb)
-        ours = (sa, sb) if recipe == "block" else (sa.reshape(-1), sb.reshape(-1))
+        # block scales as the class loads them (fp8_checks.kernel_block_scales): sa M-major
+        ours = (sa.t().contiguous().t(), sb) if recipe == "block" else (sa.reshape(-1), sb.reshape(-1))
         out, impls = {}, {}
         for label, spec, epi in candidates(m, n, k):
             fn = k90.compiled(*spec, epi=epi)

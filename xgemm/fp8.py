@@ -25,7 +25,9 @@ amax / fp8_max (448 for e4m3fn, 57344 for e5m2), and 1.0 where amax is 0 (an all
 zeros and a finite positive scale); q = clamp(x * (1 / scale), -fp8_max, fp8_max) cast to fp8. So values
 beyond the range, +-inf included, saturate to +-fp8_max (the clamp TransformerEngine / DeepSeek
 quantizers do: a bare cast gives NaN for e4m3fn in NumPy and JAX, saturates in torch on the CPU,
-and gives inf for e5m2), and NaN stays NaN without spoiling its block's scale.
+and gives inf for e5m2), and NaN stays NaN without spoiling its block's scale. The GPU kernel's
+"block_1x128" scale comes out M-major (strides (1, R rounded up to 4)), as torch._scaled_mm and
+the block-scaled GEMM class take it.
 
 The embedded default dequantizes in float32 and runs one matmul; it reads any layout. A Hopper
 FP8 wgmma kernel wants both operands K-major (a row-major, b column-major), and another layout
@@ -36,14 +38,16 @@ tile's sum in the wgmma accumulator, which an FP8 wgmma adds into with ~14 bits 
 report; the H200 run of 2026-12-02 measured 2-5% of |ref| + 1 at K = 256-512), what
 torch._scaled_mm's use_fast_accum=True does too. The default call wants float32 accumulation: it
 is planned as a problem that asks it (GemmProblem.float32_accumulation), which gets the classes that add each
-128-deep k-tile's sum into float32 registers (Epi.promote on cooperative 128x128 tiles; the plan
-carries fp8_checks.PROMOTE_NOTE), validated on the H200 on 2026-12-02 (0.92-0.98x
-torch._scaled_mm's default there). Within a k-tile the sum keeps the wgmma's ~14 bits for at most
+128-deep k-tile's sum into float32 registers (Epi.promote on cooperative 128x192 or 128x128 tiles;
+the plan carries fp8_checks.PROMOTE_NOTE), validated on the H200 on 2026-12-02 (0.94-0.99x
+torch._scaled_mm's default on 2026-12-05). Within a k-tile the sum keeps the wgmma's ~14 bits for at most
 4 steps of 32: the numerics of torch._scaled_mm's default (CUTLASS promotes every 4 MMAs), about
 4 * 2**-13 of the magnitudes, not float32's. Block-wise scales take the same promoting mainloop
 with either accumulation: each k-tile's sum is multiplied by its row's scale of a and its 128x128
-block's scale of b as it is added (Epi.block; validated on the H200 on 2026-12-02, at 0.66-0.73x
-the tensor-wise class's rate there).
+block's scale of b as it is added (Epi.block; validated on the H200 on 2026-12-02; 1.01-1.03x
+torch._scaled_mm's block-wise path on 2026-12-05). The class loads the scales by TMA in the
+layouts of fp8_checks.kernel_block_scales (scale_a M-major, as quantize_fp8's kernel writes it
+and torch._scaled_mm takes it; scale_b row-major); scales in other layouts are copied into them.
 Everything else runs the embedded default. quantize_fp8 is planned like any op (registry
 "quantize_fp8"): triton_quantize_sm90 takes the row and 1x128 recipes of 16-byte rows on the GPU
 in one pass, the embedded default the rest.
@@ -64,7 +68,7 @@ from typing import Any, NamedTuple, Optional
 
 from xgemm import arrays, errors, prepare
 from xgemm.core import fp8_checks, policy
-from xgemm.core.problem import ROW, Epilogue, GemmProblem, Operand
+from xgemm.core.problem import COL, ROW, Epilogue, GemmProblem, Operand
 from xgemm.core.quantize import QuantizeProblem
 
 
@@ -139,9 +143,8 @@ def prepare_kernel(c: Checked, fn: str = "scaled_matmul", use_fast_accum: bool =
     if planned is None or not _accumulates_as_asked(planned[0], use_fast_accum):
         return None
     plan, (va, vb, vbias) = planned
-    # a tensor-wise scale repeated into the vector the problem describes (M + N floats)
-    scales = [arrays.view(x if x is not None else getattr(c, name).reshape(-1).expand(size).contiguous(), name, fn)
-              for name, x, size in _kernel_scales(c, plan.problem.m, plan.problem.n)]
+    scales = [arrays.view(x if x is not None else _fresh_scale(c, name, want), name, fn)
+              for name, x, want in _kernel_scales(c)]
     result = sys.modules["torch"].empty((plan.problem.m, plan.problem.n), device=c.a.device,
                                         dtype=arrays.framework_dtype("torch", c.out_dtype))
     return prepare.Prepared(plan, (va, vb, None, vbias, *scales), arrays.view(result, "out", fn), lambda r: result)
@@ -153,12 +156,33 @@ def _accumulates_as_asked(plan: Any, use_fast_accum: bool) -> bool:
     return use_fast_accum or fp8_checks.PROMOTE_NOTE in plan.policy.notes
 
 
-def _kernel_scales(c: Checked, m: int, n: int) -> list:
-    """[(name, scale, size)] as the kernel reads them: a row-wise scale as the vector of a's rows or
-    b's columns, block-wise ones as they are ((M, K/128), (K/128, N/128)), or None where a
-    tensor-wise scale is repeated into a fresh vector of size (prepare_kernel makes it)."""
-    return [(name, x if c.recipe.name == "block" else x.reshape(-1) if x.numel() == size else None, size)
-            for x, name, size in ((c.scale_a, "scale_a", m), (c.scale_b, "scale_b", n))]
+def _kernel_scales(c: Checked) -> list:
+    """[(name, scale, (shape, strides))] as the kernel reads them: a row-wise scale as the vector
+    of a's rows or b's columns, block-wise ones where they are laid out as the kernel loads them
+    (fp8_checks.kernel_block_scales), or None where prepare_kernel makes a fresh array of that
+    (shape, strides): a tensor-wise scale repeated into a vector, block scales copied."""
+    r = c.recipe
+    if r.name == "block":
+        wants = fp8_checks.kernel_block_scales(r.m, r.k, r.n)
+        return [(name, x if fp8_checks.in_kernel_block_layout(
+                    tuple(x.shape), x.stride(), want, x.data_ptr() % 16 == 0) else None, want)
+                for x, name, want in ((c.scale_a, "scale_a", wants[0]), (c.scale_b, "scale_b", wants[1]))]
+    return [(name, x.reshape(-1) if x.numel() == size else None, ((size,), (1,)))
+            for x, name, size in ((c.scale_a, "scale_a", r.m), (c.scale_b, "scale_b", r.n))]
+
+
+def _fresh_scale(c: Checked, name: str, want: tuple) -> Any:
+    """The scale `name` as a fresh torch array of want = (shape, strides) (_kernel_scales)."""
+    torch, x = sys.modules["torch"], getattr(c, name)
+    (shape, strides) = want
+    if c.recipe.name != "block":
+        return x.reshape(-1).expand(shape).contiguous()
+    # a padded buffer of the transposed or row-major rows, viewed back as `shape`
+    unit = strides.index(1)
+    buf = torch.empty((shape[1 - unit], strides[1 - unit]), device=x.device, dtype=torch.float32)
+    view = buf[:, :shape[unit]]
+    view.copy_(x.t() if unit == 0 else x)
+    return view.t() if unit == 0 else view
 
 
 def _plan_kernel(c: Checked, fn: str, use_fast_accum: bool) -> Any:
@@ -171,9 +195,10 @@ def _plan_kernel(c: Checked, fn: str, use_fast_accum: bool) -> Any:
     (m, k), n = c.a.shape, c.b.shape[1]
     vb = arrays.view(c.b, "b", fn)
     vbias = arrays.view(c.bias, "bias", fn) if c.bias is not None else None
-    # a tensor-wise scale as the fresh compact vector prepare_kernel repeats it into
+    # a scale prepare_kernel makes afresh (_kernel_scales) as it will be laid out
     scales = tuple(arrays.operand(arrays.view(x, name, fn)) if x is not None
-                   else Operand((size,), (1,), "float32", ROW, 16) for name, x, size in _kernel_scales(c, m, n))
+                   else Operand(want[0], want[1], "float32", ROW if want[1][-1] == 1 else COL, 16)
+                   for name, x, want in _kernel_scales(c))
     problem = GemmProblem(m=m, n=n, k=k, batch=(), a=arrays.operand(va), b=arrays.operand(vb), c=None,
                           epilogue=Epilogue(out_dtype=c.out_dtype), framework="torch", device=va.device,
                           bias=arrays.operand(vbias) if vbias is not None else None, scales=scales,
@@ -247,7 +272,12 @@ def prepare_quantize(fn: str, owner: str, x: Any, recipe: str, block: Any, scale
     if plan.kernel.name == "reference":
         return prepare.Prepared(plan, (vx, None), None, lambda r: r)
     q = arrays.empty(owner, tuple(x.shape), dt, vx.device, x)
-    scale = arrays.empty(owner, scale_shape, "float32", vx.device, x)
+    if recipe == "block_1x128":
+        # M-major, as the block-scaled GEMM class and torch._scaled_mm read it: no copy there
+        (shape, strides), _ = fp8_checks.kernel_block_scales(scale_shape[0], x.shape[1], 1)
+        scale = arrays.empty(owner, (shape[1], strides[1]), "float32", vx.device, x)[:, :shape[0]].T
+    else:
+        scale = arrays.empty(owner, scale_shape, "float32", vx.device, x)
     return prepare.Prepared(plan, (vx, arrays.view(scale, "scale", fn)), arrays.view(q, "q", fn),
                             lambda r: (q, scale))
 
@@ -274,8 +304,10 @@ def _kernel_words(c: Checked, fn: str, use_fast_accum: bool) -> Optional[str]:
         return None
     plan = planned[0]
     if c.recipe.name == "block":
+        copied = [f"{name} copied {'M' if want[1][0] == 1 else 'row'}-major, its stride padded to 4 floats"
+                  for name, x, want in _kernel_scales(c) if x is None]
         return (f"{plan.kernel.name} ({plan.policy.summary()}), each k-tile's sum multiplied by its block "
-                f"scales and added in float32")
+                f"scales and added in float32" + "".join(f"; {text}" for text in copied))
     promoted = fp8_checks.PROMOTE_NOTE in plan.policy.notes
     return (f"{plan.kernel.name} ({plan.policy.summary()}), the scales applied in its epilogue, "
             + ("its k-tile sums added in float32" if promoted else "its sums kept in the wgmma accumulator"))

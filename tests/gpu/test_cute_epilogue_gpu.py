@@ -235,9 +235,9 @@ def test_scaled_matmul_default_call_runs_the_promoted_class():
     assert not torch.isnan(y).any() and ((y.double() - ref).abs() / bound).max().item() <= 1.0
 
 
-# ragged M; N in 9 blocks of b's scales, the last partial; K in 5 k-tiles, the last partial (80 deep:
-# FP8 K-major rows need K a multiple of 16 bytes)
-BLOCK_API = (1000, 1040, 592)
+# ragged M (no multiple of 4: scale_a's M-major copy is padded); N in 9 blocks of b's scales, the
+# last partial; K in 5 k-tiles, the last partial (80 deep: FP8 K-major rows need K a multiple of 16 bytes)
+BLOCK_API = (1002, 1040, 592)
 
 
 def _block_operands(seed: int):
@@ -252,13 +252,22 @@ def _block_operands(seed: int):
 
 
 @pytest.mark.parametrize("fast", [False, True])
-def test_scaled_matmul_block_scales_run_the_block_class(fast):
-    """Block-wise scales (a in 1x128 blocks, b in 128x128; scale_b with any strides) run the
-    block-scaled promoting class with either accumulation, within the promoted bound (4 wgmma steps
-    a k-tile) of the float64 product of the dequantized operands; the result is written over NaN."""
+@pytest.mark.parametrize("layout", ["given", "kernel"])
+def test_scaled_matmul_block_scales_run_the_block_class(fast, layout):
+    """Block-wise scales (a in 1x128 blocks, b in 128x128) run the block-scaled promoting class with
+    either accumulation, within the promoted bound (4 wgmma steps a k-tile) of the float64 product
+    of the dequantized operands; the result is written over NaN. The scales as given (scale_a
+    row-major, scale_b transposed: copied into the layouts the class loads) or in those layouts
+    (scale_a M-major, scale_b row-major, both strides padded to 4 floats, NaN in the padding)."""
     import xgemm
     a8, b8, sa, sb, bias = _block_operands(9)
     (m, k), n = a8.shape, b8.shape[1]
+    if layout == "kernel":
+        kb, nb = sb.shape
+        pad_a = torch.full((kb, -(-m // 4) * 4), float("nan"), device="cuda")
+        pad_b = torch.full((kb, -(-nb // 4) * 4), float("nan"), device="cuda")
+        pad_a[:, :m], pad_b[:, :nb] = sa.t(), sb
+        sa, sb = pad_a[:, :m].t(), pad_b[:, :nb]
     text = str(xgemm.explain(a8, b8, sa, sb, op="scaled_matmul", use_fast_accum=fast))
     assert "runs on cute_gemm_sm90" in text and "multiplied by its block scales" in text, text
     torch.full((m * n,), float("nan"), dtype=torch.bfloat16, device="cuda")     # freed: the next block of that size

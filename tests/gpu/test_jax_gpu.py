@@ -110,9 +110,10 @@ def test_scaled_matmul_runs_the_fp8_class_inside_jit(recipe):
     """jit(xj.scaled_matmul) on the GPU: one TVM-FFI custom call to cute_gemm_sm90's promoting FP8
     class (row-wise scales as vectors, block-wise ones as they are), within the promoted bound (4
     wgmma steps of 2**-13 a k-tile, plus bf16's rounding) of the float64 product of the dequantized
-    operands. The shape is test_cute_epilogue_gpu's BLOCK_API: ragged M, N and K."""
+    operands. The shape is test_cute_epilogue_gpu's BLOCK_API: ragged M (no multiple of 4: scale_a
+    padded to its stride), N and K."""
     dev = _gpu()
-    m, n, k = 1000, 1040, 592
+    m, n, k = 1002, 1040, 592
     kb, nb = -(-k // 128), -(-n // 128)
     rng = np.random.default_rng(3)
     a8 = jnp.asarray(rng.standard_normal((m, k)) * 2, jnp.float8_e4m3fn)

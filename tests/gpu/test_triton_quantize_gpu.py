@@ -1,7 +1,7 @@
 """triton_quantize_sm90 on an H200: xgemm.quantize_fp8's row and 1x128 recipes
 through the kernel, bit for bit the embedded default's q and scales (core/fp8_checks.quantize in
 torch ops on the same GPU), for every x dtype and both FP8 types, with NaN, +-inf, all-zero rows
-and values far beyond the FP8 range."""
+and values far beyond the FP8 range; the 1x128 scales come out M-major."""
 from __future__ import annotations
 
 import pytest
@@ -44,5 +44,7 @@ def test_bit_exact_with_the_default(shape, recipe, dtype, fp8):
     q_ref, s_ref = fp8_checks.quantize(xp, x, block, getattr(torch, fp8), fp8_checks.FP8_MAX[fp8], torch.float32,
                                        x.device)
     assert torch.equal(s, s_ref), (s - s_ref).abs().max()
+    # 1x128 scales M-major, their column stride padded to 4 floats (fp8_checks.kernel_block_scales)
+    assert s.stride()[0] == 1 and (recipe == "row" or s.stride()[1] == -(-rows // 4) * 4), s.stride()
     same = q.view(torch.uint8) == q_ref.view(torch.uint8)
     assert same.all(), f"{int((~same).sum())} of {q.numel()} fp8 values differ, first at {(~same).nonzero()[0].tolist()}"

@@ -109,7 +109,8 @@ def test_errors_are_typed_under_jit():
 def test_cuda_lowering_calls_the_promoting_fp8_class():
     """jit(scaled_matmul) lowered for cuda: tensor- and row-wise scales call cute_gemm_sm90's FP8
     class (one TVM-FFI custom call, b asked column-major, the scales as M / N vectors, no XLA dot);
-    block-wise scales its block-scaled class, the scales as they are."""
+    block-wise scales its block-scaled class, the scales in the layouts it loads (scale_a asked
+    column-major, scale_b's rows padded to 4 floats: fp8_checks.kernel_block_scales)."""
     pytest.importorskip("cutlass")
     from xgemm import jax as xj
     m, k, n = 256, 512, 384
@@ -127,5 +128,6 @@ def test_cuda_lowering_calls_the_promoting_fp8_class():
                                             jax.ShapeDtypeStruct((kb, nb), f32)).lower(
         lowering_platforms=("cuda",)).as_text()
     (call,) = [ln for ln in block.splitlines() if "stablehlo.custom_call @xgemm_tvm_ffi_call" in ln]
-    assert f"tensor<{m}x{k}xf8E4M3FN>, tensor<{k}x{n}xf8E4M3FN>, tensor<{m}x{kb}xf32>, tensor<{kb}x{nb}xf32>" in call, call
+    assert f"tensor<{m}x{k}xf8E4M3FN>, tensor<{k}x{n}xf8E4M3FN>, tensor<{m}x{kb}xf32>, tensor<{kb}x4xf32>" in call, call
+    assert "operand_layouts = [dense<[1, 0]> : tensor<2xindex>, dense<[0, 1]> : tensor<2xindex>, dense<[0, 1]>" in call
     assert "dot_general" not in block

@@ -101,16 +101,24 @@ def test_scaled_matmul_launches_the_fp8_class():
         assert tuple(args[5].shape) == (256,) and tuple(args[6].shape) == (384,)
         assert torch.equal(args[5], sa.reshape(-1).expand(256)) and torch.equal(args[6], sb.reshape(-1).expand(384))
         assert args[2].data_ptr() == y.data_ptr() and y.dtype == torch.bfloat16
-    block = (torch.rand(256, 4) + 0.5, (torch.rand(3, 4) + 0.5).t())      # scale_b (K/128, N/128), any strides
-    for fast in (True, False):
-        with Fake(keep=True) as fake:
-            text = xgemm.explain(a, b, *block, op="scaled_matmul", use_fast_accum=fast)
-            y = xgemm.scaled_matmul(a, b, *block, use_fast_accum=fast)
-        (key, args), = _cute_calls(fake)
-        assert key[2].tile_n == 128 and not key[2].pingpong
-        assert key[-1] == K90.Epi(None, None, None, True, True, promote=True, block=True)
-        assert args[5] is block[0] and args[6] is block[1] and args[2].data_ptr() == y.data_ptr()
-        assert "multiplied by its block scales" in text, text
+    # block scales as quantize_fp8 gives them (scale_a row-major, scale_b (K/128, N/128) of any
+    # strides): copied into the layouts the class loads (fp8_checks.kernel_block_scales); in those
+    # layouts already (scale_a M-major, scale_b's rows padded to 4 floats): passed as they are
+    block = (torch.rand(256, 4) + 0.5, (torch.rand(3, 4) + 0.5).t())
+    kernel_layout = (block[0].t().contiguous().t(), torch.zeros(4, 4)[:, :3].copy_(block[1]))
+    for scales, copied in ((block, True), (kernel_layout, False)):
+        for fast in (True, False):
+            with Fake(keep=True) as fake:
+                text = xgemm.explain(a, b, *scales, op="scaled_matmul", use_fast_accum=fast)
+                y = xgemm.scaled_matmul(a, b, *scales, use_fast_accum=fast)
+            (key, args), = _cute_calls(fake)
+            assert key[2].tile_n == 128 and not key[2].pingpong
+            assert key[-1] == K90.Epi(None, None, None, True, True, promote=True, block=True)
+            assert args[5].stride() == (1, 256) and args[6].stride() == (4, 1) and args[2].data_ptr() == y.data_ptr()
+            assert torch.equal(args[5], scales[0]) and torch.equal(args[6], scales[1])
+            assert (args[5] is not scales[0] and args[6] is not scales[1]) == copied
+            assert "multiplied by its block scales" in text, text
+            assert ("scale_a copied M-major" in text and "scale_b copied row-major" in text) == copied, text
     for scales, fast in ((row, True), (block, True), (row, False), (block, False)):
         with Fake(keep=True) as fake:
             xgemm.scaled_matmul(a, b.contiguous(), *scales, use_fast_accum=fast)

@@ -167,6 +167,29 @@ def bias(fn: str, dt: str, shape: Sequence[int], n: int) -> None:
         raise errors.DTypeError(f"{fn}: bias has dtype {dt}; pass float32, bfloat16 or float16 (added in float32)")
 
 
+def kernel_block_scales(m: int, k: int, n: int) -> Tuple[Tuple[Tuple[int, int], Tuple[int, int]], ...]:
+    """((shape, element strides) of scale_a, of scale_b) as the block-scaled FP8 kernel loads them
+    by TMA with each k-tile (cute_gemm_sm90 Epi.block): scale_a [M, K/128] M-major (torch's
+    _scaled_mm and DeepGEMM take it so too) and scale_b [K/128, N/128] row-major, each row stride
+    rounded up to 4 floats (TMA strides are multiples of 16 bytes), on 16-byte aligned bases.
+    Other layouts are copied into these (a few KB to MB, against the product's GB)."""
+    kb, nb = _cdiv(k, BLOCK), _cdiv(n, BLOCK)
+    return ((m, kb), (1, _cdiv(m, 4) * 4)), ((kb, nb), (_cdiv(nb, 4) * 4, 1))
+
+
+def in_kernel_block_layout(shape: Sequence[int], strides: Sequence[int], want: Tuple, aligned: bool) -> bool:
+    """Whether a block-scale array (element strides; `aligned`: a 16-byte aligned base) is laid
+    out as kernel_block_scales' `want`: the same shape, unit stride on the same axis, the other
+    stride a multiple of 4 floats that covers the rows. Strides of extent-1 axes count too: the
+    compiled class checks every stride it declares."""
+    (shape_w, strides_w) = want
+    if tuple(shape) != shape_w or not aligned:
+        return False
+    unit = strides_w.index(1)
+    other = strides[1 - unit]
+    return strides[unit] == 1 and other % 4 == 0 and other >= shape_w[unit]
+
+
 def kernel_needs(recipe: MatmulRecipe, a_k_major: bool, b_k_major: bool) -> str:
     """What a Hopper FP8 wgmma kernel will need of these operands (both K-major): the text explain() shows.
     The embedded default (dequantize, then one matmul) reads any layout and copies nothing."""

@@ -151,12 +151,18 @@ def _scaled_cuda(*args, cfg, portable):
         return _reference(*_split(args), cfg)
     # the recipe from the scales' shapes (blocks alone are ambiguous where K or N is one block)
     if fp8_checks.matmul_recipe("scaled_matmul", a.shape, b.shape, sa.shape, sb.shape).name == "block":
-        scale_ops = tuple(Operand(x.shape, (x.shape[1], 1), "float32", ROW, 16) for x in (sa, sb))
-        scale_args = [sa.astype(jnp.float32), sb.astype(jnp.float32)]
+        # the layouts the kernel loads (fp8_checks.kernel_block_scales): sa's rows padded to its
+        # stride and asked column-major, sb's columns padded to its row stride
+        want_a, want_b = fp8_checks.kernel_block_scales(m, k, n)
+        scale_ops = tuple(Operand(*want, "float32", major, 16) for want, major in ((want_a, COL), (want_b, ROW)))
+        scale_args = [jnp.pad(sa.astype(jnp.float32), ((0, want_a[1][1] - m), (0, 0))),
+                      jnp.pad(sb.astype(jnp.float32), ((0, 0), (0, want_b[1][0] - sb.shape[1])))]
+        scale_layouts = [lowering.col_layout(2), None]
     else:
         scale_ops = (Operand((m,), (1,), "float32", ROW, 16), Operand((n,), (1,), "float32", ROW, 16))
         scale_args = [jnp.broadcast_to(x.reshape(()) if x.size == 1 else x.reshape(-1), (size,)).astype(jnp.float32)
                       for x, size in ((sa, m), (sb, n))]
+        scale_layouts = [None, None]
     problem = GemmProblem(
         m=m, n=n, k=k, batch=(), c=None, framework="jax", device=lowering.target_device(),
         a=layout.dense_operand((m, k), jnp.dtype(a.dtype).name, 1, ROW),
@@ -171,7 +177,7 @@ def _scaled_cuda(*args, cfg, portable):
         return _reference(*_split(args), cfg)
     lowering.ensure_registered()
     operands = [a, b] + ([bias] if bias is not None else []) + scale_args
-    layouts = [None, lowering.col_layout(2)] + [None] * (len(operands) - 2)
+    layouts = [None, lowering.col_layout(2)] + ([None] if bias is not None else []) + scale_layouts
     (y,) = jax_ffi.call_tvm_ffi(made, operands, [jax.ShapeDtypeStruct((m, n), jnp.dtype(cfg.out))],
                                 in_layouts=layouts)
     return y

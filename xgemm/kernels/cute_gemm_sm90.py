@@ -114,11 +114,13 @@ class _Sm90Kernel:
     def _fused_why(self, problem) -> Optional[str]:
         """None when the fused epilogue of a problem has a class here (checked after the rest)."""
         if _block_scales(problem):
-            kb, nb = -(-problem.k // fp8_checks.BLOCK), -(-problem.n // fp8_checks.BLOCK)
-            for name, scale, shape in zip(("scale_a", "scale_b"), problem.scales, ((problem.m, kb), (kb, nb))):
-                # read element by element, any strides
-                if scale.dtype != "float32" or scale.shape != shape:
-                    return f"{name} (shape {scale.shape}, {scale.dtype}) is not a float32 {shape} of block scales"
+            # TMA-loaded with each k-tile: the layouts of fp8_checks.kernel_block_scales
+            wants = fp8_checks.kernel_block_scales(problem.m, problem.k, problem.n)
+            for name, scale, want, major in zip(("scale_a", "scale_b"), problem.scales, wants, ("M", "row")):
+                if scale.dtype != "float32" or not fp8_checks.in_kernel_block_layout(
+                        scale.shape, scale.strides, want, scale.alignment >= 16):
+                    return (f"{name} (shape {scale.shape}, strides {scale.strides}, {scale.dtype}) is not a "
+                            f"16-byte aligned {major}-major float32 {want[0]} with its stride a multiple of 4")
         else:
             for name, vec, extent in zip(("scale_a", "scale_b"), problem.scales or (), (problem.m, problem.n)):
                 # a scale per row of A / column of B (a tensor-wise one: repeated by the caller)
@@ -198,7 +200,8 @@ class _Sm90Kernel:
             return choose_gated_policy(problem.m, problem.n, problem.k, problem.batch_count)
         if problem.scales is not None and (problem.float32_accumulation or _block_scales(problem)):
             # block scales multiply each k-tile's sum as it is promoted, whatever accumulation is asked
-            return choose_fp8_promoted_policy(problem.m, problem.n, problem.k, problem.batch_count)
+            return choose_fp8_promoted_policy(problem.m, problem.n, problem.k, problem.batch_count,
+                                              _block_scales(problem))
         policy = choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
                                problem.a.majorness, problem.b.majorness)
         # the split-K classes serve the plain product (cute_gemm_sm90_build.Sm90Gemm)

@@ -72,13 +72,16 @@ class Epi:
     column scales of B; not with C); bias along "n" (D's columns) or "m" (its rows: the transposed
     run), of bias_dtype; then activation. promote (FP8): each k-tile's wgmma sum is added into a
     float32 register accumulator (an FP8 wgmma keeps ~14 bits of its own running sum), as
-    DeepSeek-V3 and CUTLASS's non-fast-accum FP8 kernels do. block (FP8, with promote): the scales
-    are block-wise, scale_m (M, K/128) per row of A and 128-deep k-block, scale_n (K/128, N/128)
-    per 128x128 block of B; each k-tile's sum is multiplied by its two scales as it is promoted,
-    and the epilogue applies none. (Two other promoting
-    mainloops were timed and removed: two wgmma accumulators in turn, and warpgroup 1 one wgmma
-    batch behind warpgroup 0; and block scales staged through a per-thread cp.async ring in shared
-    memory, which ran at half the block class's rate; docs/performance.md.)"""
+    DeepSeek-V3 and CUTLASS's non-fast-accum FP8 kernels do; in a cooperative tile the two
+    warpgroups issue each k-tile's wgmmas in turn (two named barriers), so that the tensor cores
+    run one warpgroup's batch while the other promotes its sum, as FlashAttention-3 orders its
+    warpgroups' GEMMs around their softmax. block (FP8, with promote): the scales are block-wise,
+    scale_m (M, K/128) per row of A and 128-deep k-block, scale_n (K/128, N/128) per 128x128
+    block of B; the producer's TMA loads a k-tile's scales into its A/B stage, each k-tile's sum
+    is multiplied by its two scales as it is promoted, and the epilogue applies none. (Promoting
+    mainloops timed and removed: two wgmma accumulators in turn; warpgroup 1 one wgmma batch
+    behind warpgroup 0; block scales loaded by the consumers from global memory, or staged
+    through a per-thread cp.async ring; docs/performance.md.)"""
     bias: Optional[str] = None
     bias_dtype: Optional[str] = None
     activation: Optional[str] = None
@@ -125,6 +128,7 @@ def _device():
 
     # Named barrier ids; 0 is __syncthreads.
     BAR_EPI, BAR_MMA0, BAR_EPI0 = 1, 2, 4      # BAR_MMA0 + wg, BAR_EPI0 + wg for wg in (0, 1)
+    BAR_TURN0 = BAR_MMA0                       # promote's turns, cooperative only: pingpong's ids are free
 
     def activate(x, activation: str, fast_tanh: bool):
         """core/epilogues.apply for one float32 value, as torch.nn.functional defines it (NaN in,
@@ -160,6 +164,8 @@ def _device():
             self.scale_n = epi is not None and epi.scale_n and not self.block
             self.gated = epi is not None and epi.gated
             self.promote = epi is not None and epi.promote
+            # a cooperative tile's warpgroups issue their k-tiles' wgmmas in turn (Epi)
+            self.turns = self.promote and not cfg.pingpong
             self.split = cfg.split
             # split-K serves the plain product: C, a fused epilogue's state and promotion stay unsplit
             assert self.split == 1 or (not has_c and epi is None), f"{cfg}: split-K with C or an Epi class"
@@ -202,7 +208,7 @@ def _device():
             c_stage = min(epi_tiles, 4) if c_dtype is not None else 0
             d_bytes = epi_elems * d_dtype.width // 8
             c_bytes = epi_elems * c_dtype.width // 8 if c_dtype is not None else 0
-            ab_bytes = (tm * self.a_dtype.width + tn * self.b_dtype.width) * tk // 8
+            ab_bytes = (tm * self.a_dtype.width + tn * self.b_dtype.width) * tk // 8 + self.scale_room
             reserve = 1024 + 1024                            # mbarriers, alignment padding
             room = SMEM_BYTES - reserve - epi_stage * d_bytes - c_stage * c_bytes
             ab_stage = room // ab_bytes
@@ -221,7 +227,7 @@ def _device():
                    alpha: Float32, beta: Float32, stream: cuda.CUstream):
             """mA (M, K, L), mB (N, K, L), mD / mC (M, N, L), in CuTe's GEMM order; mBias (N,) or
             (M,) by Epi.bias; mScaleM (M,), mScaleN (N,) float32 (Epi), or with Epi.block mScaleM
-            (M, K/128) and mScaleN (N/128, K/128). Split-K (cfg.split > 1): mWork, bytes holding float32,
+            (M, K/128) M-major and mScaleN (N/128, K/128) N/128-major (TMA-loaded). Split-K (cfg.split > 1): mWork, bytes holding float32,
             at least (split - 1) x tile_m x tile_n of them per CTA tile of the grid (workspace_sizes), and mFlags,
             int32, one per CTA tile, zero before the launch and zero again after it."""
             self.a_dtype = mA.element_type
@@ -248,6 +254,11 @@ def _device():
             # and the scales a k-tile takes: A's of each of those rows, then B's
             self.reg_row, self.scale_rows = self._register_rows(self.tiled_mma) if self.block else (None, None)
             self.scale_values = len(self.scale_rows) + 1 if self.block else 0
+            # block scales: a stage also holds A's scales of the tile's rows and a 16-byte box of
+            # B's (four 128-column blocks from the tile's one, the smallest box TMA loads); each box
+            # starts 128-byte aligned, as TMA's shared-memory destination must
+            self.scale_bytes = (self.tile_shape_mnk[0] + 4) * 4 if self.block else 0
+            self.scale_room = (self.tile_shape_mnk[0] + 32) * 4 if self.block else 0
             self.ab_stage, self.epi_stage, self.c_stage = self._stages(self.d_dtype, self.c_dtype)
             self.cluster_layout_mnk = cute.make_layout(self.cluster_shape_mnk)
 
@@ -275,7 +286,15 @@ def _device():
                 mB, b_smem, (self.tile_shape_mnk[1], self.tile_shape_mnk[2]),
                 num_multicast=self.num_mcast_b)
             self.tma_bytes = cute.size_in_bytes(self.a_dtype, a_smem) + cute.size_in_bytes(
-                self.b_dtype, b_smem)
+                self.b_dtype, b_smem) + self.scale_bytes
+            tma_atom_sa, tma_atom_sb = None, None
+            if const_expr(self.block):
+                # mScaleM (M, K/128) M-major, mScaleN (N/128, K/128) with N/128 contiguous
+                tm = self.tile_shape_mnk[0]
+                tma_atom_sa, mScaleM = cpasync.make_tiled_tma_atom(
+                    cpasync.CopyBulkTensorTileG2SOp(), mScaleM, cute.make_layout((tm, 1)), (tm, 1))
+                tma_atom_sb, mScaleN = cpasync.make_tiled_tma_atom(
+                    cpasync.CopyBulkTensorTileG2SOp(), mScaleN, cute.make_layout((4, 1)), (4, 1))
             tma_atom_d, tma_d = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mD,
                 cute.slice_(d_smem_staged, (None, None, 0)), self.epi_tile)
@@ -297,6 +316,7 @@ def _device():
                     cutlass.min(cluster_tiles * self.split, self.max_active_clusters))
 
             c_elems = cute.cosize(c_smem_staged) if const_expr(self.has_c) else 0
+            scale_elems = (self.tile_shape_mnk[0] * self.ab_stage, 32 * self.ab_stage) if const_expr(self.block) else (0, 0)
             c_type = self.c_dtype if const_expr(self.has_c) else Float32
 
             @cute.struct
@@ -310,10 +330,12 @@ def _device():
                     cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem_staged)], 1024]
                 sB: cute.struct.Align[
                     cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem_staged)], 1024]
+                sSA: cute.struct.Align[cute.struct.MemRange[Float32, scale_elems[0]], 128]
+                sSB: cute.struct.Align[cute.struct.MemRange[Float32, scale_elems[1]], 128]
 
             self.shared_storage = SharedStorage
             self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
-                        tma_atom_c, tma_c, mBias, mScaleM, mScaleN, mWork, mFlags, alpha, beta,
+                        tma_atom_c, tma_c, mBias, tma_atom_sa, mScaleM, tma_atom_sb, mScaleN, mWork, mFlags, alpha, beta,
                         self.cluster_layout_mnk,
                         a_smem_staged,
                         b_smem_staged, d_smem_staged, c_smem_staged).launch(
@@ -476,16 +498,6 @@ def _device():
             rows = sorted(set(offs))
             return [rows.index(o) for o in offs], rows
 
-        def _block_scale_views(self, mScaleM, mScaleN, tCcAcc, tc):
-            """Per tile (Epi.block): the 1-D k-block views of A's scales for each of this thread's
-            rows and of B's scales for the tile's 128-column block, so that the k-loop's loads
-            add only k to an address worked out here."""
-            nb = cutlass.min(tc[1] * self.tile_shape_mnk[1] // 128, mScaleN.shape[0] - 1)
-            m_last = mScaleM.shape[0] - 1
-            first = tc[0] * self.tile_shape_mnk[0] + tCcAcc[0][0]
-            # rows past A's edge hold values TMA never stores: clamp their index
-            return [mScaleM[(cutlass.min(first + r, m_last), None)] for r in self.scale_rows], mScaleN[(nb, None)]
-
         def _promote_scaled(self, acc_main, acc, scales):
             """acc_main += acc * (A's scale of the register's row * B's scale): one FFMA a register."""
             rows = len(self.scale_rows)
@@ -493,17 +505,15 @@ def _device():
             for v, row in enumerate(self.reg_row):  # a Python loop: unrolled as the kernel is traced
                 acc_main[v] = acc_main[v] + acc[v] * row_scale[row]
 
-        def _load_block_scales(self, views, kt, k_tiles, out):
-            """out = (A's scale of each of the thread's rows, B's scale) for k-block kt, loaded right
-            after kt's wgmmas are issued and read by its promotion after they end; and k-block
-            kt + 1's prefetched into L1, so that the next k-tile's loads return within its wgmmas'
-            time (from L2, under the mainloop's TMA traffic, they did not: the class ran at 0.66-
-            0.73x the promoting class's rate, H200, docs/performance.md)."""
-            rows, col = views
-            ahead = cutlass.min(kt + 1, k_tiles - 1)
-            for i, t in enumerate((*rows, col)):
-                out[i] = t[kt]
-                cute.arch.prefetch((t.iterator + t.layout(ahead)).llvm_ptr, cache_level="L1")
+        def _read_block_scales(self, sSA, sSB, stage, tCcAcc, tc, out):
+            """out = (A's scale of each of the thread's rows, B's scale) of the k-block in `stage`
+            (the producer's TMA put them there with A and B), read after the stage's wgmmas are
+            issued and before it is released. (Loaded by the consumers from global memory, the
+            scales arrived after the wgmmas ended: docs/performance.md.)"""
+            rows = len(self.scale_rows)
+            for i, r in enumerate(self.scale_rows):
+                out[i] = sSA[(tCcAcc[0][0] + r, 0, stage)]
+            out[rows] = sSB[((tc[1] * self.tile_shape_mnk[1] // 128) % 4, 0, stage)]
 
         def _epilogue_ops(self, tRS_rD, tRS_cD, vectors, tc, epi_idx, epi_tiles_mn, size_rD, up=None):
             """* the scales, + bias, then the activation (gated: times the up half's value, up =
@@ -546,8 +556,9 @@ def _device():
         def kernel(self, tiled_mma: cute.TiledMma, tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor,
                    tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor, tma_atom_d: cute.CopyAtom,
                    mD_mnl: cute.Tensor, tma_atom_c: Optional[cute.CopyAtom],
-                   mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
-                   mScaleM: Optional[cute.Tensor], mScaleN: Optional[cute.Tensor], mWork: Optional[cute.Tensor],
+                   mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor], tma_atom_sa: Optional[cute.CopyAtom],
+                   mScaleM: Optional[cute.Tensor], tma_atom_sb: Optional[cute.CopyAtom],
+                   mScaleN: Optional[cute.Tensor], mWork: Optional[cute.Tensor],
                    mFlags: Optional[cute.Tensor], alpha: Float32, beta: Float32, cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
                    b_smem_staged: cute.ComposedLayout, d_smem_staged: cute.ComposedLayout,
                    c_smem_staged: Optional[cute.ComposedLayout]):
@@ -559,6 +570,9 @@ def _device():
                 cpasync.prefetch_descriptor(tma_atom_d)
                 if const_expr(self.has_c):
                     cpasync.prefetch_descriptor(tma_atom_c)
+                if const_expr(self.block):
+                    cpasync.prefetch_descriptor(tma_atom_sa)
+                    cpasync.prefetch_descriptor(tma_atom_sb)
 
             cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
             cluster_coord = cluster_layout_mnk.get_flat_coord(cta_rank)
@@ -619,6 +633,17 @@ def _device():
                 tma_atom_b, cluster_coord[0],
                 cute.make_layout(cute.slice_(cluster_layout_mnk, (None, 0, 0)).shape),
                 cute.group_modes(sB, 0, 2), cute.group_modes(gB_nkl, 0, 2))
+            tSAs, tSAg, tSBs, tSBg, sSA, sSB = None, None, None, None, None, None
+            if const_expr(self.block):
+                sSA = storage.sSA.get_tensor(cute.make_layout((self.tile_shape_mnk[0], 1, self.ab_stage)))
+                sSB = storage.sSB.get_tensor(cute.make_layout((4, 1, self.ab_stage), stride=(1, 4, 32)))
+                # (tile_m, 1, RestM, K/128), (4, 1, RestN/4, K/128)
+                gSA = cute.local_tile(mScaleM, (self.tile_shape_mnk[0], 1), (None, None))
+                gSB = cute.local_tile(mScaleN, (4, 1), (None, None))
+                tSAs, tSAg = cpasync.tma_partition(tma_atom_sa, 0, cute.make_layout(1),
+                                                   cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2))
+                tSBs, tSBg = cpasync.tma_partition(tma_atom_sb, 0, cute.make_layout(1),
+                                                   cute.group_modes(sSB, 0, 2), cute.group_modes(gSB, 0, 2))
             k_tile_cnt = cute.size(gA_mkl, mode=[3])
             # k-tiles a work unit runs: all of K, or one split-K part of it (_split_of)
             k_per = k_tile_cnt
@@ -653,6 +678,11 @@ def _device():
                                       tma_bar_ptr=bar, mcast_mask=a_mcast_mask)
                             cute.copy(tma_atom_b, tBgB_k[(None, k_first + k_tile)], tBsB[(None, prod.index)],
                                       tma_bar_ptr=bar, mcast_mask=b_mcast_mask)
+                            if const_expr(self.block):
+                                cute.copy(tma_atom_sa, tSAg[(None, tc[0], k_first + k_tile)], tSAs[(None, prod.index)],
+                                          tma_bar_ptr=bar)
+                                cute.copy(tma_atom_sb, tSBg[(None, tc[1] * self.tile_shape_mnk[1] // 512, k_first + k_tile)],
+                                          tSBs[(None, prod.index)], tma_bar_ptr=bar)
                             ab_pipeline.producer_commit(prod)
                             prod.advance()
                         work += cute.arch.grid_dim()[2]
@@ -761,6 +791,10 @@ def _device():
                             c_read.advance(epi_tile_num)
                             c_write.advance(epi_tile_num)
                         work += work_stride
+                if const_expr(self.turns):
+                    if wg_idx == 1:
+                        # warpgroup 0 issues the first k-tile's wgmmas (Epi: promote)
+                        cute.arch.barrier_arrive(barrier_id=BAR_TURN0, number_of_threads=256)
                 tc, valid = self._tile_of(work, sched)
 
                 while valid:
@@ -776,16 +810,18 @@ def _device():
                     warpgroup.fence()
                     # first k-tile: issue, keep one wgmma batch in flight from here on
                     ab_pipeline.consumer_wait(ab_read)
+                    if const_expr(self.turns):
+                        cute.arch.barrier(barrier_id=BAR_TURN0 + wg_idx, number_of_threads=256)
                     for kb in cutlass.range_constexpr(num_k_blocks):
                         cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, ab_read.index)],
                                   tCrB[(None, None, kb, ab_read.index)], acc)
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.commit_group()
-                    ab_read.advance()
-                    scale_views = None
+                    if const_expr(self.turns):
+                        cute.arch.barrier_arrive(barrier_id=BAR_TURN0 + 1 - wg_idx, number_of_threads=256)
                     if const_expr(self.block):
-                        scale_views = self._block_scale_views(mScaleM, mScaleN, tCcAcc, tc)
-                        self._load_block_scales(scale_views, 0, k_tile_cnt, k_scales)
+                        self._read_block_scales(sSA, sSB, ab_read.index, tCcAcc, tc, k_scales)
+                    ab_read.advance()
                     if const_expr(self.promote):
                         # every k-tile's sum goes into float32 registers: wait for it, add it,
                         # and let the next k-tile's first wgmma overwrite the accumulator
@@ -800,15 +836,20 @@ def _device():
                             else:
                                 acc_main.store(acc_main.load() + acc.load())
                             tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                            if const_expr(self.turns):
+                                # the other warpgroup's batch went in after ours: ours follows it
+                                cute.arch.barrier(barrier_id=BAR_TURN0 + wg_idx, number_of_threads=256)
                             warpgroup.fence()
                             for kb in cutlass.range_constexpr(num_k_blocks):
                                 cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, ab_read.index)],
                                           tCrB[(None, None, kb, ab_read.index)], acc)
                                 tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                             warpgroup.commit_group()
-                            ab_read.advance()
+                            if const_expr(self.turns):
+                                cute.arch.barrier_arrive(barrier_id=BAR_TURN0 + 1 - wg_idx, number_of_threads=256)
                             if const_expr(self.block):
-                                self._load_block_scales(scale_views, k_tile, k_tile_cnt, k_scales)
+                                self._read_block_scales(sSA, sSB, ab_read.index, tCcAcc, tc, k_scales)
+                            ab_read.advance()
                     else:
                         for k_tile in cutlass.range(1, k_per, unroll=1):
                             ab_pipeline.consumer_wait(ab_read)
@@ -1018,8 +1059,8 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     (float8_e4m3fn | float8_e5m2; wgmma reads FP8 K-major only: A row-major, B column-major).
     epi: a fused epilogue class (Epi). Returns the TVM-FFI function f(a, b, d[, c], alpha[, beta],
     stream), or for an Epi class f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream) with
-    None for what the class lacks (Epi.block: scale_m (M, K/128) and scale_n (K/128, N/128), any
-    strides).
+    None for what the class lacks (Epi.block: scale_m (M, K/128) M-major and scale_n (K/128, N/128)
+    row-major, 16-byte aligned, their strides multiples of 4).
     """
     if _ITEMSIZE[ab] == 1 and (a_major, b_major) != (ROW, COL):
         raise ValueError(f"{NAME}: FP8 operands must be K-major (A row-major, B column-major), got {a_major}/{b_major}")
@@ -1059,10 +1100,13 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
         sm = vec("float32", m) if epi.scale_m else None
         sn = vec("float32", n) if epi.scale_n else None
         if epi.block:
+            # TMA boxes (fp8_checks.kernel_block_scales): A's scales M-major, B's row-major, 16-byte
+            # base and strides; A's may hold rows past M (XLA's buffers are padded, not strided)
             kb = cute.sym_int()
-            sm = make_fake_tensor(dt("float32"), (m, kb), (cute.sym_int64(), cute.sym_int64()), assumed_align=4)
-            sn = make_fake_tensor(dt("float32"), (kb, cute.sym_int()), (cute.sym_int64(), cute.sym_int64()),
-                                  assumed_align=4)
+            sm = make_fake_tensor(dt("float32"), (cute.sym_int(), kb), (1, cute.sym_int64(divisibility=4)),
+                                  assumed_align=16)
+            sn = make_fake_tensor(dt("float32"), (kb, cute.sym_int()), (cute.sym_int64(divisibility=4), 1),
+                                  assumed_align=16)
         return cute.compile(gemm_epi, op, fa, fb, fd, fc, bias, sm, sn, 1.0, 0.0, stream, options=opts)
     if cfg.split > 1:
         # split-K: the workspace (bytes, read as float32; XLA's scratch buffers are bytes) and the int32

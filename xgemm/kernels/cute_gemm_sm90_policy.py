@@ -267,13 +267,18 @@ def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
     return cfg.policy(why)
 
 
-def choose_fp8_promoted_policy(m: int, n: int, k: int, l: int) -> Policy:
+def choose_fp8_promoted_policy(m: int, n: int, k: int, l: int, block: bool = False) -> Policy:
     """An FP8 class that promotes its k-tile sums holds two float32 accumulators: cooperative
-    128x128 tiles (64 registers each a thread, as CUTLASS's non-fast-accum FP8 kernels use), the
-    cluster, raster and swizzle of the plain product's row."""
+    tiles 128 rows tall, the cluster, raster and swizzle of the plain product's row. 128x192 (96
+    registers each a thread) unless its waves are emptier than 128x128's by the wave margin: its
+    warpgroups' wgmmas in turn ran 1-3% faster than 128x128 at the benchmark shapes (H200,
+    docs/performance.md); block scales take 128x128, one 128-column block of B's scales a tile."""
     why, cfg = choose_config(m, n, k, l)
     cfg = dataclasses.replace(cfg, tile_m=128, tile_n=128, pingpong=False)
-    pol = cfg.policy(why + "; cooperative 128x128: two float32 accumulators")
+    wide = dataclasses.replace(cfg, tile_n=192)
+    if not block and wave_efficiency(m, n, l, wide) * WAVE_MARGIN >= wave_efficiency(m, n, l, cfg):
+        cfg = wide
+    pol = cfg.policy(why + f"; cooperative 128x{cfg.tile_n}: two float32 accumulators")
     return dataclasses.replace(pol, notes=pol.notes + (PROMOTE_NOTE,))
 
 

@@ -9,7 +9,9 @@ Contract
             reference: its two divisions a scale are IEEE (div.rn), not the approximate ones.
   dtypes    x float32 | float16 | bfloat16; q float8_e4m3fn | float8_e5m2; scale float32.
   layout    x 2-D, its last dim contiguous, any row stride; 16-byte aligned base, cols and row
-            stride multiples of 16 bytes (16-byte loads); q and scale fresh and compact.
+            stride multiples of 16 bytes (16-byte loads); q fresh and compact; scale fresh, M-major
+            (its rows contiguous, each column's stride lds): the 1x128 recipe's scales come out
+            as torch._scaled_mm and the block-scaled GEMM class read them (fp8_checks.kernel_block_scales).
   limits    cols <= 16384: a row (BLOCK_C = cols rounded up to a power of two) is held in registers.
   arch      sm_90a cubins (xgemm/runtime/gluon_cache.py), launched without triton.
   status    validated on the H200 (2026-12-02): bit-exact with the reference on every dtype pair,
@@ -93,7 +95,7 @@ def _define():
     import triton.language as tl
 
     @triton.jit
-    def xgemm_quantize_fp8(x_ptr, q_ptr, s_ptr, R, C, ldx, n_seg,
+    def xgemm_quantize_fp8(x_ptr, q_ptr, s_ptr, R, C, ldx, n_seg, lds,
                            FMAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, SEG: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_C)
@@ -113,7 +115,7 @@ def _define():
         tl.store(q_ptr + rows64[:, None] * C + cols[None, :],
                  y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
         segs = tl.arange(0, BLOCK_C // SEG)
-        tl.store(s_ptr + rows64[:, None] * n_seg + segs[None, :], scale,
+        tl.store(s_ptr + rows64[:, None] + segs[None, :] * lds, scale,
                  mask=(rows < R)[:, None] & (segs < n_seg)[None, :])
 
     return xgemm_quantize_fp8
@@ -125,7 +127,8 @@ def gluon_compile_args(key: str, arch: str):
         raise ValueError(f"{key} is built for sm_90a only, not {arch}")
     cfg.check()
     sig = {"x_ptr": f"*{SHORT_DTYPE[cfg.in_dtype]}", "q_ptr": "*fp8e4nv" if cfg.out_dtype == "float8_e4m3fn"
-           else "*fp8e5", "s_ptr": "*fp32", "R": "i32", "C": "i32", "ldx": "i64", "n_seg": "i32"}
+           else "*fp8e5", "s_ptr": "*fp32", "R": "i32", "C": "i32", "ldx": "i64", "n_seg": "i32",
+           "lds": "i64"}
     constexprs = {"FMAX": fp8_checks.FP8_MAX[cfg.out_dtype], "BLOCK_M": cfg.block_m, "BLOCK_C": cfg.block_c,
                   "SEG": cfg.seg}
     sig.update({k: "constexpr" for k in constexprs})
@@ -189,14 +192,15 @@ class TritonQuantizeSm90:
                       notes=(f"one pass, a scale per {cfg.seg} columns",))
 
     def run(self, problem, policy, operands, out, stream) -> None:
-        """operands (x, scale): scale is the float32 [R, segments] array it writes beside q (out)."""
+        """operands (x, scale): scale is the float32 [R, segments] array it writes beside q (out),
+        row-major for the row recipe ([R, 1]), M-major for 1x128 (its column stride lds >= R)."""
         x, scale = operands
         cfg = self._config(problem)._replace(block_m=policy.tile[0], block_c=policy.tile[1], warps=policy.warps)
         entry = gluon_cache.lookup(cfg.key)
         launcher = launch.get_launcher(entry.cubin, entry.meta, x.device.index)
         rows, cols = problem.x.shape
         launcher(-(-rows // cfg.block_m), stream, x.ptr, out.ptr, scale.ptr, rows, cols,
-                 x.strides[0] if rows > 1 else cols, -(-cols // cfg.seg))
+                 x.strides[0] if rows > 1 else cols, -(-cols // cfg.seg), scale.strides[1])
 
     def jax_lowering(self, problem, policy, *, portable: bool = False, sm_margin: int = 0):
         return None                 # JAX quantizes with XLA's ops (xgemm/jax/fp8.py)
