@@ -178,10 +178,12 @@ def _promoted_spec(m: int, n: int, k: int, tile_n=None, block: bool = False) -> 
 def promote_candidates(m: int, n: int, k: int) -> list:
     """(label, class spec, Epi) of the promoting FP8 class (tensor / row scales as vectors) at each
     PROMOTE_TILES width (128: the default call's class); the policy's cluster, raster and swizzle
-    otherwise. tests/gpu/prebuild_classes.py compiles them ahead."""
+    otherwise. Also the 128x192 class without promotion, which tells what promoting costs at that
+    tile (nothing measurable on the H200 on 2026-12-05). tests/gpu/prebuild_classes.py compiles them ahead."""
     from xgemm.kernels import cute_gemm_sm90 as k90
     return [(f"promoted 128x{tn}", _promoted_spec(m, n, k, tn), k90.Epi(scale_m=True, scale_n=True, promote=True))
-            for tn in PROMOTE_TILES]
+            for tn in PROMOTE_TILES] + [
+        ("fast 128x192", _promoted_spec(m, n, k, 192), k90.Epi(scale_m=True, scale_n=True))]
 
 
 def block_candidates(m: int, n: int, k: int) -> list:

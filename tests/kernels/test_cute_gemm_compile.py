@@ -172,6 +172,11 @@ def test_policy_splits_k_where_few_tiles_run_a_long_k(mnk, split):
         # no split class takes C or a fused epilogue: those run unsplit
         c = _op(mnk[:2])
         assert K90.KERNEL.policy(_problem(*mnk, beta=1.0, c=c)).split_k == 1
+        # nor the gated or the promoting FP8 classes (the H200 run of 2026-12-05: scaled_matmul at
+        # 128x128x8192 asked a split class with an Epi and failed its build's assertion)
+        for pol in (K90.choose_gated_policy(mnk[0], mnk[1] // 2, mnk[2], 1),
+                    K90.choose_fp8_promoted_policy(*mnk, 1), K90.choose_fp8_promoted_policy(*mnk, 1, True)):
+            assert pol.split_k == 1 and K90.Config.from_policy(pol).split == 1, pol
         assert 0.9 < K90.wave_efficiency(mnk[0], mnk[1], 1, cfg, k=mnk[2]) <= 1.0
 
 
