@@ -174,8 +174,14 @@ def test_policy_splits_k_where_few_tiles_run_a_long_k(mnk, split):
         assert K90.KERNEL.policy(_problem(*mnk, beta=1.0, c=c)).split_k == 1
         # nor the gated or the promoting FP8 classes (the H200 run of 2026-12-05: scaled_matmul at
         # 128x128x8192 asked a split class with an Epi and failed its build's assertion)
-        for pol in (K90.choose_gated_policy(mnk[0], mnk[1] // 2, mnk[2], 1),
-                    K90.choose_fp8_promoted_policy(*mnk, 1), K90.choose_fp8_promoted_policy(*mnk, 1, True)):
+        m, n, k = mnk
+        plain = _problem(*mnk)
+        kb, nb = -(-k // 128), -(-n // 128)
+        for fused in (dataclasses.replace(plain, epilogue=dataclasses.replace(plain.epilogue, activation="swiglu")),
+                      dataclasses.replace(plain, scales=(_op((m, 1), "float32"), _op((1, n), "float32")),
+                                          float32_accumulation=True),
+                      dataclasses.replace(plain, scales=(_op((m, kb), "float32"), _op((kb, nb), "float32")))):
+            pol = K90.KERNEL.policy(fused)
             assert pol.split_k == 1 and K90.Config.from_policy(pol).split == 1, pol
         assert 0.9 < K90.wave_efficiency(mnk[0], mnk[1], 1, cfg, k=mnk[2]) <= 1.0
 

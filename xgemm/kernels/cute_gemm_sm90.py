@@ -197,14 +197,16 @@ class _Sm90Kernel:
 
     def policy(self, problem) -> Policy:
         if problem.epilogue.activation in GATED:
-            return choose_gated_policy(problem.m, problem.n, problem.k, problem.batch_count)
-        if problem.scales is not None and (problem.float32_accumulation or _block_scales(problem)):
+            policy = choose_gated_policy(problem.m, problem.n, problem.k, problem.batch_count)
+        elif problem.scales is not None and (problem.float32_accumulation or _block_scales(problem)):
             # block scales multiply each k-tile's sum as it is promoted, whatever accumulation is asked
-            return choose_fp8_promoted_policy(problem.m, problem.n, problem.k, problem.batch_count,
-                                              _block_scales(problem))
-        policy = choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
-                               problem.a.majorness, problem.b.majorness)
-        # the split-K classes serve the plain product (cute_gemm_sm90_build.Sm90Gemm)
+            policy = choose_fp8_promoted_policy(problem.m, problem.n, problem.k, problem.batch_count,
+                                                _block_scales(problem))
+        else:
+            policy = choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
+                                   problem.a.majorness, problem.b.majorness)
+        # the split-K classes serve the plain product (cute_gemm_sm90_build.Sm90Gemm): the gated and
+        # promoting policies start from its row, which may split (128x128x8192 did, 2026-12-05)
         return unsplit(policy) if problem.fused or problem.epilogue.reads_c else policy
 
     def spec(self, problem, policy: Policy, operands, out, arch: str, sm_count: int) -> Tuple:

@@ -258,7 +258,6 @@ def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
     half is 32 columns, 64 bytes of a row-major B, less than the 128-byte swizzled row its TMA box
     fills (the H200 run of 2026-12-02: an illegal address at 1000 x 1536 x 264, tile 128 x 64)."""
     why, cfg = choose_config(m, 2 * h, k, l)
-    cfg = dataclasses.replace(cfg, split=1)      # the split-K classes serve the plain product only
     if cfg.tile_n < 128:
         cfg = dataclasses.replace(cfg, tile_n=128)
         why += "; tile_n 128: a gated tile's gate half fills a 128-byte row"
@@ -275,7 +274,7 @@ def choose_fp8_promoted_policy(m: int, n: int, k: int, l: int, block: bool = Fal
     warpgroups' wgmmas in turn ran 1-3% faster than 128x128 at the benchmark shapes (H200,
     docs/performance.md); block scales take 128x128, one 128-column block of B's scales a tile."""
     why, cfg = choose_config(m, n, k, l)
-    cfg = dataclasses.replace(cfg, tile_m=128, tile_n=128, pingpong=False, split=1)   # split-K: plain only
+    cfg = dataclasses.replace(cfg, tile_m=128, tile_n=128, pingpong=False)
     wide = dataclasses.replace(cfg, tile_n=192)
     if not block and wave_efficiency(m, n, l, wide) * WAVE_MARGIN >= wave_efficiency(m, n, l, cfg):
         cfg = wide
