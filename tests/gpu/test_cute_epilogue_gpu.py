@@ -213,8 +213,9 @@ def test_promoted_fp8_class_adds_in_float32():
 
 
 # shapes of their own (plans are cached per problem); 128x128x8192, where the plain product's row
-# splits K in 8, failed a build assertion on the H200 on 2026-12-05 (a split class with an Epi)
-PROMOTE_API = [(777, 1040, 1024), (128, 128, 8192)]
+# splits K in 8, failed a build assertion on the H200 on 2026-12-05 (a split class with an Epi);
+# 4000x4104: several tiles a CTA, ragged in M and N, so each tile's scale values replace the last's
+PROMOTE_API = [(777, 1040, 1024), (128, 128, 8192), (4000, 4104, 1024)]
 
 
 @pytest.mark.parametrize("mnk", PROMOTE_API, ids=str)
@@ -236,6 +237,32 @@ def test_scaled_matmul_default_call_runs_the_promoted_class(mnk):
     ref = (a8.double() @ b8.double()) * scale + bias.double()
     bound = TOL["bfloat16"] * (ref.abs() + 1.0) + 4 * 2.0 ** -13 * (a8.double().abs() @ b8.double().abs()) * scale
     assert not torch.isnan(y).any() and ((y.double() - ref).abs() / bound).max().item() <= 1.0
+
+
+@pytest.mark.parametrize("recipe", ["row", "tensor"])
+def test_scaled_matmul_fast_call_on_many_tiles(recipe):
+    """The fast call (use_fast_accum) on several tiles a CTA with ragged edges: the row and column
+    scales each tile loads under its mainloop are its own (tensor-wise: the one value of a vector
+    of one, every index clamped to it), within the fast-accumulation bound."""
+    import xgemm
+    m, n, k = PROMOTE_API[-1]
+    g = torch.Generator(device="cuda").manual_seed(6)
+    a8 = (torch.randn(m, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
+    b8 = (torch.randn(n, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn).t()
+    rows, cols = (m, n) if recipe == "row" else (1, 1)
+    sa = torch.rand(rows, 1, device="cuda", generator=g) + 0.5
+    sb = torch.rand(1, cols, device="cuda", generator=g) + 0.5
+    assert "runs on cute_gemm_sm90" in str(xgemm.explain(a8, b8, sa, sb, op="scaled_matmul", use_fast_accum=True))
+    # scaled_matmul takes no out=: a freed NaN block of D's size is what torch's caching allocator hands it
+    poison = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ptr = poison.data_ptr()
+    del poison
+    y = xgemm.scaled_matmul(a8, b8, sa, sb, use_fast_accum=True)
+    torch.cuda.synchronize()
+    scale = sa.double() * sb.double()
+    ref = (a8.double() @ b8.double()) * scale
+    assert y.data_ptr() == ptr and not torch.isnan(y).any()
+    assert ((y.double() - ref).abs() / fast_accum_bound(a8, b8, scale, "bfloat16", ref)).max().item() <= 1.0
 
 
 # ragged M (no multiple of 4: scale_a's M-major copy is padded); N in 9 blocks of b's scales, the
@@ -319,6 +346,9 @@ def api_items() -> list:
             xgemm.scaled_matmul(torch.empty(m, k, dtype=torch.float8_e4m3fn),
                                 torch.empty(n, k, dtype=torch.float8_e4m3fn).t(),
                                 torch.ones(m, 1), torch.ones(1, n), bias=torch.empty(n))
+        for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.ones(1, 1), torch.ones(1, 1))):
+            xgemm.scaled_matmul(torch.empty(m, k, dtype=torch.float8_e4m3fn),
+                                torch.empty(n, k, dtype=torch.float8_e4m3fn).t(), sa, sb, use_fast_accum=True)
         m, n, k = BLOCK_API
         kb, nb = -(-k // 128), -(-n // 128)
         a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()

@@ -344,7 +344,7 @@ def test_ptx_sm90_fused_epilogues(ptx):
 @needs_dsl
 def test_ptx_sm90_fp8(ptx):
     """FP8 classes: wgmma on e4m3 / e5m2 with a 128-wide K tile (k32 instructions, 4 a tile), the
-    same TMA pipeline; per-row / per-column scales are loads in the epilogue only."""
+    same TMA pipeline; per-row / per-column scales are global loads of the float32 vectors."""
     fp8, rowwise = ptx["pp_fp8"][1], ptx["pp_fp8_rowwise"][1]
     assert _count(fp8, r"wgmma\.mma_async\.sync\.aligned\.m64n192k32\.f32\.e4m3\.e4m3") >= 8
     assert _count(rowwise, r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e5m2\.e5m2") >= 8
@@ -377,6 +377,22 @@ def test_ptx_sm90_fp8_promote(ptx):
     with pytest.raises(AssertionError, match="accumulator registers"):
         K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
                   True, (False,) * 4, 66, epi=K90.Epi(scale_m=True, scale_n=True, promote=True))
+
+
+@needs_dsl
+@pytest.mark.parametrize("name", ["coop_fp8_promote", "pp_fp8_rowwise"])
+def test_ptx_sm90_scale_vectors_load_under_the_mainloop(ptx, name):
+    """The per-row / per-column scales: each epilogue thread loads one row's and one column's value
+    (128-row, 128-column tiles) before the tile's first wgmma, stores them to shared memory once the
+    mainloop's last wgmmas are waited for, and the epilogue reads them there (ld.shared), never
+    from global memory: a load a register there stood behind the subtiles' barriers."""
+    text = ptx[name][1]
+    loads = [m.start() for m in re.finditer(r"\bld\.global", text)]
+    stores = [m.start() for m in re.finditer(r"\bst\.shared\.b32\b", text)]
+    assert len(loads) == 2 and max(loads) < text.index("wgmma.mma_async"), loads
+    assert len(stores) == 2 and min(stores) > text.rindex("wgmma.wait_group"), stores
+    tma_store = text.index("cp.async.bulk.tensor.2d.global.shared")
+    assert max(stores) < text.index("ld.shared.b32", max(stores)) < tma_store
 
 
 @needs_dsl
@@ -415,7 +431,7 @@ def test_ptx_sm90_fp8_block_scales(ptx):
     0.79-0.81x torch's block-wise path on the H200, docs/performance.md)."""
     block, promote = ptx["coop_fp8_block"][1], ptx["coop_fp8_promote"][1]
     assert _count(block, r"\bfma\.rn\.f32\b") == 2 * 64 and _count(block, r"\bmul\.(rn\.)?f32\b") == 2 * 2
-    # the promoting class loads its scale vectors in the epilogue, the block-scaled one none anywhere
+    # the promoting class loads its scale vectors (at each tile's start), the block-scaled one none
     assert _count(block, r"\bld\.global") == 0 < _count(promote, r"\bld\.global")
     tma_load = r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global"
     assert _count(block, tma_load) == _count(promote, tma_load) + 2

@@ -166,6 +166,9 @@ def _device():
             self.promote = epi is not None and epi.promote
             # a cooperative tile's warpgroups issue their k-tiles' wgmmas in turn (Epi)
             self.turns = self.promote and not cfg.pingpong
+            # the epilogue's scale vectors: a tile's values are loaded into registers as its mainloop
+            # starts and put in shared memory for its epilogue (_vec_load, _vec_store)
+            self.stage_vectors = self.scale_m or self.scale_n
             self.split = cfg.split
             # split-K serves the plain product: C, a fused epilogue's state and promotion stay unsplit
             assert self.split == 1 or (not has_c and epi is None), f"{cfg}: split-K with C or an Epi class"
@@ -209,7 +212,7 @@ def _device():
             d_bytes = epi_elems * d_dtype.width // 8
             c_bytes = epi_elems * c_dtype.width // 8 if c_dtype is not None else 0
             ab_bytes = (tm * self.a_dtype.width + tn * self.b_dtype.width) * tk // 8 + self.scale_room
-            reserve = 1024 + 1024                            # mbarriers, alignment padding
+            reserve = 1024 + 1024 + self.vec_elems * 4       # mbarriers, alignment padding, sVec
             room = SMEM_BYTES - reserve - epi_stage * d_bytes - c_stage * c_bytes
             ab_stage = room // ab_bytes
             if self.cfg.stages:
@@ -259,6 +262,13 @@ def _device():
             # starts 128-byte aligned, as TMA's shared-memory destination must
             self.scale_bytes = (self.tile_shape_mnk[0] + 4) * 4 if self.block else 0
             self.scale_room = (self.tile_shape_mnk[0] + 32) * 4 if self.block else 0
+            # sVec: the tile's scale_m values (its rows), then its scale_n values (its columns), each
+            # a whole number of slots of one value an epilogue thread
+            per = self.num_epi_threads
+            self.vec_slots = (-(-self.tile_shape_mnk[0] // per) if self.scale_m else 0,
+                              -(-self.d_tile_n // per) if self.scale_n else 0)
+            self.vec_m = self.vec_slots[0] * per
+            self.vec_elems = sum(self.vec_slots) * per
             self.ab_stage, self.epi_stage, self.c_stage = self._stages(self.d_dtype, self.c_dtype)
             self.cluster_layout_mnk = cute.make_layout(self.cluster_shape_mnk)
 
@@ -332,6 +342,7 @@ def _device():
                     cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem_staged)], 1024]
                 sSA: cute.struct.Align[cute.struct.MemRange[Float32, scale_elems[0]], 128]
                 sSB: cute.struct.Align[cute.struct.MemRange[Float32, scale_elems[1]], 128]
+                sVec: cute.struct.Align[cute.struct.MemRange[Float32, self.vec_elems], 16]
 
             self.shared_storage = SharedStorage
             self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
@@ -515,11 +526,31 @@ def _device():
                 out[i] = sSA[(tCcAcc[0][0] + r, 0, stage)]
             out[rows] = sSB[((tc[1] * self.tile_shape_mnk[1] // 128) % 4, 0, stage)]
 
+        def _vec_load(self, mScaleM, mScaleN, tc, thread):
+            """This thread's share of the tile's scale values, loaded into registers as its mainloop
+            starts so that their latency passes under it (_vec_store puts them in sVec). Slot j of the
+            rows holds row j * threads + thread, its index clamped to the vector (TMA drops the rows
+            past D's edge). Read in the epilogue, each register's value was a global load serialized
+            by the subtiles' barriers: the cooperative FP8 classes ran 4-6% slower (docs/performance.md)."""
+            per = self.num_epi_threads
+            rows = [mScaleM[cutlass.min(tc[0] * self.tile_shape_mnk[0] + thread + j * per, mScaleM.shape[0] - 1)]
+                    for j in range(self.vec_slots[0])]
+            cols = [mScaleN[cutlass.min(tc[1] * self.d_tile_n + thread + j * per, mScaleN.shape[0] - 1)]
+                    for j in range(self.vec_slots[1])]
+            return rows + cols
+
+        def _vec_store(self, sVec, vals, thread, barrier):
+            """The values of _vec_load into sVec for the tile's epilogue. The previous tile's last
+            reads of sVec came before its epilogue's last barrier (pingpong: before the hand-over)."""
+            for j, v in enumerate(vals):
+                sVec[thread + j * self.num_epi_threads] = v.to(Float32)
+            barrier.arrive_and_wait()
+
         def _epilogue_ops(self, tRS_rD, tRS_cD, vectors, tc, epi_idx, epi_tiles_mn, size_rD, up=None):
             """* the scales, + bias, then the activation (gated: times the up half's value, up =
             (accumulator fragments, first index)), on one epilogue subtile's float32 registers (Epi;
             traced inline: epi_idx, epi_tiles_mn and size_rD are Python ints)."""
-            mBias, mScaleM, mScaleN = vectors
+            mBias, sVec = vectors
             if const_expr(self.epi_walk_m):
                 sub_m, sub_n = epi_idx % epi_tiles_mn[0], epi_idx // epi_tiles_mn[0]
             else:
@@ -535,9 +566,9 @@ def _device():
                 x = tRS_rD[v]
                 coord = tRS_cD[v]
                 if const_expr(self.scale_m):
-                    x = x * at(mScaleM, row0 + coord[0])
+                    x = x * sVec[sub_m * self.epi_tile[0] + coord[0]]
                 if const_expr(self.scale_n):
-                    x = x * at(mScaleN, col0 + coord[1])
+                    x = x * sVec[self.vec_m + sub_n * self.epi_tile[1] + coord[1]]
                 if const_expr(self.bias_mode == "n"):
                     x = x + at(mBias, col0 + coord[1])
                 if const_expr(self.bias_mode == "m"):
@@ -716,6 +747,7 @@ def _device():
                         cute.make_identity_tensor(self.tile_shape_mnk[:2]))
                     k_scales = cute.make_rmem_tensor((self.scale_values,), Float32)
                 num_k_blocks = cute.size(tCrA, mode=[2])
+                sVec = storage.sVec.get_tensor(cute.make_layout(self.vec_elems)) if const_expr(self.stage_vectors) else None
 
                 # epilogue partitions: registers -> smem (stmatrix / st.shared), smem -> registers
                 copy_atom_c = cute.make_copy_atom(
@@ -802,6 +834,7 @@ def _device():
                         cute.arch.barrier(barrier_id=BAR_MMA0 + wg_idx, number_of_threads=256)
                     # ---------------------------------------------------------- mainloop
                     ab_release = ab_read.clone()
+                    vec_vals = self._vec_load(mScaleM, mScaleN, tc, epi_tidx) if const_expr(self.stage_vectors) else None
                     if const_expr(self.cfg.zero_init):
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)   # k-tile 0 overwrites
                     else:
@@ -877,6 +910,8 @@ def _device():
                     # ---------------------------------------------------------- epilogue
                     if const_expr(self.pingpong):
                         cute.arch.barrier(barrier_id=BAR_EPI0 + wg_idx, number_of_threads=256)
+                    if const_expr(self.stage_vectors):
+                        self._vec_store(sVec, vec_vals, epi_tidx, epi_barrier)
                     writes_d = True
                     split_tile = None
                     if const_expr(self.split > 1):
@@ -944,7 +979,7 @@ def _device():
                             if const_expr(self.epi_ops):
                                 # gated: the up half's fragments lie d_tile_n / epi_n subtiles further on
                                 up = (tRS_rAcc, acc_first + epi_tiles_mn[1] * size_rD) if const_expr(self.gated) else None
-                                self._epilogue_ops(tRS_rD, tRS_cD, (mBias, mScaleM, mScaleN), tc, epi_idx,
+                                self._epilogue_ops(tRS_rD, tRS_cD, (mBias, sVec), tc, epi_idx,
                                                    epi_tiles_mn, size_rD, up)
                             tRS_rD_out.store(tRS_rD.load().to(self.d_dtype))
                             epi_buffer = (num_prev + epi_idx) % self.epi_stage
