@@ -159,24 +159,22 @@ def _accumulates_as_asked(plan: Any, use_fast_accum: bool) -> bool:
 def _kernel_scales(c: Checked) -> list:
     """[(name, scale, (shape, strides))] as the kernel reads them: a row-wise scale as the vector
     of a's rows or b's columns, block-wise ones where they are laid out as the kernel loads them
-    (fp8_checks.kernel_block_scales), or None where prepare_kernel makes a fresh array of that
-    (shape, strides): a tensor-wise scale repeated into a vector, block scales copied."""
+    (fp8_checks.kernel_block_scales), or None where prepare_kernel copies block scales into a fresh
+    array of that (shape, strides). A tensor-wise scale is a vector of one value (the kernel clamps
+    its indices), not one repeated M or N times: two copies a call fewer."""
     r = c.recipe
     if r.name == "block":
         wants = fp8_checks.kernel_block_scales(r.m, r.k, r.n)
         return [(name, x if fp8_checks.in_kernel_block_layout(
                     tuple(x.shape), x.stride(), want, x.data_ptr() % 16 == 0) else None, want)
                 for x, name, want in ((c.scale_a, "scale_a", wants[0]), (c.scale_b, "scale_b", wants[1]))]
-    return [(name, x.reshape(-1) if x.numel() == size else None, ((size,), (1,)))
-            for x, name, size in ((c.scale_a, "scale_a", r.m), (c.scale_b, "scale_b", r.n))]
+    return [(name, x.reshape(-1), ((x.numel(),), (1,))) for x, name in ((c.scale_a, "scale_a"), (c.scale_b, "scale_b"))]
 
 
 def _fresh_scale(c: Checked, name: str, want: tuple) -> Any:
-    """The scale `name` as a fresh torch array of want = (shape, strides) (_kernel_scales)."""
+    """The block scale `name` as a fresh torch array of want = (shape, strides) (_kernel_scales)."""
     torch, x = sys.modules["torch"], getattr(c, name)
     (shape, strides) = want
-    if c.recipe.name != "block":
-        return x.reshape(-1).expand(shape).contiguous()
     # a padded buffer of the transposed or row-major rows, viewed back as `shape`
     unit = strides.index(1)
     buf = torch.empty((shape[1 - unit], strides[1 - unit]), device=x.device, dtype=torch.float32)

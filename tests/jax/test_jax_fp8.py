@@ -108,7 +108,8 @@ def test_errors_are_typed_under_jit():
 
 def test_cuda_lowering_calls_the_promoting_fp8_class():
     """jit(scaled_matmul) lowered for cuda: tensor- and row-wise scales call cute_gemm_sm90's FP8
-    class (one TVM-FFI custom call, b asked column-major, the scales as M / N vectors, no XLA dot);
+    class (one TVM-FFI custom call, b asked column-major, the scales as M / N vectors, tensor-wise
+    ones as vectors of one value, no XLA dot);
     block-wise scales its block-scaled class, the scales in the layouts it loads (scale_a asked
     column-major, scale_b's rows padded to 4 floats: fp8_checks.kernel_block_scales)."""
     pytest.importorskip("cutlass")
@@ -117,11 +118,12 @@ def test_cuda_lowering_calls_the_promoting_fp8_class():
     a = jax.ShapeDtypeStruct((m, k), jnp.float8_e4m3fn)
     b = jax.ShapeDtypeStruct((k, n), jnp.float8_e4m3fn)
     f32 = jnp.float32
-    for sa, sb in (((m, 1), (1, n)), ((), ())):
+    for sa, sb, vectors in (((m, 1), (1, n), (m, n)), ((), (), (1, 1))):
         text = jax.jit(xj.scaled_matmul).trace(a, b, jax.ShapeDtypeStruct(sa, f32), jax.ShapeDtypeStruct(sb, f32)).lower(
             lowering_platforms=("cuda",)).as_text()
         (call,) = [ln for ln in text.splitlines() if "stablehlo.custom_call @xgemm_tvm_ffi_call" in ln]
-        assert f"tensor<{m}x{k}xf8E4M3FN>, tensor<{k}x{n}xf8E4M3FN>, tensor<{m}xf32>, tensor<{n}xf32>" in call, call
+        want = f"tensor<{m}x{k}xf8E4M3FN>, tensor<{k}x{n}xf8E4M3FN>, tensor<{vectors[0]}xf32>, tensor<{vectors[1]}xf32>"
+        assert want in call, call
         assert "dot_general" not in text
     kb, nb = k // 128, n // 128
     block = jax.jit(xj.scaled_matmul).trace(a, b, jax.ShapeDtypeStruct((m, kb), f32),

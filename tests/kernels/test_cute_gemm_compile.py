@@ -69,6 +69,21 @@ def test_sm90_supports():
     assert K90.KERNEL.supports(p) is None
 
 
+def test_sm90_supports_scale_vectors():
+    """FP8 scales: a float32 vector of M (scale_a) / N (scale_b) values, or of one value (tensor-wise:
+    the kernel clamps its indices, so the caller copies nothing); other extents, strides and dtypes
+    are declined with the argument named."""
+    m, n, k = 256, 384, 512
+    fp8 = _problem(m, n, k, "float8_e4m3fn", "bfloat16", b=_op((k, n), "float8_e4m3fn", COL))
+
+    def why(sa, sb):
+        return K90.KERNEL.supports(dataclasses.replace(fp8, scales=(sa, sb)))
+    vec = lambda size, dtype="float32", stride=1: Operand((size,), (stride,), dtype, ROW, 16)
+    assert why(vec(m), vec(n)) is None and why(vec(1), vec(1)) is None and why(vec(m), vec(1)) is None
+    assert "scale_a" in why(vec(2), vec(n)) and "scale_b" in why(vec(m), vec(n - 1))
+    assert "scale_b" in why(vec(m), vec(n, stride=2)) and "scale_a" in why(vec(m, "bfloat16"), vec(n))
+
+
 def test_sm80_supports():
     assert K80.KERNEL.supports(_problem(256, 256, 256)) is None
     assert K80.KERNEL.supports(_problem(256, 256, 256, arch=(8, 6))) is None

@@ -85,21 +85,21 @@ F8 = getattr(torch, "float8_e4m3fn", None)
 @pytest.mark.skipif(F8 is None, reason="this torch has no float8_e4m3fn")
 def test_scaled_matmul_launches_the_fp8_class():
     """use_fast_accum=True: tensor- and row-wise products of K-major operands launch
-    cute_gemm_sm90's FP8 class with the scales as vectors of M and N values (a tensor-wise scale
-    repeated); block-wise scales launch the block-scaled promoting class with either accumulation,
+    cute_gemm_sm90's FP8 class with the scales as vectors of M and N values, or of one value (a
+    tensor-wise scale, not copied); block-wise scales launch the block-scaled promoting class with either accumulation,
     the scales as they are; a row-major b runs the embedded default (no launch)."""
     a = torch.randn(256, 512).to(F8)
     b = torch.randn(384, 512).to(F8).t()                       # (K, N) column-major: K-major
     row = (torch.rand(256, 1) + 0.5, torch.rand(1, 384) + 0.5)
     tensor = (torch.tensor(0.5), torch.tensor(2.0))
-    for sa, sb in (row, tensor):
+    for (sa, sb), extents in ((row, (256, 384)), (tensor, (1, 1))):
         with Fake(keep=True) as fake:
             y = xgemm.scaled_matmul(a, b, sa, sb, bias=torch.randn(384), use_fast_accum=True)
         (key, args), = _cute_calls(fake)
         assert key[1] == "sm_90a" and key[3] == "float8_e4m3fn"
         assert key[-1] == K90.Epi("n", "float32", None, True, True)
-        assert tuple(args[5].shape) == (256,) and tuple(args[6].shape) == (384,)
-        assert torch.equal(args[5], sa.reshape(-1).expand(256)) and torch.equal(args[6], sb.reshape(-1).expand(384))
+        assert (tuple(args[5].shape), tuple(args[6].shape)) == ((extents[0],), (extents[1],))
+        assert args[5].data_ptr() == sa.data_ptr() and args[6].data_ptr() == sb.data_ptr()
         assert args[2].data_ptr() == y.data_ptr() and y.dtype == torch.bfloat16
     # block scales as quantize_fp8 gives them (scale_a row-major, scale_b (K/128, N/128) of any
     # strides): copied into the layouts the class loads (fp8_checks.kernel_block_scales); in those

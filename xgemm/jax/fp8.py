@@ -159,9 +159,9 @@ def _scaled_cuda(*args, cfg, portable):
                       jnp.pad(sb.astype(jnp.float32), ((0, 0), (0, want_b[1][0] - sb.shape[1])))]
         scale_layouts = [lowering.col_layout(2), None]
     else:
-        scale_ops = (Operand((m,), (1,), "float32", ROW, 16), Operand((n,), (1,), "float32", ROW, 16))
-        scale_args = [jnp.broadcast_to(x.reshape(()) if x.size == 1 else x.reshape(-1), (size,)).astype(jnp.float32)
-                      for x, size in ((sa, m), (sb, n))]
+        # tensor-wise scales as vectors of one value (the kernel clamps its indices), row-wise of M / N
+        scale_args = [x.reshape(-1).astype(jnp.float32) for x in (sa, sb)]
+        scale_ops = tuple(Operand(x.shape, (1,), "float32", ROW, 16) for x in scale_args)
         scale_layouts = [None, None]
     problem = GemmProblem(
         m=m, n=n, k=k, batch=(), c=None, framework="jax", device=lowering.target_device(),

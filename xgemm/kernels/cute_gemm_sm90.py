@@ -123,9 +123,10 @@ class _Sm90Kernel:
                             f"16-byte aligned {major}-major float32 {want[0]} with its stride a multiple of 4")
         else:
             for name, vec, extent in zip(("scale_a", "scale_b"), problem.scales or (), (problem.m, problem.n)):
-                # a scale per row of A / column of B (a tensor-wise one: repeated by the caller)
-                if vec.dtype != "float32" or vec.shape != (extent,) or (extent > 1 and vec.strides != (1,)):
-                    return f"{name} (shape {vec.shape}, {vec.dtype}) is not a contiguous float32 vector of {extent}"
+                # a scale per row of A / column of B, or one for all (tensor-wise: the kernel clamps
+                # its indices to the vector's last)
+                if vec.dtype != "float32" or vec.shape not in ((extent,), (1,)) or (vec.shape[0] > 1 and vec.strides != (1,)):
+                    return f"{name} (shape {vec.shape}, {vec.dtype}) is not a contiguous float32 vector of {extent} or 1"
         gated = problem.epilogue.activation in GATED
         width = 2 * problem.n if gated else problem.n          # a gated bias covers [gate | up]
         bias = problem.bias

@@ -1132,8 +1132,9 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
         def vec(dtype: str, extent):
             return make_fake_tensor(dt(dtype), (extent,), (1,), assumed_align=_ITEMSIZE[dtype])
         bias = vec(epi.bias_dtype, n_b if epi.bias == "n" else m) if epi.bias else None
-        sm = vec("float32", m) if epi.scale_m else None
-        sn = vec("float32", n) if epi.scale_n else None
+        # scale vectors of their own extent: M / N values, or one (tensor-wise; indices clamp to the last)
+        sm = vec("float32", cute.sym_int()) if epi.scale_m else None
+        sn = vec("float32", cute.sym_int()) if epi.scale_n else None
         if epi.block:
             # TMA boxes (fp8_checks.kernel_block_scales): A's scales M-major, B's row-major, 16-byte
             # base and strides; A's may hold rows past M (XLA's buffers are padded, not strided)
