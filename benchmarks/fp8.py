@@ -187,10 +187,11 @@ def promote_candidates(m: int, n: int, k: int) -> list:
 
 
 def block_candidates(m: int, n: int, k: int) -> list:
-    """(label, class spec, Epi) of the block-scaled class as the default call runs it."""
+    """(label, class spec, Epi) of the block-scaled class at each PROMOTE_TILES width (192: two
+    blocks of B's scales a tile), the policy's cluster, raster and swizzle otherwise."""
     from xgemm.kernels import cute_gemm_sm90 as k90
-    spec = _promoted_spec(m, n, k, block=True)
-    return [("block", spec, k90.Epi(scale_m=True, scale_n=True, promote=True, block=True))]
+    epi = k90.Epi(scale_m=True, scale_n=True, promote=True, block=True)
+    return [(f"block 128x{tn}", _promoted_spec(m, n, k, tn, block=True), epi) for tn in PROMOTE_TILES]
 
 
 def run_tune(args, log) -> list:

@@ -268,10 +268,14 @@ def test_scaled_matmul_fast_call_on_many_tiles(recipe):
 # ragged M (no multiple of 4: scale_a's M-major copy is padded); N in 9 blocks of b's scales, the
 # last partial; K in 5 k-tiles, the last partial (80 deep: FP8 K-major rows need K a multiple of 16 bytes)
 BLOCK_API = (1002, 1040, 592)
+# several 128x192 tiles a CTA: tiles that start mid-block (odd ones), whose blocks lie in two of the
+# 4-block boxes of B's scales (tiles 2 and 5), the last block and tile partial; ragged M and K (N a
+# multiple of 8: D's rows TMA-stored, as supports() asks)
+BLOCK_WIDE = (2050, 2104, 1040)
 
 
-def _block_operands(seed: int):
-    m, n, k = BLOCK_API
+def _block_operands(seed: int, shape=BLOCK_API):
+    m, n, k = shape
     kb, nb = -(-k // 128), -(-n // 128)
     g = torch.Generator(device="cuda").manual_seed(seed)
     a8 = (torch.randn(m, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
@@ -283,14 +287,16 @@ def _block_operands(seed: int):
 
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("layout", ["given", "kernel"])
-def test_scaled_matmul_block_scales_run_the_block_class(fast, layout):
+@pytest.mark.parametrize("shape", [BLOCK_API, BLOCK_WIDE], ids=str)
+def test_scaled_matmul_block_scales_run_the_block_class(fast, layout, shape):
     """Block-wise scales (a in 1x128 blocks, b in 128x128) run the block-scaled promoting class with
     either accumulation, within the promoted bound (4 wgmma steps a k-tile) of the float64 product
     of the dequantized operands; the result is written over NaN. The scales as given (scale_a
     row-major, scale_b transposed: copied into the layouts the class loads) or in those layouts
-    (scale_a M-major, scale_b row-major, both strides padded to 4 floats, NaN in the padding)."""
+    (scale_a M-major, scale_b row-major, both strides padded to 4 floats, NaN in the padding).
+    BLOCK_WIDE runs 128x192 tiles, two blocks of B's scales a tile."""
     import xgemm
-    a8, b8, sa, sb, bias = _block_operands(9)
+    a8, b8, sa, sb, bias = _block_operands(9, shape)
     (m, k), n = a8.shape, b8.shape[1]
     if layout == "kernel":
         kb, nb = sb.shape
@@ -300,6 +306,7 @@ def test_scaled_matmul_block_scales_run_the_block_class(fast, layout):
         sa, sb = pad_a[:, :m].t(), pad_b[:, :nb]
     text = str(xgemm.explain(a8, b8, sa, sb, op="scaled_matmul", use_fast_accum=fast))
     assert "runs on cute_gemm_sm90" in text and "multiplied by its block scales" in text, text
+    assert ("cooperative 128x192" in text) == (shape == BLOCK_WIDE), text
     torch.full((m * n,), float("nan"), dtype=torch.bfloat16, device="cuda")     # freed: the next block of that size
     y = xgemm.scaled_matmul(a8, b8, sa, sb, bias=bias, use_fast_accum=fast)
     torch.cuda.synchronize()
@@ -349,10 +356,10 @@ def api_items() -> list:
         for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.ones(1, 1), torch.ones(1, 1))):
             xgemm.scaled_matmul(torch.empty(m, k, dtype=torch.float8_e4m3fn),
                                 torch.empty(n, k, dtype=torch.float8_e4m3fn).t(), sa, sb, use_fast_accum=True)
-        m, n, k = BLOCK_API
-        kb, nb = -(-k // 128), -(-n // 128)
-        a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
-        xgemm.scaled_matmul(a8, b8, torch.ones(m, kb), torch.ones(nb, kb).t(), bias=torch.empty(n))
+        for m, n, k in (BLOCK_WIDE, BLOCK_API):
+            kb, nb = -(-k // 128), -(-n // 128)
+            a8, b8 = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
+            xgemm.scaled_matmul(a8, b8, torch.ones(m, kb), torch.ones(nb, kb).t(), bias=torch.empty(n))
         # without a bias, the classes tests/gpu/test_jax_gpu.py's jit FP8 test lowers to
         for sa, sb in ((torch.ones(m, 1), torch.ones(1, n)), (torch.ones(m, kb), torch.ones(kb, nb))):
             xgemm.scaled_matmul(a8, b8, sa, sb)

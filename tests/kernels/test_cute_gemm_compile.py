@@ -292,6 +292,10 @@ def ptx(tmp_path_factory):
         "coop_fp8_block": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
                                     COL, ROW, None, True, nob, 66, "sm_90a", opts,
                                     epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True)),
+        # the same on 128x192 tiles: two blocks of B's scales a tile
+        "coop_fp8_block192": K90.build(K90.Config(128, 192, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
+                                       COL, ROW, None, True, nob, 66, "sm_90a", opts,
+                                       epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True)),
         # gated (SwiGLU): B = [gate | up] through a 4-D TMA view, D half as wide
         "pp_gated_silu": K90.build(K90.Config(128, 128, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
                                    ROW, None, True, nob, 66, "sm_90a", opts,
@@ -414,14 +418,15 @@ def test_ptx_sm90_scale_vectors_load_under_the_mainloop(ptx, name):
 def test_promoting_classes_keep_their_accumulators_in_registers(tmp_path):
     """The promoting FP8 class on cooperative 128x192 tiles (96 accumulator registers a thread,
     twice: choose_fp8_promoted_policy's width where its waves are full enough), and the block-scaled class on
-    128x128, assemble with no stack and no local memory (cuobjdump, shipped with triton); 128x224
-    would hold more than the class allows."""
+    128x128 and 128x192, assemble with no stack and no local memory (cuobjdump, shipped with triton);
+    128x224 would hold more than the class allows."""
     import subprocess
     knobs = pytest.importorskip("triton.knobs")
     tool = knobs.nvidia.cuobjdump.path
     epi = K90.Epi(scale_m=True, scale_n=True, promote=True)
     for i, (cfg, e) in enumerate(((K90.Config(128, 192, 2, 1, False, True, 8), epi),
-                                  (K90.Config(128, 128, 2, 1, False, True, 8), dataclasses.replace(epi, block=True)))):
+                                  (K90.Config(128, 128, 2, 1, False, True, 8), dataclasses.replace(epi, block=True)),
+                                  (K90.Config(128, 192, 2, 1, False, True, 8), dataclasses.replace(epi, block=True)))):
         out = tmp_path / f"class{i}"
         out.mkdir()
         K90.build(cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True,
@@ -462,6 +467,24 @@ def test_ptx_sm90_fp8_block_scales(ptx):
     with pytest.raises(AssertionError, match="crosses B's scale blocks"):
         K90.build(K90.Config(128, 96, 1, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None,
                   True, (False,) * 4, 66, epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True))
+
+
+@needs_dsl
+def test_ptx_sm90_fp8_block_scales_on_192_wide_tiles(ptx):
+    """A 128x192 block-scaled tile spans two 128-column blocks of B: the producer loads a second
+    box of B's scales a k-tile (the last column's block), a k-tile reads four scales from shared
+    memory (two rows of A, B's first and last block) and selects the middle 64 columns' by the
+    tile's parity (selp); a product per row and segment (three), an fma per register (96), still
+    no global loads."""
+    wide, block = ptx["coop_fp8_block192"][1], ptx["coop_fp8_block"][1]
+    assert _count(wide, r"\bfma\.rn\.f32\b") == 2 * 96 and _count(wide, r"\bmul\.(rn\.)?f32\b") == 2 * 2 * 3
+    tma_load = r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global"
+    assert _count(wide, tma_load) == _count(block, tma_load) + 1
+    assert _count(wide, r"\bld\.global") == 0 and "ld.local" not in wide and "st.local" not in wide
+    loop = wide[wide.rindex('.pragma "nounroll"'):]
+    commit = loop.index("wgmma.commit_group", loop.index("wgmma.wait_group.sync.aligned"))
+    assert _count(loop[commit:], r"\bld\.shared\.(b32|f32)\b") == 4
+    assert _count(loop, r"\bselp\.(b32|f32)\b") > _count(block[block.rindex('.pragma "nounroll"'):], r"\bselp\.(b32|f32)\b")
 
 
 @needs_dsl

@@ -193,8 +193,12 @@ def _device():
             # a promoting class holds a second accumulator as large as the first: up to 96 registers
             # a thread each (cooperative 128x192), 192 of the 232 a consumer thread gets
             assert not self.promote or acc_regs <= 96, f"{cfg}: {acc_regs} accumulator registers a thread, twice"
-            # a k-tile's B scale is one value: a tile spans no more than one 128-column block
-            assert not self.block or 128 % cfg.tile_n == 0, f"{cfg}: tile_n {cfg.tile_n} crosses B's scale blocks"
+            # a k-tile's B scales: one value where the tile lies in one 128-column block, two for a
+            # 192-wide tile (its first block and its last; which one its middle 64 columns take
+            # depends on the tile's parity)
+            assert not self.block or 128 % cfg.tile_n == 0 or cfg.tile_n == 192, \
+                f"{cfg}: tile_n {cfg.tile_n} crosses B's scale blocks"
+            self.b_boxes = 2 if self.block and cfg.tile_n == 192 else 1
             # setmaxnreg budgets: 2 x 128 x mma + 128 x load <= 64K registers
             self.regs_load, self.regs_mma = (24, 240) if acc_regs >= 208 else (40, 232)
             self.num_mcast_a = cfg.cluster_n      # A tile is shared by the CTAs along N
@@ -256,12 +260,16 @@ def _device():
             # block scales: each accumulator register's row among the thread's rows (_register_rows),
             # and the scales a k-tile takes: A's of each of those rows, then B's
             self.reg_row, self.scale_rows = self._register_rows(self.tiled_mma) if self.block else (None, None)
-            self.scale_values = len(self.scale_rows) + 1 if self.block else 0
+            # B's scale of each register: its 64-column segment of the tile (0 where one block serves)
+            self.reg_seg = self._register_segments(self.tiled_mma) if self.b_boxes == 2 else None
+            # A's of each row, then B's: the one block's, or the first's, the middle's and the last's
+            self.scale_values = len(self.scale_rows) + (3 if self.b_boxes == 2 else 1) if self.block else 0
             # block scales: a stage also holds A's scales of the tile's rows and a 16-byte box of
-            # B's (four 128-column blocks from the tile's one, the smallest box TMA loads); each box
-            # starts 128-byte aligned, as TMA's shared-memory destination must
-            self.scale_bytes = (self.tile_shape_mnk[0] + 4) * 4 if self.block else 0
-            self.scale_room = (self.tile_shape_mnk[0] + 32) * 4 if self.block else 0
+            # B's (four 128-column blocks from the tile's one, the smallest box TMA loads), two boxes
+            # (the first block's and the last's) for a 192-wide tile; each box starts 128-byte
+            # aligned, as TMA's shared-memory destination must
+            self.scale_bytes = (self.tile_shape_mnk[0] + 4 * self.b_boxes) * 4 if self.block else 0
+            self.scale_room = (self.tile_shape_mnk[0] + 32 * self.b_boxes) * 4 if self.block else 0
             # sVec: the tile's scale_m values (its rows), then its scale_n values (its columns), each
             # a whole number of slots of one value an epilogue thread
             per = self.num_epi_threads
@@ -326,7 +334,8 @@ def _device():
                     cutlass.min(cluster_tiles * self.split, self.max_active_clusters))
 
             c_elems = cute.cosize(c_smem_staged) if const_expr(self.has_c) else 0
-            scale_elems = (self.tile_shape_mnk[0] * self.ab_stage, 32 * self.ab_stage) if const_expr(self.block) else (0, 0)
+            scale_elems = ((self.tile_shape_mnk[0] * self.ab_stage, 32 * self.b_boxes * self.ab_stage)
+                           if const_expr(self.block) else (0, 0))
             c_type = self.c_dtype if const_expr(self.has_c) else Float32
 
             @cute.struct
@@ -492,29 +501,51 @@ def _device():
                         for j in cutlass.range_constexpr(4):
                             tRS_rAcc[acc_firsts[e] + 4 * g + j] += quad[j]
 
-        def _register_rows(self, tiled_mma):
-            """(row of each accumulator register, distinct rows), relative to a thread's first row,
-            at trace time: the wgmma C layout gives every thread the same offsets (two rows, 8
-            apart), so a thread loads one A scale per row it holds, not one per register. Checked
-            here on a thread of each bit of the thread index (all 256: 12 s a class)."""
+        def _per_register(self, tiled_mma, what, of):
+            """[of(coordinate) of each accumulator register], at trace time, where it is the same
+            for every thread: checked on a thread of each bit of the thread index (all 256: 12 s a
+            class)."""
             ident = cute.make_identity_tensor(self.tile_shape_mnk[:2])
 
-            def rel(t):
+            def values(t):
                 c = tiled_mma.get_slice(t).partition_C(ident)
-                return [c[v][0] - c[0][0] for v in range(cute.size(c))]
-            offs = rel(0)
+                return [of(c[v], c[0]) for v in range(cute.size(c))]
+            out = values(0)
             n = self.mma_threads_per_tile
             for t in [2 ** b for b in range(n.bit_length() - 1)] + [n - 1]:
-                assert rel(t) == offs, f"thread {t}: accumulator rows {rel(t)} are not {offs}"
+                assert values(t) == out, f"thread {t}: accumulator {what} {values(t)} are not {out}"
+            return out
+
+        def _register_rows(self, tiled_mma):
+            """(row of each accumulator register, distinct rows), relative to a thread's first row:
+            the wgmma C layout gives every thread the same offsets (two rows, 8 apart), so a thread
+            loads one A scale per row it holds, not one per register."""
+            offs = self._per_register(tiled_mma, "rows", lambda c, first: c[0] - first[0])
             rows = sorted(set(offs))
             return [rows.index(o) for o in offs], rows
 
+        def _register_segments(self, tiled_mma):
+            """The 64-column segment of the tile that each accumulator register lies in: a thread's
+            columns lie 0-7 past thread 0's, which are multiples of 8."""
+            return self._per_register(tiled_mma, "segments", lambda c, first: c[1] // 64)
+
+        def _load_b_scales(self, tma_atom_sb, tSBg, tSBs, tc, k_tile, stage, bar):
+            """The box of B's scales (four blocks) that holds the block of the tile's first column,
+            and for a 192-wide tile also the one of its last column, into the stage's slots."""
+            for box, col in enumerate((0, self.tile_shape_mnk[1] - 1)[:self.b_boxes]):
+                blk = (tc[1] * self.tile_shape_mnk[1] + col) // 128
+                cute.copy(tma_atom_sb, tSBg[(None, blk // 4, k_tile)], tSBs[(None, self.b_boxes * stage + box)],
+                          tma_bar_ptr=bar)
+
         def _promote_scaled(self, acc_main, acc, scales):
-            """acc_main += acc * (A's scale of the register's row * B's scale): one FFMA a register."""
+            """acc_main += acc * (A's scale of the register's row * B's scale of its block): one FFMA
+            a register."""
             rows = len(self.scale_rows)
-            row_scale = [scales[i] * scales[rows] for i in range(rows)]
+            b_values = self.scale_values - rows
+            prod = [[scales[i] * scales[rows + j] for j in range(b_values)] for i in range(rows)]
             for v, row in enumerate(self.reg_row):  # a Python loop: unrolled as the kernel is traced
-                acc_main[v] = acc_main[v] + acc[v] * row_scale[row]
+                seg = self.reg_seg[v] if const_expr(self.b_boxes == 2) else 0
+                acc_main[v] = acc_main[v] + acc[v] * prod[row][seg]
 
         def _read_block_scales(self, sSA, sSB, stage, tCcAcc, tc, out):
             """out = (A's scale of each of the thread's rows, B's scale) of the k-block in `stage`
@@ -524,7 +555,17 @@ def _device():
             rows = len(self.scale_rows)
             for i, r in enumerate(self.scale_rows):
                 out[i] = sSA[(tCcAcc[0][0] + r, 0, stage)]
-            out[rows] = sSB[((tc[1] * self.tile_shape_mnk[1] // 128) % 4, 0, stage)]
+            tn = self.tile_shape_mnk[1]
+            if const_expr(self.b_boxes == 1):
+                out[rows] = sSB[((tc[1] * tn // 128) % 4, 0, stage)]
+            else:
+                # 192 wide: columns 0-63 lie in the first block, 128-191 in the last, 64-127 in the
+                # first where the tile starts on a block (even tiles), else in the last
+                first = sSB[((tc[1] * tn // 128) % 4, 0, 2 * stage)]
+                last = sSB[(((tc[1] * tn + tn - 1) // 128) % 4, 0, 2 * stage + 1)]
+                out[rows] = first
+                out[rows + 1] = Float32(cutlass.select_(tc[1] % 2 == 0, first, last))
+                out[rows + 2] = last
 
         def _vec_load(self, mScaleM, mScaleN, tc, thread):
             """This thread's share of the tile's scale values, loaded into registers as its mainloop
@@ -667,7 +708,7 @@ def _device():
             tSAs, tSAg, tSBs, tSBg, sSA, sSB = None, None, None, None, None, None
             if const_expr(self.block):
                 sSA = storage.sSA.get_tensor(cute.make_layout((self.tile_shape_mnk[0], 1, self.ab_stage)))
-                sSB = storage.sSB.get_tensor(cute.make_layout((4, 1, self.ab_stage), stride=(1, 4, 32)))
+                sSB = storage.sSB.get_tensor(cute.make_layout((4, 1, self.b_boxes * self.ab_stage), stride=(1, 4, 32)))
                 # (tile_m, 1, RestM, K/128), (4, 1, RestN/4, K/128)
                 gSA = cute.local_tile(mScaleM, (self.tile_shape_mnk[0], 1), (None, None))
                 gSB = cute.local_tile(mScaleN, (4, 1), (None, None))
@@ -712,8 +753,7 @@ def _device():
                             if const_expr(self.block):
                                 cute.copy(tma_atom_sa, tSAg[(None, tc[0], k_first + k_tile)], tSAs[(None, prod.index)],
                                           tma_bar_ptr=bar)
-                                cute.copy(tma_atom_sb, tSBg[(None, tc[1] * self.tile_shape_mnk[1] // 512, k_first + k_tile)],
-                                          tSBs[(None, prod.index)], tma_bar_ptr=bar)
+                                self._load_b_scales(tma_atom_sb, tSBg, tSBs, tc, k_first + k_tile, prod.index, bar)
                             ab_pipeline.producer_commit(prod)
                             prod.advance()
                         work += cute.arch.grid_dim()[2]
