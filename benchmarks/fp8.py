@@ -160,7 +160,7 @@ def run_jax(args, log) -> list:
 PROMOTE_TILES = (128, 192)
 
 
-def _promoted_spec(m: int, n: int, k: int, tile_n=None, block: bool = False) -> tuple:
+def _promoted_spec(m: int, n: int, k: int, tile_n=None) -> tuple:
     """The class spec (build()'s arguments) of e4m3 -> bf16 at the promoting policy's config for
     this shape (its tile_n replaced where given), A row- and B column-major, on an H200."""
     import dataclasses
@@ -168,7 +168,7 @@ def _promoted_spec(m: int, n: int, k: int, tile_n=None, block: bool = False) -> 
     from xgemm.core.problem import COL, ROW
     from xgemm.kernels import cute_gemm_sm90 as k90
     from xgemm.kernels.cute_gemm_sm90_policy import choose_fp8_promoted_policy
-    cfg = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1, block))
+    cfg = k90.Config.from_policy(choose_fp8_promoted_policy(m, n, k, 1))
     if tile_n is not None:
         cfg = dataclasses.replace(cfg, tile_n=tile_n)
     return (cfg, "float8_e4m3fn", "bfloat16", ROW, COL, ROW, None, True, (False,) * 4,
@@ -191,7 +191,7 @@ def block_candidates(m: int, n: int, k: int) -> list:
     blocks of B's scales a tile), the policy's cluster, raster and swizzle otherwise."""
     from xgemm.kernels import cute_gemm_sm90 as k90
     epi = k90.Epi(scale_m=True, scale_n=True, promote=True, block=True)
-    return [(f"block 128x{tn}", _promoted_spec(m, n, k, tn, block=True), epi) for tn in PROMOTE_TILES]
+    return [(f"block 128x{tn}", _promoted_spec(m, n, k, tn), epi) for tn in PROMOTE_TILES]
 
 
 def run_tune(args, log) -> list:

@@ -201,8 +201,7 @@ class _Sm90Kernel:
             policy = choose_gated_policy(problem.m, problem.n, problem.k, problem.batch_count)
         elif problem.scales is not None and (problem.float32_accumulation or _block_scales(problem)):
             # block scales multiply each k-tile's sum as it is promoted, whatever accumulation is asked
-            policy = choose_fp8_promoted_policy(problem.m, problem.n, problem.k, problem.batch_count,
-                                                _block_scales(problem))
+            policy = choose_fp8_promoted_policy(problem.m, problem.n, problem.k, problem.batch_count)
         else:
             policy = choose_policy(problem.m, problem.n, problem.k, problem.batch_count,
                                    problem.a.majorness, problem.b.majorness)

@@ -548,7 +548,8 @@ def _device():
                 acc_main[v] = acc_main[v] + acc[v] * prod[row][seg]
 
         def _read_block_scales(self, sSA, sSB, stage, tCcAcc, tc, out):
-            """out = (A's scale of each of the thread's rows, B's scale) of the k-block in `stage`
+            """out = (A's scale of each of the thread's rows, B's scale, or for a 192-wide tile B's
+            of its first, middle and last 64 columns) of the k-block in `stage`
             (the producer's TMA put them there with A and B), read after the stage's wgmmas are
             issued and before it is released. (Loaded by the consumers from global memory, the
             scales arrived after the wgmmas ended: docs/performance.md.)"""

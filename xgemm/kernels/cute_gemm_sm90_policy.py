@@ -267,7 +267,7 @@ def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
     return cfg.policy(why)
 
 
-def choose_fp8_promoted_policy(m: int, n: int, k: int, l: int, block: bool = False) -> Policy:
+def choose_fp8_promoted_policy(m: int, n: int, k: int, l: int) -> Policy:
     """An FP8 class that promotes its k-tile sums holds two float32 accumulators: cooperative
     tiles 128 rows tall, the cluster, raster and swizzle of the plain product's row. 128x192 (96
     registers each a thread) unless its waves are emptier than 128x128's by the wave margin: its
