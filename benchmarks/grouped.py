@@ -92,6 +92,27 @@ def _counts(args, log, name, x, w, offs):
     return args.reps, args.trials
 
 
+def _cute_candidates(torch, x, w, offs, out, impls) -> None:
+    """cute_gemm_sm90's grouped class at each of its policy's candidate configs, through the kernel
+    protocol (labels `cute grouped <tile> <cluster>`), where the class takes the problem."""
+    from xgemm import arrays, grouped
+    from xgemm.kernels import cute_gemm_sm90 as K90
+    c = grouped.check_grouped_mm(x, w, offs)
+    plan, va, vb, moves = grouped._plan(c)
+    if moves != (None, None) or K90.GROUPED.supports(plan.problem) is not None:
+        return
+    views = (va, vb, arrays.view(offs, "offs", "bench"))
+    for cfg in K90.GROUPED_CONFIGS:
+        label = f"cute grouped {cfg.tile_m}x{cfg.tile_n} {cfg.cluster_m}x{cfg.cluster_n}"
+
+        def call(i, pol=cfg.policy(), label=label):
+            y = torch.empty(c.shape.out, dtype=torch.bfloat16, device="cuda")
+            K90.GROUPED.run(plan.problem, pol, views, arrays.view(y, "out", "bench"),
+                            torch.cuda.current_stream().cuda_stream)
+            out[label] = y
+        impls[label] = call
+
+
 def forward_case(torch, name, cfg, sizes, args, log, dense=False) -> list:
     import xgemm
     e, t, k, n = cfg["E"], cfg["T"], cfg["K"], cfg["N"]
@@ -112,6 +133,7 @@ def forward_case(torch, name, cfg, sizes, args, log, dense=False) -> list:
         keep("quack varlen gemm", lambda: quack_gemm(x, w, cu_seqlens_m=cu, tuned=False))
     except ImportError:
         pass
+    _cute_candidates(torch, x, w, offs, out, impls)
     ref = _ref_forward(torch, x, w, sizes)
     refs = dict.fromkeys(impls, ref)
     if dense:                                   # the same FLOPs as one dense product

@@ -62,7 +62,8 @@ def kernel(name: str, op: str) -> Any:
 
 def of_backend(backend: str) -> Dict[str, Any]:
     """module name -> kernel object of every registered kernel of `backend` ("cute" | "gluon" |
-    "host") that imports here: what build-cache compiles and the cache packer keeps."""
+    "host") that imports here: what build-cache compiles and the cache packer keeps. A module of
+    several kernels is named by its first, whose prebuild() covers the module's classes."""
     found = {}
     for name in names():
         try:
@@ -71,5 +72,5 @@ def of_backend(backend: str) -> Dict[str, Any]:
             continue
         for k in module.KERNELS:
             if k.backend == backend:
-                found[name] = k
+                found.setdefault(name, k)
     return found

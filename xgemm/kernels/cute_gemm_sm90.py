@@ -38,11 +38,11 @@ from xgemm.kernels._common import xla_tensors, xla_views
 # The compiled classes live in their own module, which alone names their disk cache; the policy in
 # another: an edit here or there keeps every compiled class
 from xgemm.kernels.cute_gemm_sm90_build import (  # noqa: F401 -- compile-class machinery under this kernel's name
-    _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, NAME, Epi, build, build_for_key, class_key, compiled,
-    compiled_eager, max_clusters, workspace_sizes)
+    _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, NAME, RAGGED_BIG, Epi, build, build_for_key, class_key,
+    compiled, compiled_eager, max_clusters, workspace_sizes)
 from xgemm.kernels.cute_gemm_sm90_policy import (
-    POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy, choose_gated_policy, choose_policy,
-    swapped, unsplit)
+    GROUPED_CONFIGS, POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy, choose_gated_policy,
+    choose_grouped_config, choose_policy, grouped_fill, swapped, unsplit)
 from xgemm.kernels.cute_gemm_sm90_policy import (  # noqa: F401 -- the policy's model under this kernel's name too
     MAX_SPLIT, ROW_MARGIN, SWAP_MIN_K, SWAP_NOTE, WAVE_MARGIN, choose_config, row_of, slot_fill, wave_efficiency)
 from xgemm.runtime import cute_cache, workspace
@@ -350,11 +350,81 @@ class _Sm90Kernel:
         return TvmFfiCall(fn, tensors + scalars + (Arg.stream(),))
 
     def prebuild(self, arch: str):
-        return prebuild_classes(arch)
+        return prebuild_classes(arch) + grouped_classes(arch)     # the module's classes (registry.of_backend)
+
+
+class _Sm90Grouped:
+    """The grouped class (the rows mode of xgemm.grouped_mm / ragged_dot; cute_gemm_sm90_build's
+    Design): A [T, K] K-major in row groups, B [E, K, N] N- or K-major, D [T, N] row-major, `ends`
+    the groups' end rows (int32, on the device, never read on the host); rows past the last group
+    are zeros. Sizes, ends past T and decreasing ends as kernels/triton_grouped_sm90.py's contract."""
+    name = NAME
+    ops = ("grouped",)
+    backend = "cute"
+
+    def supports(self, problem) -> Optional[str]:
+        dev = problem.device
+        if dev.kind != "cuda" or dev.arch is None or tuple(dev.arch) != (9, 0):
+            return "needs sm_90 (Hopper: wgmma + TMA)"
+        a, b, s = problem.a, problem.b, problem.shape
+        if s.ragged_k:
+            return "the variable-K product (ragged_k) has no class here"
+        if a.dtype not in _AB_DTYPES or b.dtype != a.dtype:
+            return f"A/B must both be float16 or bfloat16 (got {a.dtype}, {b.dtype})"
+        if problem.out_dtype not in (a.dtype, "float32"):
+            return f"output dtype {problem.out_dtype} is not {a.dtype} or float32"
+        if min(s.rows, s.n, s.k, s.groups) < 1 or s.rows > RAGGED_BIG:
+            return f"T={s.rows}, N={s.n}, K={s.k}, E={s.groups}: each >= 1, T <= 2**30 (the ragged store's rows)"
+        if a.majorness != ROW:
+            return "A must be K-major (row-major): a group starts at any row, a TMA box on a 16-byte boundary"
+        if s.n * _ITEMSIZE[problem.out_dtype] % 16:
+            return f"N={s.n}: D's row stride is not a multiple of 16 bytes (TMA)"
+        for label, op in (("A", a), ("B", b)):
+            why = "not 16-byte aligned" if op.alignment < 16 else _tma_why(op.shape, op.strides, _ITEMSIZE[op.dtype])
+            if why:
+                return f"{label}: {why} (TMA needs 16-byte base and strides)"
+        return None
+
+    def policy(self, problem) -> Policy:
+        s = problem.shape
+        cfg = choose_grouped_config(s.rows, s.n, s.groups)
+        return cfg.policy(f"grouped: tiles {100 * grouped_fill(s.rows, s.n, s.groups, cfg):.0f}% full at the "
+                          f"mean group size; each tile's group found on the device")
+
+    def _compiled(self, problem, policy: Policy, sms: int, eager: bool):
+        cfg = Config.from_policy(policy)
+        spec = (cfg, problem.a.dtype, problem.out_dtype, ROW, problem.b.majorness, ROW, None, True,
+                (False, True, False, False), max_clusters(sms, cfg), cute_cache.arch_for(problem.device))
+        return (compiled_eager if eager else compiled)(*spec, grouped=True)
+
+    def run(self, problem, policy: Policy, operands, out, stream) -> None:
+        """operands: (A, B, ends) views (ends int32, contiguous); out: D's view."""
+        a, b, ends = operands
+        fn = self._compiled(problem, policy, _sm_count(problem.device.index), eager=True)
+        fn(a.obj, b.obj, out.obj, ends.obj, stream)
+
+    def bind(self, problem, policy: Policy, operands, out):
+        return None                       # run() serves every call
+
+    def jax_lowering(self, problem, policy: Policy, *, portable: bool = False, sm_margin: int = 0):
+        """The compiled function on XLA's (A, B, ends) and D, on XLA's stream."""
+        if portable:                      # its TVM-FFI handle is process-local
+            return None
+        try:
+            sms = _sm_count(problem.device.index)
+        except Exception:                 # cross-lowering without a GPU: the H200's count
+            sms = H200_SMS
+        fn = self._compiled(problem, policy, max(sms - sm_margin, 1), eager=False)
+        return TvmFfiCall(fn, (Arg.tensor("in", 0), Arg.tensor("in", 1), Arg.tensor("out", 0), Arg.tensor("in", 2),
+                               Arg.stream()))
+
+    def prebuild(self, arch: str):
+        return grouped_classes(arch)
 
 
 KERNEL = _Sm90Kernel()
-KERNELS = (KERNEL,)
+GROUPED = _Sm90Grouped()
+KERNELS = (KERNEL, GROUPED)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -382,4 +452,21 @@ def prebuild_classes(arch: str):
                     continue
                 seen.add(spec)
                 items.append((class_key(*spec), functools.partial(build, *spec)))
+    return items
+
+
+def grouped_classes(arch: str, cfgs=None):
+    """(key, build) of the grouped class for each config (the policy's candidates by default), in
+    bf16 and fp16, D of the inputs' dtype or float32, B N- and K-major (the forward's weights and
+    the backward's transposed ones), on an H200."""
+    if not arch.startswith("sm_90"):
+        return []
+    items = []
+    for cfg in (cfgs or GROUPED_CONFIGS[:1]):
+        for ab in _AB_DTYPES:
+            for out in (ab, "float32"):
+                for b_major in (ROW, COL):
+                    spec = (cfg, ab, out, ROW, b_major, ROW, None, True, (False, True, False, False),
+                            max_clusters(H200_SMS, cfg), arch)
+                    items.append((class_key(*spec, grouped=True), build_for_key(class_key(*spec, grouped=True))))
     return items

@@ -43,6 +43,18 @@ Design
   after it, so launches on one stream share them (runtime/workspace.py; under jit they are a
   zero-filled operand and the workspace XLA scratch). In pingpong the partial stores and loads
   happen in the epilogue's slot, under the other warpgroup's mainloop.
+  Grouped (a class of its own, the rows mode of xgemm.grouped_mm / ragged_dot): A (T, K) K-major in
+  contiguous row groups, B (E, K, N), D (T, N) row-major, group g the rows [ends[g-1], ends[g]) and
+  the rows past ends[E-1] a last group whose tiles store zeros. The persistent grid numbers the
+  cluster tiles group after group (ceil(rows / (tile_m x cluster_m)) x cluster columns each, M
+  fastest within a group, so the CTAs running together share the group's A and a band of B's
+  columns in L2); each warp finds a tile's group by scanning the groups 32 at a time from the
+  previous tile's (a load of two ends a lane, a prefix sum of tile counts, a ballot), so the
+  sizes never leave the device. A is read plainly from the group's first row (a tile's rows past
+  the group read the next group's, whose products land in rows the store drops); D is stored
+  through a ragged view (quack's copy_utils, after triton/tools/ragged_tma.py): a rank-3 TMA
+  tensor whose row coordinate is BIG - rows + r and whose third coordinate first + rows moves the
+  base back, so TMA clips the store at the group's last row.
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
   see class_key); shapes and strides are symbolic (cute.sym_int / sym_int64 with 16-byte
   divisibility), so one compiled object serves every shape of its class.
@@ -108,6 +120,8 @@ _FP8_DTYPES = fp8_checks.FP8_DTYPES
 _OUT_DTYPES = ("float16", "bfloat16", "float32")
 _ITEMSIZE = ITEMSIZE
 SMEM_BYTES = 232448          # sm_90 opt-in shared memory per block (227 KB)
+# the grouped class's ragged D view (Design): a row extent no group reaches and the largest third one
+RAGGED_BIG, RAGGED_MAX = 2 ** 30, 2 ** 31 - 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -149,7 +163,7 @@ def _device():
 
     class Sm90Gemm:
         def __init__(self, cfg: Config, max_active_clusters: int, has_c: bool, unit_alpha: bool,
-                     epi: Optional[Epi] = None):
+                     epi: Optional[Epi] = None, grouped: bool = False):
             cfg.check()
             if epi is not None:
                 epi.check()
@@ -173,6 +187,9 @@ def _device():
             # split-K serves the plain product: C, a fused epilogue's state and promotion stay unsplit
             assert self.split == 1 or (not has_c and epi is None), f"{cfg}: split-K with C or an Epi class"
             assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
+            # grouped (Design): the plain product of row groups, each tile's group found on the device
+            self.grouped = grouped
+            assert not grouped or (not has_c and epi is None and self.split == 1), "a grouped class is a plain product"
             # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
             self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
             # the scales multiply the product only: alpha * acc + beta * C would scale C too
@@ -231,12 +248,13 @@ def _device():
         def launch(self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor,
                    mC: Optional[cute.Tensor], mBias: Optional[cute.Tensor], mScaleM: Optional[cute.Tensor],
                    mScaleN: Optional[cute.Tensor], mWork: Optional[cute.Tensor], mFlags: Optional[cute.Tensor],
-                   alpha: Float32, beta: Float32, stream: cuda.CUstream):
+                   mEnds: Optional[cute.Tensor], alpha: Float32, beta: Float32, stream: cuda.CUstream):
             """mA (M, K, L), mB (N, K, L), mD / mC (M, N, L), in CuTe's GEMM order; mBias (N,) or
             (M,) by Epi.bias; mScaleM (M,), mScaleN (N,) float32 (Epi), or with Epi.block mScaleM
             (M, K/128) M-major and mScaleN (N/128, K/128) N/128-major (TMA-loaded). Split-K (cfg.split > 1): mWork, bytes holding float32,
             at least (split - 1) x tile_m x tile_n of them per CTA tile of the grid (workspace_sizes), and mFlags,
-            int32, one per CTA tile, zero before the launch and zero again after it."""
+            int32, one per CTA tile, zero before the launch and zero again after it. Grouped: mA (T, K, 1),
+            mB (N, K, E), mD (T, N, 1) row-major, mEnds (E,) int32 the groups' end rows (Design)."""
             self.a_dtype = mA.element_type
             self.b_dtype = mB.element_type
             if const_expr(self.gated):
@@ -313,6 +331,13 @@ def _device():
                     cpasync.CopyBulkTensorTileG2SOp(), mScaleM, cute.make_layout((tm, 1)), (tm, 1))
                 tma_atom_sb, mScaleN = cpasync.make_tiled_tma_atom(
                     cpasync.CopyBulkTensorTileG2SOp(), mScaleN, cute.make_layout((4, 1)), (4, 1))
+            tiles_m = (mD.shape[0] + self.tile_shape_mnk[0] - 1) // self.tile_shape_mnk[0]
+            tiles_n = (mD.shape[1] + self.d_tile_n - 1) // self.d_tile_n
+            if const_expr(self.grouped):
+                # each group adds at most one part-filled cluster row (the rows past the last group too)
+                block = self.tile_shape_mnk[0] * self.cfg.cluster_m
+                tiles_m = (mD.shape[0] + (mB.shape[2] + 1) * (block - 1)) // block * self.cfg.cluster_m
+                mD = self._ragged_view(mD)
             tma_atom_d, tma_d = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mD,
                 cute.slice_(d_smem_staged, (None, None, 0)), self.epi_tile)
@@ -326,10 +351,9 @@ def _device():
 
             # persistent grid: one cluster per (max active) cluster slot, cluster tiles strided
             # over it (see _tile_of)
-            tiles_m = (mD.shape[0] + self.tile_shape_mnk[0] - 1) // self.tile_shape_mnk[0]
-            tiles_n = (mD.shape[1] + self.d_tile_n - 1) // self.d_tile_n
             cluster_tiles = ((tiles_m + self.cfg.cluster_m - 1) // self.cfg.cluster_m
-                             * ((tiles_n + self.cfg.cluster_n - 1) // self.cfg.cluster_n) * mD.shape[2])
+                             * ((tiles_n + self.cfg.cluster_n - 1) // self.cfg.cluster_n)
+                             * (1 if const_expr(self.grouped) else mD.shape[2]))
             grid = (self.cfg.cluster_m, self.cfg.cluster_n,
                     cutlass.min(cluster_tiles * self.split, self.max_active_clusters))
 
@@ -355,7 +379,8 @@ def _device():
 
             self.shared_storage = SharedStorage
             self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
-                        tma_atom_c, tma_c, mBias, tma_atom_sa, mScaleM, tma_atom_sb, mScaleN, mWork, mFlags, alpha, beta,
+                        tma_atom_c, tma_c, mBias, tma_atom_sa, mScaleM, tma_atom_sb, mScaleN, mWork, mFlags, mEnds,
+                        alpha, beta,
                         self.cluster_layout_mnk,
                         a_smem_staged,
                         b_smem_staged, d_smem_staged, c_smem_staged).launch(
@@ -371,6 +396,73 @@ def _device():
             return cute.make_tensor(mB.iterator, cute.make_layout(
                 ((half, 2, h // half), mB.shape[1], mB.shape[2]),
                 stride=((s_n, s_n * h, s_n * half), s_k, s_l)))
+
+        def _ragged_view(self, mD):
+            """D (T, N, 1) as the grouped class stores it (Design): (RAGGED_BIG, N, RAGGED_MAX) with the
+            rows' stride on the first and third modes and the base RAGGED_BIG rows back, so that
+            element (RAGGED_BIG - rows + r, n, first + rows) is D[first + r, n] and TMA clips r >= rows.
+            The base lies outside D: only stores use it (a load's base must be mapped memory)."""
+            s_r, s_n, _ = mD.layout.stride
+            base = cute.domain_offset((-RAGGED_BIG, 0, 0), mD).iterator
+            return cute.make_tensor(base, cute.make_layout((RAGGED_BIG, mD.shape[1], RAGGED_MAX), stride=(s_r, s_n, s_r)))
+
+        def _group_window(self, mEnds, g, gdims):
+            """Lane i's group g + i: its first row, its rows and its cluster tiles (0 past the last
+            group; group E is the rows after ends[E-1], whose tiles store zeros). Ends are clamped
+            to [0, T] and a group starts where the previous one ends (a decreasing end: no rows)."""
+            rows_total, cols = gdims
+            groups = mEnds.shape[0]
+            gi = g + cute.arch.lane_idx()
+            first = cutlass.select_(gi > 0, cutlass.min(cutlass.max(
+                mEnds[cutlass.min(cutlass.max(gi - 1, 0), groups - 1)], 0), rows_total), 0)
+            end = cutlass.select_(gi < groups, cutlass.min(cutlass.max(
+                mEnds[cutlass.min(gi, groups - 1)], 0), rows_total), rows_total)
+            rows = cutlass.select_(gi <= groups, cutlass.max(end - first, 0), 0)
+            block = self.tile_shape_mnk[0] * self.cluster_shape_mnk[0]
+            return first, rows, (rows + block - 1) // block * cols
+
+        @cute.jit
+        def _group_tile_of(self, work, gstate, mEnds, gdims):
+            """The grouped class's _tile_of: ((m, n, group) of this CTA's tile, valid, the state for
+            the next call). gstate = (g, tiles before g, g's first row, g's rows): the search starts at
+            the previous tile's group, since a warp's work indices only grow (Design)."""
+            g, start, first, rows = gstate
+            groups = mEnds.shape[0]
+            lane = cute.arch.lane_idx()
+            searching = Int32(1)
+            while searching == 1:
+                lo, n_rows, tiles = self._group_window(mEnds, g, gdims)
+                incl = tiles
+                for i in cutlass.range_constexpr(5):          # inclusive prefix sum over the warp
+                    up = cute.arch.shuffle_sync_up(incl, offset=1 << i, mask_and_clamp=0)
+                    incl = incl + cutlass.select_(lane >= (1 << i), up, 0)
+                # the groups ending at or before `work` (a prefix of the lanes; none past group E)
+                passed = cute.arch.popc(cute.arch.vote_ballot_sync((start + incl <= work) & (g + lane <= groups)))
+                if passed < 32:
+                    searching = Int32(0)
+                    start = start + cute.arch.shuffle_sync(incl - tiles, passed)
+                    first = cute.arch.shuffle_sync(lo, passed)
+                    rows = cute.arch.shuffle_sync(n_rows, passed)
+                    g = g + passed
+                else:
+                    start = start + cute.arch.shuffle_sync(incl, 31)
+                    g = g + 32
+            block = self.tile_shape_mnk[0] * self.cluster_shape_mnk[0]
+            blocks_m = cutlass.max((rows + block - 1) // block, 1)
+            local = work - start
+            cm, cn = self.cluster_shape_mnk[0], self.cluster_shape_mnk[1]
+            bidx, bidy, _ = cute.arch.block_idx()
+            tc = ((local % blocks_m) * cm + bidx % cm, (local // blocks_m) * cn + bidy % cn,
+                  cutlass.min(g, groups - 1))
+            return tc, g <= groups, (g, start, first, rows)
+
+        def _next_tile(self, work, sched, gstate, mEnds):
+            """(tile, valid, gstate) of work index `work`: _tile_of, or the grouped class's search
+            (sched is then (T, cluster columns))."""
+            if const_expr(self.grouped):
+                return self._group_tile_of(work, gstate, mEnds, sched)
+            tc, valid = self._tile_of(work, sched)
+            return tc, valid, gstate
 
         def _schedule(self, gD_mnl):
             """What _tile_of needs, computed once per thread before the tile loops: the cluster-
@@ -632,7 +724,8 @@ def _device():
                    mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor], tma_atom_sa: Optional[cute.CopyAtom],
                    mScaleM: Optional[cute.Tensor], tma_atom_sb: Optional[cute.CopyAtom],
                    mScaleN: Optional[cute.Tensor], mWork: Optional[cute.Tensor],
-                   mFlags: Optional[cute.Tensor], alpha: Float32, beta: Float32, cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
+                   mFlags: Optional[cute.Tensor], mEnds: Optional[cute.Tensor], alpha: Float32, beta: Float32,
+                   cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
                    b_smem_staged: cute.ComposedLayout, d_smem_staged: cute.ComposedLayout,
                    c_smem_staged: Optional[cute.ComposedLayout]):
             tidx, _, _ = cute.arch.thread_idx()
@@ -693,7 +786,9 @@ def _device():
                                      (None, None, None))
             gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.tile_shape_mnk, (0, None, None)),
                                      (None, None, None))
-            gD_mnl = cute.local_tile(mD_mnl, (self.tile_shape_mnk[0], self.d_tile_n), (None, None, None))
+            gD_mnl = None
+            if const_expr(not self.grouped):
+                gD_mnl = cute.local_tile(mD_mnl, (self.tile_shape_mnk[0], self.d_tile_n), (None, None, None))
             gC_mnl = None
             if const_expr(self.has_c):
                 gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.tile_shape_mnk, (None, None, 0)),
@@ -722,7 +817,13 @@ def _device():
             k_per = k_tile_cnt
             if const_expr(self.split > 1):
                 k_per = (k_tile_cnt + self.split - 1) // self.split
-            sched = self._schedule(gD_mnl)
+            # grouped: (T, cluster columns) for the search, and its state (g, tiles before g, first row, rows)
+            gstate = (Int32(0), Int32(0), Int32(0), Int32(0))
+            if const_expr(self.grouped):
+                cols = (mD_mnl.shape[1] + self.d_tile_n * self.cfg.cluster_n - 1) // (self.d_tile_n * self.cfg.cluster_n)
+                sched = (mA_mkl.shape[0], cols)
+            else:
+                sched = self._schedule(gD_mnl)
 
             pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mnk[:2])
             # Programmatic dependent launch: everything above (barrier init, descriptor
@@ -735,11 +836,21 @@ def _device():
                 cute.arch.setmaxregister_decrease(self.regs_load)
                 if warp_idx == self.load_warp_id:
                     work = cute.arch.block_idx()[2]
-                    tc, valid = self._tile_of(work, sched)
+                    tc, valid, gstate = self._next_tile(work, sched, gstate, mEnds)
                     prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                         self.ab_stage)
                     while valid:
-                        tAgA_k = tAgA[(None, tc[0], None, tc[2])]
+                        if const_expr(self.grouped):
+                            # the group's A starts at its first row (Design); tile tc[0] of it
+                            gA = cute.local_tile(cute.domain_offset((gstate[2], 0, 0), mA_mkl),
+                                                 cute.slice_(self.tile_shape_mnk, (None, 0, None)), (None, None, None))
+                            _, tAgA_g = cpasync.tma_partition(
+                                tma_atom_a, cluster_coord[1],
+                                cute.make_layout(cute.slice_(cluster_layout_mnk, (0, None, 0)).shape),
+                                cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+                            tAgA_k = tAgA_g[(None, tc[0], None, 0)]
+                        else:
+                            tAgA_k = tAgA[(None, tc[0], None, tc[2])]
                         tBgB_k = tBgB[(None, tc[1], None, tc[2])]
                         k_first = 0
                         if const_expr(self.split > 1):
@@ -758,7 +869,7 @@ def _device():
                             ab_pipeline.producer_commit(prod)
                             prod.advance()
                         work += cute.arch.grid_dim()[2]
-                        tc, valid = self._tile_of(work, sched)
+                        tc, valid, gstate = self._next_tile(work, sched, gstate, mEnds)
                     ab_pipeline.producer_tail(prod)
 
             # ------------------------------------------------------------ consumer warpgroups
@@ -868,7 +979,7 @@ def _device():
                     if wg_idx == 1:
                         # warpgroup 0 issues the first k-tile's wgmmas (Epi: promote)
                         cute.arch.barrier_arrive(barrier_id=BAR_TURN0, number_of_threads=256)
-                tc, valid = self._tile_of(work, sched)
+                tc, valid, gstate = self._next_tile(work, sched, gstate, mEnds)
 
                 while valid:
                     if const_expr(self.pingpong):
@@ -947,6 +1058,9 @@ def _device():
                         acc.store(acc_main.load())                    # the epilogue reads acc
                     elif const_expr(self.promote):
                         acc.store(acc.load() + acc_main.load())    # the epilogue reads acc
+                    if const_expr(self.grouped):
+                        if gstate[0] == mEnds.shape[0]:
+                            acc.fill(0.0)              # the rows past the last group are zeros
 
                     # ---------------------------------------------------------- epilogue
                     if const_expr(self.pingpong):
@@ -966,7 +1080,13 @@ def _device():
                             self._split_store(tRS_rAcc, acc_firsts, size_rD, mWork, mFlags, split_tile, part, epi_tidx,
                                               epi_barrier)
                     if writes_d:
-                        gD = gD_mnl[(None, None, *tc)]
+                        if const_expr(self.grouped):
+                            # the ragged view at the group's rows: stores past its last row are clipped
+                            mD_g = cute.domain_offset((RAGGED_BIG - gstate[3], 0),
+                                                      mD_mnl[(None, None, gstate[2] + gstate[3])])
+                            gD = cute.local_tile(mD_g, (self.tile_shape_mnk[0], self.d_tile_n), (tc[0], tc[1]))
+                        else:
+                            gD = gD_mnl[(None, None, *tc)]
                         bSG_sD, bSG_gD = cpasync.tma_partition(
                             tma_atom_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2),
                             cute.zipped_divide(gD, self.epi_tile))
@@ -1054,7 +1174,7 @@ def _device():
                         work += work_stride
                     if const_expr(self.split == 1):
                         tiles_done += 1
-                    tc, valid = self._tile_of(work, sched)
+                    tc, valid, gstate = self._next_tile(work, sched, gstate, mEnds)
 
                 # the next kernel in the stream may start its prologue (it waits for our end)
                 cute.arch.griddepcontrol_launch_dependents()
@@ -1090,19 +1210,19 @@ def _device():
     @cute.jit
     def gemm_noc(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
                  alpha: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, None, None, None, None, alpha,
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, None, None, None, None, None, alpha,
                   Float32(0.0), stream)
 
     @cute.jit
     def gemm_split(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, work: cute.Tensor,
                    flags: cute.Tensor, alpha: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, None, None, work, flags, alpha,
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, None, None, work, flags, None, alpha,
                   Float32(0.0), stream)
 
     @cute.jit
     def gemm_c(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
                c: cute.Tensor, alpha: Float32, beta: Float32, stream: cuda.CUstream):
-        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), None, None, None, None, None,
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d), None, None, None, None, None, None,
                   alpha, beta, stream)
 
     @cute.jit
@@ -1114,9 +1234,16 @@ def _device():
         if const_expr(op.block):
             scale_n = _mk(scale_n, [1, 0])
         op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), _to_mkl(c, d) if const_expr(c is not None) else None,
-                  bias, scale_m, scale_n, None, None, alpha, beta, stream)
+                  bias, scale_m, scale_n, None, None, None, alpha, beta, stream)
 
-    return cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi, gemm_split)
+    @cute.jit
+    def gemm_grouped(op: cutlass.Constexpr, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, ends: cute.Tensor,
+                     stream: cuda.CUstream):
+        # a grouped class: A (T, K), B (E, K, N), D (T, N), ends (E,) int32
+        op.launch(_to_mkl(a, d), _b_to_nkl(b, d), _to_mkl(d, d), None, None, None, None, None, None, ends,
+                  Float32(1.0), Float32(0.0), stream)
+
+    return cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi, gemm_split, gemm_grouped)
 
 
 _CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32",
@@ -1125,7 +1252,8 @@ _CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32
 
 def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
           c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
-          max_clusters: int, arch: str = "sm_90a", extra_options: str = "", *, epi: Optional[Epi] = None):
+          max_clusters: int, arch: str = "sm_90a", extra_options: str = "", *, epi: Optional[Epi] = None,
+          grouped: bool = False):
     """cute.compile one kernel class against fake tensors with symbolic shapes and strides.
 
     Majorness words are the API's: ROW = last dim contiguous. unit_alpha: a class for alpha == 1
@@ -1137,10 +1265,12 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     stream), or for an Epi class f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream) with
     None for what the class lacks (Epi.block: scale_m (M, K/128) M-major and scale_n (K/128, N/128)
     row-major, 16-byte aligned, their strides multiples of 4).
+    grouped: the grouped class (Design; A and D row-major, no C, no Epi, batched ignored): f(a (T, K),
+    b (E, K, N), d (T, N), ends (E,) int32, stream).
     """
     if _ITEMSIZE[ab] == 1 and (a_major, b_major) != (ROW, COL):
         raise ValueError(f"{NAME}: FP8 operands must be K-major (A row-major, B column-major), got {a_major}/{b_major}")
-    cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi, gemm_split) = _device()
+    cutlass, cute, Sm90Gemm, (gemm_noc, gemm_c, gemm_epi, gemm_split, gemm_grouped) = _device()
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     def dt(name):
@@ -1156,8 +1286,17 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
         return make_fake_tensor(dt(dtype), (batch, rows, cols),
                                 (cute.sym_int64(divisibility=align), *inner), assumed_align=16)
 
-    a_b, b_b, d_b, c_b = batched
     m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    stream = make_fake_stream()
+    opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
+    if grouped:
+        assert c is None and epi is None and cfg.split == 1 and (a_major, d_major) == (ROW, ROW), "grouped: a plain product"
+        e = cute.sym_int()
+        ends = make_fake_tensor(cutlass.Int32, (e,), (1,), assumed_align=4)
+        op = Sm90Gemm(cfg, max_clusters, False, True, None, grouped=True)
+        return cute.compile(gemm_grouped, op, fake(ab, m, k, ROW, None), fake(ab, k, n, b_major, e),
+                            fake(out, m, n, ROW, None), ends, stream, options=opts)
+    a_b, b_b, d_b, c_b = batched
     l = cute.sym_int() if d_b else None
     gated = epi is not None and epi.gated
     n_b = cute.sym_int() if gated else n          # a gated B is [gate | up]: 2 N columns
@@ -1165,8 +1304,6 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     fb = fake(ab, k, n_b, b_major, l if b_b else None)
     fd = fake(out, m, n, d_major, l)
     op = Sm90Gemm(cfg, max_clusters, c is not None, unit_alpha, epi)
-    stream = make_fake_stream()
-    opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
     fc = fake(c[0], m, n, c[1], l if c_b else None) if c is not None else None
     if epi is not None:
         # vectors: one element per D row or column, any alignment (read element by element)
@@ -1219,30 +1356,35 @@ def compile_cached(key: Tuple, build_fn):
 
 def class_key(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
               c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
-              max_clusters_: int, arch: str, epi: Optional[Epi] = None) -> Tuple:
+              max_clusters_: int, arch: str, epi: Optional[Epi] = None, grouped: bool = False) -> Tuple:
     """The compile class: everything build() specializes on, and nothing shape-dependent (a fused
-    epilogue's Epi last, only when there is one)."""
+    epilogue's Epi, or GROUPED for the grouped class, last, only when there is one)."""
     return (NAME, arch, cfg, ab, out, a_major, b_major, d_major, c, unit_alpha, batched, max_clusters_) + (
-        (epi,) if epi is not None else ())
+        (epi,) if epi is not None else ()) + ((GROUPED,) if grouped else ())
 
 
-def _builder(spec, epi):
-    return functools.partial(build, *spec, epi=epi) if epi is not None else functools.partial(build, *spec)
+GROUPED = "grouped"          # class_key's mark of the grouped class
 
 
-def compiled(*spec, epi: Optional[Epi] = None):
-    """The compiled function for build(*spec, epi=epi) (same arguments as class_key)."""
-    return compile_cached(class_key(*spec, epi), _builder(spec, epi))
+def _builder(spec, epi, grouped=False):
+    kw = dict(([("epi", epi)] if epi is not None else []) + ([("grouped", True)] if grouped else []))
+    return functools.partial(build, *spec, **kw)
 
 
-def compiled_eager(*spec, epi: Optional[Epi] = None):
+def compiled(*spec, epi: Optional[Epi] = None, grouped: bool = False):
+    """The compiled function for build(*spec, epi=epi, grouped=grouped) (same arguments as class_key)."""
+    return compile_cached(class_key(*spec, epi, grouped), _builder(spec, epi, grouped))
+
+
+def compiled_eager(*spec, epi: Optional[Epi] = None, grouped: bool = False):
     """compiled(), as eager calls take it (xgemm.runtime.cute_cache.cute_eager: ctypes, no tvm_ffi import)."""
-    return cute_cache.cute_eager(class_key(*spec, epi), _builder(spec, epi))
+    return cute_cache.cute_eager(class_key(*spec, epi, grouped), _builder(spec, epi, grouped))
 
 
 def build_for_key(key: Tuple):
     """The build callable for a class_key (xgemm.runtime.cute_cache.warm compiles keys in worker processes)."""
     assert key[0] == NAME, key
     spec = key[2:12] + (key[1],)
-    return _builder(spec, key[12] if len(key) > 12 else None)
+    rest = key[12:]
+    return _builder(spec, next((x for x in rest if isinstance(x, Epi)), None), GROUPED in rest)
 

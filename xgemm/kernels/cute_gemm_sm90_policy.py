@@ -8,6 +8,7 @@ every compiled class. What a Config means on the device is the kernel's (cute_ge
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from xgemm.core.fp8_checks import PROMOTE_NOTE
@@ -290,3 +291,29 @@ def choose_policy(m: int, n: int, k: int, l: int, a_major: str, b_major: str) ->
         return cfg.policy(why, swap=True)
     why, cfg = choose_config(m, n, k, l)
     return cfg.policy(why)
+
+
+# The grouped class (cute_gemm_sm90_build's Design: the rows mode of grouped_mm / ragged_dot). The
+# sizes stay on the device, so the pick models every group at the mean size T / E: each group's
+# last cluster row of tiles is part-filled, whatever the tile, and a 2x1 cluster's rows are twice
+# as tall. The first candidate is kept unless another's tiles are fuller by WAVE_MARGIN.
+GROUPED_CONFIGS = (Config(128, 192, 2, 1, True, False, 8), Config(128, 192, 1, 2, True, False, 8),
+                   Config(128, 128, 2, 1, True, False, 8), Config(128, 128, 1, 2, True, False, 8),
+                   Config(128, 256, 1, 2, False, False, 8), Config(256, 128, 2, 1, False, False, 8))
+
+
+def grouped_fill(rows: int, n: int, groups: int, cfg: Config) -> float:
+    """The share of the grouped class's tile area that is the problem's, groups at the mean size."""
+    mean = max(rows / groups, 1.0)
+    block = cfg.tile_m * cfg.cluster_m
+    tiles_m = _ceil_div(int(math.ceil(mean)), block) * cfg.cluster_m
+    tiles_n = _ceil_div(_ceil_div(n, cfg.tile_n), cfg.cluster_n) * cfg.cluster_n
+    return mean * n / (tiles_m * tiles_n * cfg.tile_m * cfg.tile_n)
+
+
+def choose_grouped_config(rows: int, n: int, groups: int, cfgs=GROUPED_CONFIGS) -> Config:
+    best = cfgs[0]
+    for cfg in cfgs[1:]:
+        if grouped_fill(rows, n, groups, cfg) > WAVE_MARGIN * grouped_fill(rows, n, groups, best):
+            best = cfg
+    return best

@@ -1,0 +1,114 @@
+"""cute_gemm_sm90's grouped class (rows mode) on the H200, through the kernel protocol at each of
+its policy's candidate configs: integer operands (every product and sum exact in float32, so the
+only error is the final rounding) against float64 per group, into NaN-poisoned results; group
+sizes empty, one row, off the tile, skewed, summing below and above T (rows in no group are
+zeros); B N- and K-major; a CUDA graph replayed with the sizes changed in place."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from xgemm import arrays, grouped  # noqa: E402
+from xgemm.kernels import cute_gemm_sm90 as K90  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+SIZES = {"edges": [0, 1, 300, 129, 0, 383], "below_t": [100, 0, 7], "above_t": [700, 700],
+         "one_group": [1000], "tail_rows": [1, 0, 127, 128, 129, 255, 2], "zipf256": "zipf"}
+
+
+def _ints(shape, gen, dtype):
+    return torch.randint(-2, 3, shape, generator=gen).to(DT[dtype]).cuda()
+
+
+def _sizes(name, t, rng):
+    if SIZES[name] != "zipf":
+        return np.array(SIZES[name])
+    p = 1.0 / np.arange(1, 193) ** 1.2
+    sizes = np.concatenate([rng.multinomial(t, p / p.sum()), np.zeros(64, int)])
+    rng.shuffle(sizes)
+    return sizes
+
+
+def _want(x, w, sizes, n, dtype):
+    """float64 per group, rows in no group zero, rounded once to the result's dtype."""
+    t = x.shape[0]
+    want = torch.zeros(t, n, dtype=torch.float64, device="cuda")
+    row0 = 0
+    for g, end in enumerate(np.cumsum(sizes).tolist()):
+        end = max(min(end, t), row0)
+        want[row0:end] = x[row0:end].double() @ w[g].double()
+        row0 = end
+    return want.to(DT[dtype]).double()
+
+
+def _run(x, w, offs, cfg, out_dtype=None, y=None):
+    """The grouped class at `cfg` through the kernel protocol, into a NaN-filled result."""
+    c = grouped.check_grouped_mm(x, w, offs, out_dtype)
+    plan, va, vb, moves = grouped._plan(c)
+    assert moves == (None, None)
+    assert K90.GROUPED.supports(plan.problem) is None
+    if y is None:
+        y = torch.full(c.shape.out, float("nan"), dtype=DT[c.out_dtype], device="cuda")
+    K90.GROUPED.run(plan.problem, cfg.policy(), (va, vb, arrays.view(offs, "offs", "test")),
+                    arrays.view(y, "out", "test"), torch.cuda.current_stream().cuda_stream)
+    return y
+
+
+@pytest.mark.parametrize("cfg", K90.GROUPED_CONFIGS, ids=lambda c: f"{c.tile_m}x{c.tile_n}_{c.cluster_m}x{c.cluster_n}")
+@pytest.mark.parametrize("sizes", list(SIZES), ids=str)
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_nmajor", "b_kmajor"])
+def test_grouped_class_matches_float64(cfg, sizes, b_col):
+    rng = np.random.default_rng(5)
+    t, k, n = (4096, 256, 520) if sizes == "zipf256" else (1000, 264, 2056)
+    sizes = _sizes(sizes, t, rng)
+    gen = torch.Generator().manual_seed(len(sizes))
+    x = _ints((t, k), gen, "bfloat16")
+    w = _ints((len(sizes), k, n), gen, "bfloat16")
+    w = w.transpose(1, 2).contiguous().transpose(1, 2) if b_col else w
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    got = _run(x, w, offs, cfg)
+    torch.testing.assert_close(got.double(), _want(x, w, sizes, n, "bfloat16"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype,out", [("float16", "float16"), ("float16", "float32"), ("bfloat16", "float32")])
+def test_grouped_class_dtypes(dtype, out):
+    sizes = [0, 1, 300, 129, 0, 383]
+    t, k, n = 1000, 136, 136
+    gen = torch.Generator().manual_seed(7)
+    x, w = _ints((t, k), gen, dtype), _ints((len(sizes), k, n), gen, dtype)
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    got = _run(x, w, offs, K90.GROUPED_CONFIGS[0], out)
+    torch.testing.assert_close(got.double(), _want(x, w, sizes, n, out), rtol=0, atol=0)
+
+
+def test_grouped_class_a_million_rows_over_256_groups():
+    rng = np.random.default_rng(6)
+    e, t, k, n = 256, 1_000_000, 64, 128
+    sizes = rng.multinomial(t, rng.dirichlet(np.ones(e) * 0.3))
+    gen = torch.Generator().manual_seed(6)
+    x, w = _ints((t, k), gen, "bfloat16"), _ints((e, k, n), gen, "bfloat16")
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    got = _run(x, w, offs, K90.GROUPED_CONFIGS[0])
+    torch.testing.assert_close(got.double(), _want(x, w, sizes, n, "bfloat16"), rtol=0, atol=0)
+
+
+def test_grouped_class_graph_replays_with_new_sizes():
+    """The sizes are read on the device: a captured launch, replayed after the offsets changed in
+    place, computes the new grouping."""
+    gen = torch.Generator().manual_seed(2)
+    t, k, n = 512, 128, 256
+    x, w = _ints((t, k), gen, "bfloat16"), _ints((4, k, n), gen, "bfloat16")
+    offs = torch.tensor(np.cumsum([100, 200, 0, 212]), dtype=torch.int32, device="cuda")
+    y = _run(x, w, offs, K90.GROUPED_CONFIGS[0])       # compile and load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _run(x, w, offs, K90.GROUPED_CONFIGS[0], y=y)
+    for sizes in ([100, 200, 0, 212], [0, 512, 0, 0], [33, 1, 77, 300]):
+        offs.copy_(torch.tensor(np.cumsum(sizes), dtype=torch.int32))
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y.double(), _want(x, w, sizes, n, "bfloat16"), rtol=0, atol=0)
