@@ -308,6 +308,9 @@ def ptx(tmp_path_factory):
                                  ROW, None, False, nob, 132, "sm_90a", opts),
         "pp_relu": K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "bfloat16", "float16", ROW, ROW, ROW,
                              None, True, nob, 132, "sm_90a", opts, epi=K90.Epi(activation="relu")),
+        # the grouped class (rows mode of grouped_mm): B K-major, as torch._grouped_mm's weights
+        "pp_grouped": K90.build(K90.Config(128, 192, 2, 1, True, False, 8), "bfloat16", "bfloat16", ROW, COL, ROW,
+                                None, True, (False, True, False, False), 66, "sm_90a", opts, grouped=True),
         "mma_sm80": K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", opts),
         "mma_sm80_c": K80.build("float16", "float32", COL, COL, COL, ("float16", ROW), True, "sm_90a", opts),
     }
@@ -602,3 +605,22 @@ def test_gated_policy_tiles_divide_h():
         tile_n = K90.Config.from_policy(pol).tile_n
         assert not K90.swapped(pol) and tile_n >= 128 and h % (tile_n // 2) == 0, (m, h, k, pol)
     assert K90.Config.from_policy(K90.choose_gated_policy(8192, 14336, 4096, 1)).tile_n == 128
+
+
+@needs_dsl
+def test_ptx_sm90_grouped_class(ptx):
+    """The grouped class: each of the four places that takes a next tile (the producer's first and
+    next, the consumers' first and next) scans the groups' ends a warp at a time (two loads a lane,
+    a 5-step prefix sum by shfl.up, a ballot and its popc); D is stored through the rank-3 ragged
+    view, A and B loaded through rank-3 TMA with B multicast over the 2x1 cluster; no local memory."""
+    text = ptx["pp_grouped"][1]
+    assert _count(text, r"vote\.sync\.ballot\.b32") == 4 and _count(text, r"\bpopc\.b32") == 4
+    assert _count(text, r"shfl\.sync\.up\.b32") == 4 * 5
+    assert _count(text, r"ld\.global[.a-z0-9]*\.[bsu]32") == 4 * 2
+    stores = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.global\.shared::cta", text)
+    assert stores and set(stores) == {"3"}
+    assert _count(text, r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global[^;]*multicast::cluster") >= 1
+    assert _count(text, r"wgmma\.mma_async\.sync\.aligned\.m64n192k16\.f32\.bf16\.bf16") >= 8
+    assert "ld.local" not in text and "st.local" not in text
+    # the dense classes take none of it
+    assert "vote.sync.ballot" not in ptx["pp_2x1_unit"][1]

@@ -44,7 +44,7 @@ from xgemm.core import checks, grouped_checks, layout, policy
 from xgemm.core.problem import COL, ROW, Device
 from xgemm.jax import ffi as jax_ffi
 from xgemm.jax import inputs, lowering
-from xgemm.runtime.calls import Launch
+from xgemm.runtime.calls import Launch, TvmFfiCall
 
 # the variable-K product: a [T, M] . b [T, N] contracted over T, which is ragged -> [E, M, N]
 _CONTRACT_GROUPS = jax.lax.RaggedDotDimensionNumbers(
@@ -183,16 +183,36 @@ def _grouped_cuda(a, b, sizes, *, out, ragged_k, portable, a_major=ROW, b_major=
     """The chosen kernel's custom call on (a, b, ends = cumsum(sizes)), or XLA's ragged dot."""
     kw = dict(out=out, ragged_k=ragged_k, a_major=a_major, b_major=b_major)
     problem = _grouped_problem(a, b, sizes, out, a_major, b_major)     # (the kernel declines an empty one)
-    plan = policy.choose("grouped", problem)
-    made = plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
-    if not isinstance(made, Launch):
+    made = _lowered(problem, portable)
+    if not isinstance(made, (Launch, TvmFfiCall)):
         return _grouped_reference(a, b, sizes, **kw)
     lowering.ensure_registered()
     ends = jnp.cumsum(sizes, dtype=jnp.int32)
     layouts = [lowering.col_layout(x.ndim) if major == COL else None for x, major in ((a, a_major), (b, b_major))]
-    (y,) = jax_ffi.call(made, [a, b, ends], [jax.ShapeDtypeStruct(problem.shape.out, np.dtype(out))],
-                        in_layouts=layouts + [None])
+    call = jax_ffi.call if isinstance(made, Launch) else jax_ffi.call_tvm_ffi
+    (y,) = call(made, [a, b, ends], [jax.ShapeDtypeStruct(problem.shape.out, np.dtype(out))],
+                in_layouts=layouts + [None])
     return y
+
+
+def _lowered(problem, portable: bool):
+    """The chosen kernel's launch; for an export, where the chosen kernel has none that leaves the
+    process (a TVM-FFI class), the first kernel after it in the table that takes the problem."""
+    plan = policy.choose("grouped", problem)
+    made = plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
+    if made is not None or not portable:
+        return made
+    names = policy.kernel_names("grouped")
+    for name in names[names.index(plan.kernel.name) + 1:]:
+        try:
+            with policy.force(name):
+                nxt = policy.choose("grouped", problem)
+        except errors.KernelUnavailableError:           # it declines the problem
+            continue
+        made = nxt.kernel.jax_lowering(problem, nxt.policy, portable=portable)
+        if made is not None:
+            return made
+    return None
 
 
 def _grouped_cuda_rule(ctx, a, b, sizes, **params):

@@ -38,8 +38,8 @@ from xgemm.kernels._common import xla_tensors, xla_views
 # The compiled classes live in their own module, which alone names their disk cache; the policy in
 # another: an edit here or there keeps every compiled class
 from xgemm.kernels.cute_gemm_sm90_build import (  # noqa: F401 -- compile-class machinery under this kernel's name
-    _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, NAME, RAGGED_BIG, Epi, build, build_for_key, class_key,
-    compiled, compiled_eager, max_clusters, workspace_sizes)
+    _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, GROUPED_MARK, NAME, RAGGED_BIG, Epi, build, build_for_key,
+    class_key, compiled, compiled_eager, max_clusters, workspace_sizes)
 from xgemm.kernels.cute_gemm_sm90_policy import (
     GROUPED_CONFIGS, POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy, choose_gated_policy,
     choose_grouped_config, choose_policy, grouped_fill, swapped, unsplit)

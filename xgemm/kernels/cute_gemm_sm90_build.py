@@ -1358,12 +1358,12 @@ def class_key(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_majo
               c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
               max_clusters_: int, arch: str, epi: Optional[Epi] = None, grouped: bool = False) -> Tuple:
     """The compile class: everything build() specializes on, and nothing shape-dependent (a fused
-    epilogue's Epi, or GROUPED for the grouped class, last, only when there is one)."""
+    epilogue's Epi, or GROUPED_MARK for the grouped class, last, only when there is one)."""
     return (NAME, arch, cfg, ab, out, a_major, b_major, d_major, c, unit_alpha, batched, max_clusters_) + (
-        (epi,) if epi is not None else ()) + ((GROUPED,) if grouped else ())
+        (epi,) if epi is not None else ()) + ((GROUPED_MARK,) if grouped else ())
 
 
-GROUPED = "grouped"          # class_key's mark of the grouped class
+GROUPED_MARK = "grouped"     # class_key's mark of the grouped class
 
 
 def _builder(spec, epi, grouped=False):
@@ -1386,5 +1386,5 @@ def build_for_key(key: Tuple):
     assert key[0] == NAME, key
     spec = key[2:12] + (key[1],)
     rest = key[12:]
-    return _builder(spec, next((x for x in rest if isinstance(x, Epi)), None), GROUPED in rest)
+    return _builder(spec, next((x for x in rest if isinstance(x, Epi)), None), GROUPED_MARK in rest)
 

@@ -1,0 +1,62 @@
+"""cute_gemm_sm90's grouped class on the CPU: what supports() takes and declines, and the policy's
+pick among its candidate configs (the fill model at the mean group size)."""
+from __future__ import annotations
+
+import pytest
+
+from xgemm.core import grouped_checks, layout
+from xgemm.core.problem import COL, ROW, Device
+from xgemm.kernels import cute_gemm_sm90 as K90
+from xgemm.kernels.cute_gemm_sm90_policy import GROUPED_CONFIGS, choose_grouped_config, grouped_fill
+
+H200 = Device("cuda", 0, (9, 0))
+
+
+def _problem(t=16384, k=4096, n=7168, e=8, dtype="bfloat16", out=None, a_major=ROW, b_major=COL, ragged_k=False,
+             device=H200):
+    if ragged_k:
+        shape = grouped_checks.grouped_mm("test", (k, t), (t, n), (e,))
+        a = layout.dense_operand((k, t), dtype, 2, a_major)
+        b = layout.dense_operand((t, n), dtype, 2, b_major)
+    else:
+        shape = grouped_checks.ragged_dot("test", (t, k), (e, k, n), (e,))
+        a = layout.dense_operand((t, k), dtype, 2 if dtype != "float32" else 4, a_major)
+        b = layout.dense_operand((e, k, n), dtype, 2 if dtype != "float32" else 4, b_major)
+    return grouped_checks.GroupedProblem(shape, a, b, out or dtype, "torch", device)
+
+
+def test_supports_the_moe_forward_and_its_dlhs():
+    assert K90.GROUPED.supports(_problem()) is None                       # torch's K-major weights
+    assert K90.GROUPED.supports(_problem(b_major=ROW)) is None            # N-major (jax's rhs)
+    assert K90.GROUPED.supports(_problem(out="float32")) is None
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(ragged_k=True), "variable-K"),
+    (dict(a_major=COL), "K-major"),
+    (dict(dtype="float32"), "float16 or bfloat16"),
+    (dict(out="float16"), "output dtype"),
+    (dict(n=100), "16 bytes"),
+    (dict(device=Device("cuda", 0, (8, 0))), "sm_90"),
+    (dict(device=Device("cpu")), "sm_90"),
+])
+def test_declines_what_it_has_no_class_for(kw, why):
+    assert why in K90.GROUPED.supports(_problem(**kw))
+
+
+def test_policy_keeps_the_first_candidate_unless_another_fills_tiles_better():
+    # the issue's uneven case: 2048 rows a group on average, N = 7168 (37.3 tiles of 192)
+    cfg = choose_grouped_config(16384, 7168, 8)
+    assert grouped_fill(16384, 7168, 8, cfg) >= grouped_fill(16384, 7168, 8, GROUPED_CONFIGS[0])
+    assert grouped_fill(16384, 7168, 8, cfg) > 0.9
+    # many tiny groups (16 rows each): a 2x1 cluster's 256-row blocks would be 94% empty
+    tiny = choose_grouped_config(4096, 4096, 256)
+    assert tiny.cluster_m == 1 and tiny.tile_m == 128
+    pol = K90.GROUPED.policy(_problem())
+    assert "grouped" in " ".join(pol.notes) and K90.Config.from_policy(pol) == cfg
+
+
+def test_prebuild_covers_the_grouped_class():
+    keys = [key for key, _ in K90.KERNEL.prebuild("sm_90a")]
+    grouped = [key for key in keys if key[-1] == K90.GROUPED_MARK]
+    assert len(grouped) == 8 and all(key[2] == GROUPED_CONFIGS[0] for key in grouped)
