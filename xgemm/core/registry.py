@@ -27,6 +27,7 @@ TABLE: Dict[str, Tuple[str, ...]] = {
     ),
     "grouped": (
         "triton_grouped_sm90",  # persistent, each tile's group found on the device
+        "cute_gemm_sm90",       # its grouped class (rows mode): warp-specialized; GPU-untested, so behind Triton
         "reference",
     ),
     "gate": (
