@@ -92,6 +92,14 @@ def _counts(args, log, name, x, w, offs):
     return args.reps, args.trials
 
 
+def _forced(kernel, fn, *args):
+    """fn(*args) with the policy forced onto `kernel` (xgemm's other grouped kernel, timed beside the
+    routed one)."""
+    from xgemm.core import policy
+    with policy.force(kernel):
+        return fn(*args)
+
+
 def _cute_candidates(torch, x, w, offs, out, impls) -> None:
     """cute_gemm_sm90's grouped class at each of its policy's candidate configs, through the kernel
     protocol (labels `cute grouped <tile> <cluster>`), where the class takes the problem."""
@@ -124,6 +132,7 @@ def forward_case(torch, name, cfg, sizes, args, log, dense=False) -> list:
             out[label] = fn()
         impls[label] = call
     keep("xgemm grouped_mm", lambda: xgemm.grouped_mm(x, w, offs))
+    keep("triton grouped_mm", lambda: _forced("triton_grouped_sm90", xgemm.grouped_mm, x, w, offs))
     keep("torch._grouped_mm", lambda: torch._grouped_mm(x, w, offs, out_dtype=torch.bfloat16))
     loop_out = torch.empty(t, n, dtype=torch.bfloat16, device="cuda")
     keep("cuBLAS loop", _loop(torch, x, w, sizes, loop_out))

@@ -26,8 +26,8 @@ TABLE: Dict[str, Tuple[str, ...]] = {
         "reference",
     ),
     "grouped": (
-        "triton_grouped_sm90",  # persistent, each tile's group found on the device
-        "cute_gemm_sm90",       # its grouped class (rows mode): warp-specialized; GPU-untested, so behind Triton
+        "cute_gemm_sm90",       # its grouped class (rows mode): warp-specialized, persistent, TMA in and out
+        "triton_grouped_sm90",  # the variable-K product (ragged_k), and what the CuTe class declines
         "reference",
     ),
     "gate": (
