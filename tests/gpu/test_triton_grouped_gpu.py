@@ -1,5 +1,5 @@
-"""triton_grouped_sm90 on the H200: xgemm.ragged_dot / grouped_mm through the public API against
-float64 references, with integer operands (every product and sum exact in float32, so the only
+"""triton_grouped_sm90 on the H200: xgemm.ragged_dot / grouped_mm through the public API (the rows
+mode forced onto it: cute_gemm_sm90's grouped class runs it by default) against float64 references, with integer operands (every product and sum exact in float32, so the only
 error is the final rounding) and NaN-poisoned results; group sizes that are empty, one row, off
 the tile, skewed, summing below and above T; both modes and every majorness; CUDA-graph capture
 with the sizes changed between replays; torch autograd through the kernel."""
@@ -13,6 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import xgemm  # noqa: E402
 from xgemm import grouped  # noqa: E402
+from xgemm.core import policy  # noqa: E402
+from xgemm.kernels import cute_gemm_sm90 as K90  # noqa: E402
 from xgemm.kernels import triton_grouped_sm90 as tg  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -61,10 +63,11 @@ def test_rows_mode_matches_float64(dtype, out, a_col, b_col, sizes, n):
     w = _ints((len(sizes), k, n), gen, dtype)
     w = w.transpose(1, 2).contiguous().transpose(1, 2) if b_col else w
     gs = torch.tensor(sizes, dtype=torch.int32, device="cuda")
-    plan = xgemm.explain(a, w, gs, op="ragged_dot")
-    assert tg.NAME in plan, plan
-    got = _poisoned(grouped.check_ragged_dot(a, w, gs, out), torch.cumsum(gs, 0))
-    assert torch.equal(xgemm.ragged_dot(a, w, gs, out_dtype=out), got)
+    with policy.force(tg.NAME):
+        plan = xgemm.explain(a, w, gs, op="ragged_dot")
+        assert tg.NAME in plan, plan
+        got = _poisoned(grouped.check_ragged_dot(a, w, gs, out), torch.cumsum(gs, 0))
+        assert torch.equal(xgemm.ragged_dot(a, w, gs, out_dtype=out), got)
     want = torch.zeros(t, n, dtype=torch.float64, device="cuda")
     for g, (r0, r1) in enumerate(_bounds(sizes, t)):
         want[r0:r1] = a[r0:r1].double() @ w[g].double()
@@ -193,8 +196,9 @@ def test_cuda_graph_replays_with_new_sizes():
 
 
 def test_autograd_runs_both_backward_products_on_the_kernel():
-    """torch autograd through xgemm.grouped_mm: dx = grouped_mm(dy, w^T) (rows mode, B K-major)
-    and dw = grouped_mm(x^T, dy) (ragged_k, A M-major), against float64 per-group grads."""
+    """torch autograd through xgemm.grouped_mm: dx = grouped_mm(dy, w^T) (rows mode, B K-major: the
+    CuTe grouped class) and dw = grouped_mm(x^T, dy) (ragged_k, A M-major: this kernel), against
+    float64 per-group grads."""
     gen = torch.Generator().manual_seed(3)
     sizes = [0, 129, 300, 83]
     t, k, n = 512, 264, 136
@@ -202,7 +206,7 @@ def test_autograd_runs_both_backward_products_on_the_kernel():
     w = _ints((4, k, n), gen, "bfloat16").requires_grad_()
     dy = _ints((t, n), gen, "bfloat16")
     offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
-    assert tg.NAME in xgemm.explain(dy, w.detach().mT, offs, op="grouped_mm")
+    assert K90.NAME in xgemm.explain(dy, w.detach().mT, offs, op="grouped_mm")
     assert tg.NAME in xgemm.explain(x.detach().mT, dy, offs, op="grouped_mm")
     xgemm.grouped_mm(x, w, offs).backward(dy)
     dx = torch.zeros(t, k, dtype=torch.float64, device="cuda")
@@ -238,8 +242,8 @@ def test_moe_shape_against_torch_grouped_mm():
 
 
 def test_jax_jit_and_grad_match_jax_lax_ragged_dot():
-    """xgemm.jax.ragged_dot inside jax.jit (the kernel's custom call) and its grads against
-    jax.lax.ragged_dot's, integer operands: exact."""
+    """xgemm.jax.ragged_dot inside jax.jit (the CuTe class's TVM-FFI call for the forward and dlhs,
+    this kernel's cubin for drhs) and its grads against jax.lax.ragged_dot's, integer operands: exact."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
@@ -255,7 +259,8 @@ def test_jax_jit_and_grad_match_jax_lax_ragged_dot():
     def loss(f):
         return lambda l, r: jnp.sum(f(l, r, gs, preferred_element_type=jnp.float32) * dy)
     text = jax.jit(jax.grad(loss(xj.ragged_dot), argnums=(0, 1))).lower(lhs, rhs).as_text()
-    assert text.count('kernel = "xgemm_grouped_flat_sm90"') == 2      # dlhs and drhs (the forward is not needed)
+    assert text.count('kernel = "xgemm_grouped_flat_sm90"') == 1      # drhs (the forward is not needed)
+    assert text.count("xgemm_tvm_ffi_call") == 1                       # dlhs, on the CuTe class
     got = jax.jit(xj.ragged_dot)(lhs, rhs, gs)
     want = jax.lax.ragged_dot(lhs.astype(jnp.float32), rhs.astype(jnp.float32), gs)
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want.astype(jnp.bfloat16), np.float32))

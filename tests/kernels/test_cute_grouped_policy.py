@@ -60,3 +60,42 @@ def test_prebuild_covers_the_grouped_class():
     keys = [key for key, _ in K90.KERNEL.prebuild("sm_90a")]
     grouped = [key for key in keys if key[-1] == K90.GROUPED_MARK]
     assert len(grouped) == 8 and all(key[2] == GROUPED_CONFIGS[0] for key in grouped)
+
+
+def test_cuda_lowering_runs_the_class_forward_and_dlhs(tmp_path, monkeypatch):
+    """jax's cuda lowering of ragged_dot and its grad: the forward and dlhs (rhs^T taken K-major, a
+    bitcast) are the class's TVM-FFI calls, drhs (the variable-K product) the Triton cubin; export
+    takes the Triton cubin for every product (a TVM-FFI handle is process-local)."""
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("cutlass")
+    import jax.numpy as jnp
+
+    from xgemm import jax as xj
+    from xgemm.core import policy
+    from xgemm.runtime import gluon_cache
+    monkeypatch.setenv("XGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(gluon_cache, "available", lambda key, arch=None: None)
+    lhs = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
+
+    def loss(l, r, g):
+        return jnp.sum(xj.ragged_dot(l, r, g).astype(jnp.float32))
+    policy.clear_plans()
+    try:
+        text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(lhs, rhs, sizes).lower(
+            lowering_platforms=("cuda",)).as_text()
+    finally:
+        policy.clear_plans()
+    lines = text.splitlines()
+    assert sum("stablehlo.custom_call @xgemm_tvm_ffi_call" in ln for ln in lines) == 2
+    assert sum('kernel = "xgemm_grouped_flat_sm90"' in ln for ln in lines) == 1
+    from jax import export
+    policy.clear_plans()
+    try:
+        exp = export.export(jax.jit(xj.ragged_dot), platforms=("cuda",),
+                            disabled_checks=xj.export_disabled_safety_checks(False))(lhs, rhs, sizes)
+    finally:
+        policy.clear_plans()
+    text = exp.mlir_module()
+    assert "xgemm_tvm_ffi_call" not in text and 'kernel = "xgemm_grouped_flat_sm90"' in text

@@ -200,8 +200,9 @@ def test_cuda_lowering_launches_the_kernel_forward_and_backward(gluon_cache_dir)
     def loss(l, r, g):
         return jnp.sum(xj.ragged_dot(l, r, g).astype(jnp.float32))
     policy.clear_plans()
-    text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(lhs, rhs, sizes).lower(
-        lowering_platforms=("cuda",)).as_text()
+    with policy.force(tg.NAME):                 # the rows mode's default is the CuTe grouped class
+        text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(lhs, rhs, sizes).lower(
+            lowering_platforms=("cuda",)).as_text()
     calls = [line for line in text.splitlines() if "xgemm_cubin_launch_v1" in line]
     assert len(calls) == 3 and all('kernel = "xgemm_grouped_flat_sm90"' in c for c in calls), calls
     assert not re.search(r"(chlo|stablehlo|mhlo)\.ragged", text)             # XLA's ragged dot is gone
@@ -225,9 +226,12 @@ def test_jax_explain_names_the_kernel_on_a_hopper_gpu(monkeypatch):
     monkeypatch.setattr(jg, "_on_gpu", lambda x: True)
     try:
         text = jg.explain("ragged_dot", x, w, gs)
+        with policy.force(tg.NAME):
+            forced = jg.explain("ragged_dot", x, w, gs)
     finally:
         policy.clear_plans()
-    assert "kernel: triton_grouped_sm90" in text and "inside jax.jit" in text, text
+    assert "kernel: cute_gemm_sm90" in text and "inside jax.jit" in text, text
+    assert "kernel: triton_grouped_sm90" in forced, forced
 
 
 def test_ptx_of_the_flattened_kernel(built):
