@@ -48,8 +48,7 @@ Design
   the rows past ends[E-1] a last group whose tiles store zeros. The persistent grid numbers the
   cluster tiles group after group (ceil(rows / (tile_m x cluster_m)) x cluster columns each, in
   bands of `swizzle` cluster rows that sweep across N, as dense tiles are: with M fastest, a
-  tall group re-read its A for every column of tiles, 0.6-0.8x the Triton kernel on Zipf groups on
-  an H100, 2026-12-06); each warp finds a tile's group by scanning the groups 32 at a time from the
+  tall group re-read its A for every column of tiles; docs/performance.md, session 31); each warp finds a tile's group by scanning the groups 32 at a time from the
   previous tile's (a load of two ends a lane, a prefix sum of tile counts, a ballot), so the
   sizes never leave the device. A is read plainly from the group's first row (a tile's rows past
   the group read the next group's, whose products land in rows the store drops); D is stored

@@ -298,8 +298,8 @@ def choose_policy(m: int, n: int, k: int, l: int, a_major: str, b_major: str) ->
 # docs/performance.md), and the sizes stay on the device, so what a pick can know is the mean
 # group size T / E. At that size each group's last cluster row of tiles is part-filled and a 2x1
 # cluster's rows are twice as tall; another candidate replaces the first only where its tiles are
-# fuller by GROUPED_MARGIN (groups far below 256 rows), not for the 2-3% the model's fill moves
-# between candidates on the timed cases: there 128x128 was 3-25% slower for fuller tiles.
+# fuller by GROUPED_MARGIN (groups far below 256 rows), not for the few percent the fill moves
+# between candidates on the timed cases, where the fuller 128x128 tiles ran slower.
 GROUPED_CONFIGS = (Config(128, 192, 2, 1, True, False, 8), Config(128, 192, 1, 2, True, False, 8),
                    Config(128, 128, 2, 1, True, False, 8), Config(128, 128, 1, 2, True, False, 8),
                    Config(128, 256, 1, 2, False, False, 8), Config(256, 128, 2, 1, False, False, 8))
