@@ -122,3 +122,28 @@ def swiglu_block(a, b, dy, dtype):
     y = torch.nn.functional.silu(h[:, :half]) * h[:, half:]
     y.backward(dy.to(dtype))
     return [t.double() for t in (y, a_.grad, b_.grad)]
+
+
+def lower_ragged_dot_grad(forced=None) -> str:
+    """The cuda lowering (text) of jit(value_and_grad) of a bf16 xgemm.jax.ragged_dot loss at E=8,
+    T=4096, K=1024, N=2048 (forward, dlhs, drhs), with the policy forced onto `forced` if given."""
+    import contextlib
+
+    import jax
+    import jax.numpy as jnp
+
+    from xgemm import jax as xj
+    from xgemm.core import policy
+    lhs = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
+
+    def loss(l, r, g):
+        return jnp.sum(xj.ragged_dot(l, r, g).astype(jnp.float32))
+    policy.clear_plans()
+    try:
+        with policy.force(forced) if forced else contextlib.nullcontext():
+            return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(lhs, rhs, sizes).lower(
+                lowering_platforms=("cuda",)).as_text()
+    finally:
+        policy.clear_plans()

@@ -3,6 +3,7 @@ pick among its candidate configs (the fill model at the mean group size)."""
 from __future__ import annotations
 
 import pytest
+from helpers import lower_ragged_dot_grad
 
 from xgemm.core import grouped_checks, layout
 from xgemm.core.problem import COL, ROW, Device
@@ -75,18 +76,7 @@ def test_cuda_lowering_runs_the_class_forward_and_dlhs(tmp_path, monkeypatch):
     from xgemm.runtime import gluon_cache
     monkeypatch.setenv("XGEMM_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(gluon_cache, "available", lambda key, arch=None: None)
-    lhs = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
-    rhs = jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16)
-    sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
-
-    def loss(l, r, g):
-        return jnp.sum(xj.ragged_dot(l, r, g).astype(jnp.float32))
-    policy.clear_plans()
-    try:
-        text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(lhs, rhs, sizes).lower(
-            lowering_platforms=("cuda",)).as_text()
-    finally:
-        policy.clear_plans()
+    text = lower_ragged_dot_grad()
     lines = text.splitlines()
     assert sum("stablehlo.custom_call @xgemm_tvm_ffi_call" in ln for ln in lines) == 2
     assert sum('kernel = "xgemm_grouped_flat_sm90"' in ln for ln in lines) == 1
@@ -94,7 +84,9 @@ def test_cuda_lowering_runs_the_class_forward_and_dlhs(tmp_path, monkeypatch):
     policy.clear_plans()
     try:
         exp = export.export(jax.jit(xj.ragged_dot), platforms=("cuda",),
-                            disabled_checks=xj.export_disabled_safety_checks(False))(lhs, rhs, sizes)
+                            disabled_checks=xj.export_disabled_safety_checks(False))(
+            jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16), jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16),
+            jax.ShapeDtypeStruct((8,), jnp.int32))
     finally:
         policy.clear_plans()
     text = exp.mlir_module()

@@ -9,7 +9,7 @@ import re
 import textwrap
 
 import pytest
-from helpers import run_interpreted
+from helpers import lower_ragged_dot_grad, run_interpreted
 
 from xgemm.core.grouped_checks import GroupedProblem, GroupedShape
 from xgemm.core.problem import COL, ROW, Device, Operand
@@ -188,21 +188,8 @@ def test_cuda_lowering_launches_the_kernel_forward_and_backward(gluon_cache_dir)
     """jax's cuda lowering of ragged_dot and of its grad: three launches of the grouped cubins (the
     forward and dlhs, with rhs^T asked for column-major, a bitcast of rhs; drhs in ragged_k mode
     with lhs^T likewise), each after the cumsum of the sizes, and no XLA ragged dot left."""
-    jax = pytest.importorskip("jax")
-    import jax.numpy as jnp
-
-    from xgemm import jax as xj
-    from xgemm.core import policy
-    lhs = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
-    rhs = jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16)
-    sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
-
-    def loss(l, r, g):
-        return jnp.sum(xj.ragged_dot(l, r, g).astype(jnp.float32))
-    policy.clear_plans()
-    with policy.force(tg.NAME):                 # the rows mode's default is the CuTe grouped class
-        text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(lhs, rhs, sizes).lower(
-            lowering_platforms=("cuda",)).as_text()
+    pytest.importorskip("jax")
+    text = lower_ragged_dot_grad(forced=tg.NAME)     # the rows mode's default is the CuTe grouped class
     calls = [line for line in text.splitlines() if "xgemm_cubin_launch_v1" in line]
     assert len(calls) == 3 and all('kernel = "xgemm_grouped_flat_sm90"' in c for c in calls), calls
     assert not re.search(r"(chlo|stablehlo|mhlo)\.ragged", text)             # XLA's ragged dot is gone
