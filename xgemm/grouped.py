@@ -12,9 +12,10 @@ truncates the last groups at T. Sizes must be >= 0 (offsets non-decreasing): the
 on the host, so this is not checked; other values give unspecified rows.
 
 run() plans a GroupedProblem (policy.choose("grouped", ...), core/registry.py): on Hopper the
-persistent Triton kernel (kernels/triton_grouped_sm90.py), which finds each tile's group
-on the device; elsewhere, or for what it declines, the embedded default (kernels/reference.py), a
-masked product per group in the framework's own ops. Neither reads the group sizes on the host (no
+row groups run on cute_gemm_sm90's grouped class and the variable-K product on the persistent
+Triton kernel (kernels/triton_grouped_sm90.py), each finding a tile's group on the device;
+elsewhere, or for what both decline, the embedded default (kernels/reference.py), a masked product
+per group in the framework's own ops. Neither reads the group sizes on the host (no
 device synchronization: CUDA-graph capturable, and a torch.compile trace has no data-dependent
 branch). fp16/bf16 accumulate in float32, float64 in float64.
 

@@ -11,9 +11,10 @@ concretized). xgemm/grouped.py's docstring has the full semantics.
 
 Both products are one primitive, xgemm_grouped (a, b, sizes; static: the result dtype, the mode
 and the operands' majorness). Its cuda lowering plans a GroupedProblem as eager calls do and emits
-the chosen kernel's launch (kernels/triton_grouped_sm90.py on Hopper: ends = cumsum(sizes) on the
-device, then one custom call); elsewhere, or for a problem it declines, XLA's ragged_dot (the
-embedded default). The backward is
+the chosen kernel's call (on Hopper cute_gemm_sm90's grouped class for row groups, a TVM-FFI call,
+and kernels/triton_grouped_sm90.py's cubin for the variable-K product and under export: ends =
+cumsum(sizes) on the device, then one custom call); elsewhere, or for a problem they decline,
+XLA's ragged_dot (the embedded default). The backward is
     dlhs = ragged_dot(dout, rhs^T, group_sizes)
     drhs[e] = lhs_e^T @ dout_e  (the variable-K product; zeros for an empty group)
 and both call this module's custom_vjp functions, so reverse over reverse works (forward mode,
