@@ -39,7 +39,7 @@ def test_supports_the_moe_forward_and_its_dlhs():
     (dict(out="float16"), "output dtype"),
     (dict(n=100), "16 bytes"),
     (dict(device=Device("cuda", 0, (8, 0))), "sm_90"),
-    (dict(device=Device("cpu")), "sm_90"),
+    (dict(device=Device("cpu")), "CUDA device"),
 ])
 def test_declines_what_it_has_no_class_for(kw, why):
     assert why in K90.GROUPED.supports(_problem(**kw))

@@ -34,7 +34,7 @@ from xgemm.core.fp8_checks import PROMOTE_NOTE
 from xgemm.core.epilogues import ACTIVATIONS, GATED
 from xgemm.core.layout import unit_stride_dim
 from xgemm.core.problem import COL, ROW, Policy
-from xgemm.kernels._common import xla_tensors, xla_views
+from xgemm.kernels._common import sm90_device_reason, xla_tensors, xla_views
 # The compiled classes live in their own module, which alone names their disk cache; the policy in
 # another: an edit here or there keeps every compiled class
 from xgemm.kernels.cute_gemm_sm90_build import (  # noqa: F401 -- compile-class machinery under this kernel's name
@@ -103,6 +103,16 @@ def _block_scales(problem) -> bool:
 
 def _sm_count(device_index: int) -> int:
     return sm_count(device_index)
+
+
+def _lowering_sms(problem, sm_margin: int) -> int:
+    """The SMs a class lowered for jit is compiled for: the device's, or the H200's when lowering
+    without a GPU, less the sm_margin the persistent grid leaves free."""
+    try:
+        sms = _sm_count(problem.device.index)
+    except Exception:                 # cross-lowering without a GPU: the H200's count
+        sms = H200_SMS
+    return max(sms - sm_margin, 1)
 
 
 class _Sm90Kernel:
@@ -312,12 +322,8 @@ class _Sm90Kernel:
         if portable:                      # its TVM-FFI handle is process-local
             return None
         a, b, c, out = xla_views(problem)
-        try:
-            sms = _sm_count(problem.device.index)
-        except Exception:                 # cross-lowering without a GPU: the H200's count
-            sms = H200_SMS
-        sms = max(sms - sm_margin, 1)
-        spec = self.spec(problem, policy, (a, b, c), out, cute_cache.arch_for(problem.device), sms)
+        spec = self.spec(problem, policy, (a, b, c), out, cute_cache.arch_for(problem.device),
+                         _lowering_sms(problem, sm_margin))
         ep = problem.epilogue
         if problem.fused:
             # inputs a, b[, c][, bias][, scale_m, scale_n] in that order; the transposed run's fused
@@ -363,9 +369,9 @@ class _Sm90Grouped:
     backend = "cute"
 
     def supports(self, problem) -> Optional[str]:
-        dev = problem.device
-        if dev.kind != "cuda" or dev.arch is None or tuple(dev.arch) != (9, 0):
-            return "needs sm_90 (Hopper: wgmma + TMA)"
+        why = sm90_device_reason(problem.device)
+        if why:
+            return why
         a, b, s = problem.a, problem.b, problem.shape
         if s.ragged_k:
             return "the variable-K product (ragged_k) has no class here"
@@ -410,11 +416,7 @@ class _Sm90Grouped:
         """The compiled function on XLA's (A, B, ends) and D, on XLA's stream."""
         if portable:                      # its TVM-FFI handle is process-local
             return None
-        try:
-            sms = _sm_count(problem.device.index)
-        except Exception:                 # cross-lowering without a GPU: the H200's count
-            sms = H200_SMS
-        fn = self._compiled(problem, policy, max(sms - sm_margin, 1), eager=False)
+        fn = self._compiled(problem, policy, _lowering_sms(problem, sm_margin), eager=False)
         return TvmFfiCall(fn, (Arg.tensor("in", 0), Arg.tensor("in", 1), Arg.tensor("out", 0), Arg.tensor("in", 2),
                                Arg.stream()))
 
@@ -466,7 +468,7 @@ def grouped_classes(arch: str, cfgs=None):
         for ab in _AB_DTYPES:
             for out in (ab, "float32"):
                 for b_major in (ROW, COL):
-                    spec = (cfg, ab, out, ROW, b_major, ROW, None, True, (False, True, False, False),
-                            max_clusters(H200_SMS, cfg), arch)
-                    items.append((class_key(*spec, grouped=True), build_for_key(class_key(*spec, grouped=True))))
+                    key = class_key(cfg, ab, out, ROW, b_major, ROW, None, True, (False, True, False, False),
+                                    max_clusters(H200_SMS, cfg), arch, grouped=True)
+                    items.append((key, build_for_key(key)))
     return items
