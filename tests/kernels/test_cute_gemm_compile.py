@@ -612,8 +612,11 @@ def test_ptx_sm90_grouped_class(ptx):
     """The grouped class: each of the four places that takes a next tile (the producer's first and
     next, the consumers' first and next) scans the groups' ends a warp at a time (two loads a lane,
     a 5-step prefix sum by shfl.up, a ballot and its popc); D is stored through the rank-3 ragged
-    view, A and B loaded through rank-3 TMA with B multicast over the 2x1 cluster; no local memory."""
+    view, A and B loaded through rank-3 TMA with B multicast over the 2x1 cluster, and a folded row's
+    loads beside them (A multicast, each CTA's B whole); no local memory."""
     text = ptx["pp_grouped"][1]
+    loads = {(op[21], "multicast" in op) for op in re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::\S+", text)}
+    assert loads == {("2", False), ("2", True), ("3", False), ("3", True)}, loads   # (rank, multicast)
     assert _count(text, r"vote\.sync\.ballot\.b32") == 4 and _count(text, r"\bpopc\.b32") == 4
     assert _count(text, r"shfl\.sync\.up\.b32") == 4 * 5
     assert _count(text, r"ld\.global[.a-z0-9]*\.[bsu]32") == 4 * 2

@@ -2,6 +2,8 @@
 pick among its candidate configs (the fill model at the mean group size)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from helpers import lower_ragged_dot_grad
 
@@ -50,9 +52,18 @@ def test_policy_keeps_the_first_candidate_unless_another_fills_tiles_better():
     cfg = choose_grouped_config(16384, 7168, 8)
     assert grouped_fill(16384, 7168, 8, cfg) >= grouped_fill(16384, 7168, 8, GROUPED_CONFIGS[0])
     assert grouped_fill(16384, 7168, 8, cfg) > 0.9
-    # many tiny groups (16 rows each): a 2x1 cluster's 256-row blocks would be 94% empty
-    tiny = choose_grouped_config(4096, 4096, 256)
-    assert tiny.cluster_m == 1 and tiny.tile_m == 128
+    # many tiny groups (16 rows each): a 2x1 class folds its last cluster row, so its tiles are as
+    # full as a 1x2 class's (128 rows), not half as full (a 256-row block)
+    first = GROUPED_CONFIGS[0]
+    assert (first.cluster_m, first.cluster_n) == (2, 1)
+    one_by_two = dataclasses.replace(first, cluster_m=1, cluster_n=2)
+    assert grouped_fill(4096, 4096, 256, first) == grouped_fill(4096, 4096, 256, one_by_two) == 16 / 128 * 4096 / 4224
+    assert choose_grouped_config(4096, 4096, 256) == first
+    # groups of 300 rows: three 128-row tiles (two full-width cluster rows would be four)
+    assert grouped_fill(300 * 8, 192, 8, first) == 300 / 384
+    # a candidate whose tiles are fuller by the margin wins: 64-column products on 192-wide tiles
+    narrow = choose_grouped_config(16384, 64, 8)
+    assert grouped_fill(16384, 64, 8, narrow) >= 1.25 * grouped_fill(16384, 64, 8, first)
     pol = K90.GROUPED.policy(_problem())
     assert "grouped" in " ".join(pol.notes) and K90.Config.from_policy(pol) == cfg
 

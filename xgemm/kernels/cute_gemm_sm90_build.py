@@ -55,6 +55,12 @@ Design
   through a ragged view (quack's copy_utils, after triton/tools/ragged_tma.py): a rank-3 TMA
   tensor whose row coordinate is BIG - rows + r and whose third coordinate first + rows moves the
   base back, so TMA clips the store at the group's last row.
+  A 2x1 class folds a group's last cluster row when it holds at most tile_m rows: its cluster tiles
+  take one row of tiles over two columns of them (CTA r the column 2p + r), A's tile multicast to
+  both CTAs and each CTA's B loaded whole, instead of a 2 x tile_m row whose second half is empty.
+  Groups then cost tiles in steps of tile_m rows, as a 1x2 or unclustered class's do, at 2x1's rate
+  elsewhere (docs/performance.md, session 32). Both CTAs still write each other's stages, so the
+  pipeline's barriers are the same.
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
   see class_key); shapes and strides are symbolic (cute.sym_int / sym_int64 with 16-byte
   divisibility), so one compiled object serves every shape of its class.
@@ -189,6 +195,8 @@ def _device():
             assert not (self.gated and (has_c or not unit_alpha)), "gated classes take no C and no alpha"
             # grouped (Design): the plain product of row groups, each tile's group found on the device
             self.grouped = grouped
+            # a 2x1 grouped class folds a group's last cluster row of at most tile_m rows (Design)
+            self.fold = grouped and (cfg.cluster_m, cfg.cluster_n) == (2, 1)
             assert not grouped or (not has_c and epi is None and self.split == 1), "a grouped class is a plain product"
             # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
             self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
@@ -321,6 +329,16 @@ def _device():
                 else cpasync.CopyBulkTensorTileG2SMulticastOp(),
                 mB, b_smem, (self.tile_shape_mnk[1], self.tile_shape_mnk[2]),
                 num_multicast=self.num_mcast_b)
+            # a folded tile row's operands (Design): A multicast over the cluster's two CTAs along M,
+            # each CTA's B whole; a stage's bytes are the same
+            tma_atom_af, tma_af, tma_atom_bf, tma_bf = None, None, None, None
+            if const_expr(self.fold):
+                tma_atom_af, tma_af = cpasync.make_tiled_tma_atom(
+                    cpasync.CopyBulkTensorTileG2SMulticastOp(), mA, a_smem,
+                    (self.tile_shape_mnk[0], self.tile_shape_mnk[2]), num_multicast=2)
+                tma_atom_bf, tma_bf = cpasync.make_tiled_tma_atom(
+                    cpasync.CopyBulkTensorTileG2SOp(), mB, b_smem,
+                    (self.tile_shape_mnk[1], self.tile_shape_mnk[2]), num_multicast=1)
             self.tma_bytes = cute.size_in_bytes(self.a_dtype, a_smem) + cute.size_in_bytes(
                 self.b_dtype, b_smem) + self.scale_bytes
             tma_atom_sa, tma_atom_sb = None, None
@@ -380,7 +398,7 @@ def _device():
             self.shared_storage = SharedStorage
             self.kernel(self.tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d,
                         tma_atom_c, tma_c, mBias, tma_atom_sa, mScaleM, tma_atom_sb, mScaleN, mWork, mFlags, mEnds,
-                        alpha, beta,
+                        tma_atom_af, tma_af, tma_atom_bf, tma_bf, alpha, beta,
                         self.cluster_layout_mnk,
                         a_smem_staged,
                         b_smem_staged, d_smem_staged, c_smem_staged).launch(
@@ -406,6 +424,22 @@ def _device():
             base = cute.domain_offset((-RAGGED_BIG, 0, 0), mD).iterator
             return cute.make_tensor(base, cute.make_layout((RAGGED_BIG, mD.shape[1], RAGGED_MAX), stride=(s_r, s_n, s_r)))
 
+        def _tma_split(self, atom, rank, ctas, s, g):
+            """TMA partition of a staged shared-memory tile and its global tiles: the slice that this
+            CTA, `rank` of the `ctas` CTAs sharing the tile by multicast, loads."""
+            return cpasync.tma_partition(atom, rank, cute.make_layout(ctas), cute.group_modes(s, 0, 2),
+                                         cute.group_modes(g, 0, 2))
+
+        def _tma_stage(self, loads, k, index, bar):
+            """A pipeline stage's TMA loads: (atom, global tiles, shared stages, multicast mask) each."""
+            for atom, g, s, mask in loads:
+                cute.copy(atom, g[(None, k)], s[(None, index)], tma_bar_ptr=bar, mcast_mask=mask)
+
+        def _group_rows(self, mA, first):
+            """The grouped class's A tiles (bM, bK, RestM, RestK, 1) from a group's first row."""
+            return cute.local_tile(cute.domain_offset((first, 0, 0), mA),
+                                   cute.slice_(self.tile_shape_mnk, (None, 0, None)), (None, None, None))
+
         def _group_window(self, mEnds, g, gdims):
             """Lane i's group g + i: its first row, its rows and its cluster tiles (0 past the last
             group; group E is the rows after ends[E-1], whose tiles store zeros). Ends are clamped
@@ -418,8 +452,20 @@ def _device():
             end = cutlass.select_(gi < groups, cutlass.min(cutlass.max(
                 mEnds[cutlass.min(gi, groups - 1)], 0), rows_total), rows_total)
             rows = cutlass.select_(gi <= groups, cutlass.max(end - first, 0), 0)
-            block = self.tile_shape_mnk[0] * self.cluster_shape_mnk[0]
-            return first, rows, (rows + block - 1) // block * cols
+            blocks_m, folded = self._cluster_rows(rows)
+            return first, rows, blocks_m * cols + folded * ((cols + 1) // 2)
+
+        def _cluster_rows(self, rows):
+            """A group's full-width cluster rows of tiles, and 1 where its last cluster row is folded
+            (a 2x1 class whose last cluster row has at most tile_m rows: the two CTAs take one row of
+            tiles over two columns of them, Design), else 0."""
+            tm = self.tile_shape_mnk[0]
+            block = tm * self.cluster_shape_mnk[0]
+            blocks_m = (rows + block - 1) // block
+            if const_expr(not self.fold):
+                return blocks_m, 0
+            folded = cutlass.select_((rows > 0) & (rows - (blocks_m - 1) * block <= tm), 1, 0)
+            return blocks_m - folded, folded
 
         @cute.jit
         def _group_tile_of(self, work, gstate, mEnds, gdims):
@@ -447,20 +493,25 @@ def _device():
                 else:
                     start = start + cute.arch.shuffle_sync(incl, 31)
                     g = g + 32
-            block = self.tile_shape_mnk[0] * self.cluster_shape_mnk[0]
-            blocks_m = cutlass.max((rows + block - 1) // block, 1)
+            blocks_m, _ = self._cluster_rows(rows)
             # within the group, bands of `swizzle` cluster rows sweep across N (the last band
             # narrower), as _tile_of's: M fastest over a tall group re-read its A for every column
             G = self.cfg.swizzle
+            local = work - start
             band_tiles = G * gdims[1]
-            band = (work - start) // band_tiles
-            in_band = work - start - band * band_tiles
-            width = cutlass.min(blocks_m - band * G, G)
+            band = local // band_tiles
+            in_band = local - band * band_tiles
+            width = cutlass.max(cutlass.min(blocks_m - band * G, G), 1)
             cm, cn = self.cluster_shape_mnk[0], self.cluster_shape_mnk[1]
             bidx, bidy, _ = cute.arch.block_idx()
-            tc = ((band * G + in_band % width) * cm + bidx % cm, (in_band // width) * cn + bidy % cn,
-                  cutlass.min(g, groups - 1))
-            return tc, g <= groups, (g, start, first, rows)
+            m = (band * G + in_band % width) * cm + bidx % cm
+            n = (in_band // width) * cn + bidy % cn
+            if const_expr(self.fold):
+                # past the full-width rows: the folded row, a pair of tile columns per cluster tile
+                pair = local - blocks_m * gdims[1]
+                m = cutlass.select_(pair >= 0, blocks_m * cm, m)
+                n = cutlass.select_(pair >= 0, pair * cm + bidx % cm, n)
+            return (m, n, cutlass.min(g, groups - 1)), g <= groups, (g, start, first, rows)
 
         def _next_tile(self, work, sched, gstate, mEnds):
             """(tile, valid, gstate) of work index `work`: _tile_of, or the grouped class's search
@@ -730,7 +781,9 @@ def _device():
                    mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor], tma_atom_sa: Optional[cute.CopyAtom],
                    mScaleM: Optional[cute.Tensor], tma_atom_sb: Optional[cute.CopyAtom],
                    mScaleN: Optional[cute.Tensor], mWork: Optional[cute.Tensor],
-                   mFlags: Optional[cute.Tensor], mEnds: Optional[cute.Tensor], alpha: Float32, beta: Float32,
+                   mFlags: Optional[cute.Tensor], mEnds: Optional[cute.Tensor],
+                   tma_atom_af: Optional[cute.CopyAtom], mAf_mkl: Optional[cute.Tensor],
+                   tma_atom_bf: Optional[cute.CopyAtom], mBf_nkl: Optional[cute.Tensor], alpha: Float32, beta: Float32,
                    cluster_layout_mnk: cute.Layout, a_smem_staged: cute.ComposedLayout,
                    b_smem_staged: cute.ComposedLayout, d_smem_staged: cute.ComposedLayout,
                    c_smem_staged: Optional[cute.ComposedLayout]):
@@ -745,6 +798,9 @@ def _device():
                 if const_expr(self.block):
                     cpasync.prefetch_descriptor(tma_atom_sa)
                     cpasync.prefetch_descriptor(tma_atom_sb)
+                if const_expr(self.fold):
+                    cpasync.prefetch_descriptor(tma_atom_af)
+                    cpasync.prefetch_descriptor(tma_atom_bf)
 
             cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
             cluster_coord = cluster_layout_mnk.get_flat_coord(cta_rank)
@@ -799,14 +855,15 @@ def _device():
             if const_expr(self.has_c):
                 gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.tile_shape_mnk, (None, None, 0)),
                                          (None, None, None))
-            tAsA, tAgA = cpasync.tma_partition(
-                tma_atom_a, cluster_coord[1],
-                cute.make_layout(cute.slice_(cluster_layout_mnk, (0, None, 0)).shape),
-                cute.group_modes(sA, 0, 2), cute.group_modes(gA_mkl, 0, 2))
-            tBsB, tBgB = cpasync.tma_partition(
-                tma_atom_b, cluster_coord[0],
-                cute.make_layout(cute.slice_(cluster_layout_mnk, (None, 0, 0)).shape),
-                cute.group_modes(sB, 0, 2), cute.group_modes(gB_nkl, 0, 2))
+            a_ctas = cute.slice_(cluster_layout_mnk, (0, None, 0)).shape      # the CTAs sharing an A tile
+            tAsA, tAgA = self._tma_split(tma_atom_a, cluster_coord[1], a_ctas, sA, gA_mkl)
+            tBsB, tBgB = self._tma_split(tma_atom_b, cluster_coord[0],
+                                         cute.slice_(cluster_layout_mnk, (None, 0, 0)).shape, sB, gB_nkl)
+            tAsAf, tBsBf, tBgBf = None, None, None
+            if const_expr(self.fold):
+                tAsAf, _ = self._tma_split(tma_atom_af, cluster_coord[0], 2, sA, gA_mkl)
+                tBsBf, tBgBf = self._tma_split(tma_atom_bf, 0, 1, sB, cute.local_tile(
+                    mBf_nkl, cute.slice_(self.tile_shape_mnk, (0, None, None)), (None, None, None)))
             tSAs, tSAg, tSBs, tSBg, sSA, sSB = None, None, None, None, None, None
             if const_expr(self.block):
                 sSA = storage.sSA.get_tensor(cute.make_layout((self.tile_shape_mnk[0], 1, self.ab_stage)))
@@ -848,26 +905,38 @@ def _device():
                     while valid:
                         if const_expr(self.grouped):
                             # the group's A starts at its first row (Design); tile tc[0] of it
-                            gA = cute.local_tile(cute.domain_offset((gstate[2], 0, 0), mA_mkl),
-                                                 cute.slice_(self.tile_shape_mnk, (None, 0, None)), (None, None, None))
-                            _, tAgA_g = cpasync.tma_partition(
-                                tma_atom_a, cluster_coord[1],
-                                cute.make_layout(cute.slice_(cluster_layout_mnk, (0, None, 0)).shape),
-                                cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+                            _, tAgA_g = self._tma_split(tma_atom_a, cluster_coord[1], a_ctas, sA,
+                                                        self._group_rows(mA_mkl, gstate[2]))
                             tAgA_k = tAgA_g[(None, tc[0], None, 0)]
                         else:
                             tAgA_k = tAgA[(None, tc[0], None, tc[2])]
                         tBgB_k = tBgB[(None, tc[1], None, tc[2])]
+                        folded = False
+                        tAgAf_k, tBgBf_k = None, None             # the folded row's, where the class folds
+                        if const_expr(self.fold):
+                            # a folded row: the cluster row's rows fit one tile (_group_tile_of)
+                            folded = gstate[3] - tc[0] // 2 * 2 * self.tile_shape_mnk[0] <= self.tile_shape_mnk[0]
+                            _, tAgAf_g = self._tma_split(tma_atom_af, cluster_coord[0], 2, sA,
+                                                         self._group_rows(mAf_mkl, gstate[2]))
+                            tAgAf_k = tAgAf_g[(None, tc[0], None, 0)]
+                            tBgBf_k = tBgBf[(None, tc[1], None, tc[2])]
                         k_first = 0
                         if const_expr(self.split > 1):
                             _, _, k_first = self._split_of(work, k_per, sched)
                         for k_tile in cutlass.range(k_per, unroll=1):
                             ab_pipeline.producer_acquire(prod)
                             bar = ab_pipeline.producer_get_barrier(prod)
-                            cute.copy(tma_atom_a, tAgA_k[(None, k_first + k_tile)], tAsA[(None, prod.index)],
-                                      tma_bar_ptr=bar, mcast_mask=a_mcast_mask)
-                            cute.copy(tma_atom_b, tBgB_k[(None, k_first + k_tile)], tBsB[(None, prod.index)],
-                                      tma_bar_ptr=bar, mcast_mask=b_mcast_mask)
+                            k_at = k_first + k_tile
+                            loads = ((tma_atom_a, tAgA_k, tAsA, a_mcast_mask), (tma_atom_b, tBgB_k, tBsB, b_mcast_mask))
+                            if const_expr(self.fold):
+                                if folded:
+                                    # A's half to both CTAs of the cluster (the mask of the CTAs along M)
+                                    self._tma_stage(((tma_atom_af, tAgAf_k, tAsAf, b_mcast_mask),
+                                                     (tma_atom_bf, tBgBf_k, tBsBf, 0)), k_at, prod.index, bar)
+                                else:
+                                    self._tma_stage(loads, k_at, prod.index, bar)
+                            else:
+                                self._tma_stage(loads, k_at, prod.index, bar)
                             if const_expr(self.block):
                                 cute.copy(tma_atom_sa, tSAg[(None, tc[0], k_first + k_tile)], tSAs[(None, prod.index)],
                                           tma_bar_ptr=bar)

@@ -296,10 +296,11 @@ def choose_policy(m: int, n: int, k: int, l: int, a_major: str, b_major: str) ->
 # The grouped class (cute_gemm_sm90_build's Design: the rows mode of grouped_mm / ragged_dot). The
 # first candidate ran best on both of issue 23's cases (H100, 2026-12-06, benchmarks/grouped.py:
 # docs/performance.md), and the sizes stay on the device, so what a pick can know is the mean
-# group size T / E. At that size each group's last cluster row of tiles is part-filled and a 2x1
-# cluster's rows are twice as tall; another candidate replaces the first only where its tiles are
-# fuller by GROUPED_MARGIN (groups far below 256 rows), not for the few percent the fill moves
-# between candidates on the timed cases, where the fuller 128x128 tiles ran slower.
+# group size T / E. At that size each group's last row of tiles is part-filled (a 2x1 class folds
+# a last cluster row of at most tile_m rows, so its groups cost rows in steps of tile_m as a 1x2
+# class's do); another candidate replaces the first only where its tiles are fuller by
+# GROUPED_MARGIN, not for the few percent the fill moves between candidates on the timed cases,
+# where the fuller 128x128 tiles ran slower.
 GROUPED_CONFIGS = (Config(128, 192, 2, 1, True, False, 8), Config(128, 192, 1, 2, True, False, 8),
                    Config(128, 128, 2, 1, True, False, 8), Config(128, 128, 1, 2, True, False, 8),
                    Config(128, 256, 1, 2, False, False, 8), Config(256, 128, 2, 1, False, False, 8))
@@ -308,8 +309,9 @@ GROUPED_CONFIGS = (Config(128, 192, 2, 1, True, False, 8), Config(128, 192, 1, 2
 def grouped_fill(rows: int, n: int, groups: int, cfg: Config) -> float:
     """The share of the grouped class's tile area that is the problem's, groups at the mean size."""
     mean = max(rows / groups, 1.0)
-    block = cfg.tile_m * cfg.cluster_m
-    tiles_m = _ceil_div(int(math.ceil(mean)), block) * cfg.cluster_m
+    tiles_m = _ceil_div(int(math.ceil(mean)), cfg.tile_m)       # 2x1: the last row folded
+    if (cfg.cluster_m, cfg.cluster_n) != (2, 1):
+        tiles_m = _ceil_div(tiles_m, cfg.cluster_m) * cfg.cluster_m
     tiles_n = _ceil_div(_ceil_div(n, cfg.tile_n), cfg.cluster_n) * cfg.cluster_n
     return mean * n / (tiles_m * tiles_n * cfg.tile_m * cfg.tile_n)
 
