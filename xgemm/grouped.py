@@ -156,8 +156,11 @@ def run(c: Checked, ends: Any, out: Any = None) -> Any:
     plan, va, vb, moves = _plan(c)
     if plan.kernel.name != "reference":
         out = arrays.empty(c.owner, c.shape.out, c.out_dtype, va.device, c.a) if out is None else out
-        # dense int32, as the kernel reads them
-        ends = arrays.namespace(c.owner).astype(ends, arrays.framework_dtype(c.owner, "int32"), copy=True)
+        # dense, 16-byte aligned int32, as the kernels read them: such ends are read in place (a captured
+        # graph replays their new values), any others copied
+        v = arrays.view(ends, "ends", "grouped")
+        if v.dtype != "int32" or v.ptr % 16 or (v.size > 1 and v.strides != (1,)):
+            ends = arrays.namespace(c.owner).astype(ends, arrays.framework_dtype(c.owner, "int32"), copy=True)
     operands = (_moved(va, moves[0], "a"), _moved(vb, moves[1], "b"), arrays.view(ends, "ends", "grouped"))
     return prepare.run(prepare.Prepared(plan, operands, None if out is None else arrays.view(out, "out", "grouped"),
                                         lambda result: result))

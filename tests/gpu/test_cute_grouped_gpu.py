@@ -112,3 +112,25 @@ def test_grouped_class_graph_replays_with_new_sizes():
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(y.double(), _want(x, w, sizes, n, "bfloat16"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["int32", "int64", "strided", "offset"])
+def test_routed_call_reads_or_copies_the_offsets(kind):
+    """xgemm.grouped_mm reads dense, 16-byte aligned int32 offsets in place and copies any others
+    (int64, a strided or a 4-byte offset view) to the kernels' int32: the same result each way."""
+    import xgemm
+    sizes = [300, 0, 129, 595]
+    t, k, n = 1024, 128, 264
+    gen = torch.Generator().manual_seed(5)
+    x, w = _ints((t, k), gen, "bfloat16"), _ints((len(sizes), k, n), gen, "bfloat16")
+    ends = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+    if kind == "int64":
+        offs = ends.long().cuda()
+    elif kind == "strided":
+        offs = torch.stack([ends, -ends], 1).cuda()[:, 0]
+    elif kind == "offset":
+        offs = torch.cat([ends[:1], ends]).cuda()[1:]
+    else:
+        offs = ends.cuda()
+    got = xgemm.grouped_mm(x, w, offs)
+    torch.testing.assert_close(got.double(), _want(x, w, sizes, n, "bfloat16"), rtol=0, atol=0)

@@ -63,7 +63,12 @@ def test_gated_on_cuda_with_grads(dtype, activation):
     y = xgemm.gated(ta, tw, bias=_cuda(bias, dtype), activation=activation)
     _close(y.detach(), ref(_host(a, dtype), _host(w, dtype), bias=_host(bias, dtype), activation=activation,
                            gated=True), dtype)
-    dy = torch.randn_like(y)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(y.device, y.dtype)
+    if activation == "reglu":
+        # ReLU's kink: a gate input within float32 rounding of 0 may take either side in the kernel's
+        # sum and in torch's; no gradient flows through those (a handful at most)
+        gate = (ta.detach().double() @ tw.detach().double() + _cuda(bias, dtype).double())[:, :h]
+        dy[gate.abs() < 1e-3] = 0
     y.backward(dy)
     # the same layer in torch ops, float32, for the grads
     xa, xw = ta.detach().float().requires_grad_(), tw.detach().float().requires_grad_()
