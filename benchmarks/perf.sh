@@ -6,7 +6,7 @@
 # device tool brings back only a few files from $OUT).
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
-# "tests decode model softmax epilogue fp8 grouped fuzz"; also groupedtune (GROUPEDTUNE_S), fp8tune, and the policy
+# "tests decode model softmax epilogue fp8 grouped fuzz"; also gemm (GEMM_SHAPES, GEMM_S), groupedtune (GROUPEDTUNE_S), fp8tune, and the policy
 # sweeps longk (LONGK_SHAPES), splitk (SPLITK_SHAPES, SPLITK_S) and cutesplit (CUTESPLIT_SHAPES, CUTESPLIT_S)), TESTS (tests/gpu), TESTS_S (220), MODEL_SUBSET (core),
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
 # FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer: code still switched
@@ -54,6 +54,13 @@ fi
 for b in epilogue fp8 grouped; do
   if want $b; then stage $b 130 python3 benchmarks/$b.py --out "$R"; tail -32 "$LOGS/$b.log"; fi
 done
+if want gemm; then
+  # the dense kernel against cuBLAS and quack on gemm.py's large shapes: a regression check for edits
+  # of the compiled classes made for other products
+  stage gemm "${GEMM_S:-120}" python3 benchmarks/gemm_tc.py --shapes "${GEMM_SHAPES:-8192x8192x8192,8192x8192x1024,65536x4096x4096}" \
+    --dtypes bfloat16 --impls cublas,quack,xgemm --reps 20 --trials 7 --out "$R/gemm.json"
+  grep -E "^\|" "$LOGS/gemm.log" | tail -6
+fi
 if want fp8tune; then
   # the promoting FP8 class at each tile width, then the quantize kernel at each prebuilt candidate
   # (results/tune-fp8; the quantize candidates are built on request)
