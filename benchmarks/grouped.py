@@ -6,6 +6,7 @@ jax.lax.ragged_dot; one process.
     python benchmarks/grouped.py [--trials 12]  # H200
     python benchmarks/grouped.py --only torch   # or jax
     python benchmarks/grouped.py --only tune    # the grouped kernel at each tile candidate (H200)
+    python benchmarks/grouped.py --only zipf    # the Zipf forward alone (an A/B of a grouped-class edit)
 
 Writes benchmarks/results/grouped-h200.{json,md} (or into --out DIR).
 
@@ -224,6 +225,14 @@ def run_jax(args, log) -> list:
     return records
 
 
+def run_zipf(args, log) -> list:
+    """--only zipf: the Zipf forward alone, as run_torch times it (opt-in: run_torch covers it)."""
+    if args.only != "zipf":
+        return []
+    import torch
+    return forward_case(torch, "zipf", ZIPF, zipf_sizes(ZIPF["E"], ZIPF["T"]), args, log, dense=True)
+
+
 def run_tune(args, log) -> list:
     """--only tune: the grouped kernel at every prebuilt tile candidate (kernels/triton_grouped_sm90.py
     TILES and TUNE; the TUNE ones are built on request, docs/development.md), forward and weight
@@ -293,7 +302,8 @@ def dry_run(log) -> None:
 
 
 def main(argv=None) -> int:
-    return h.run_study("grouped", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax, "tune": run_tune}, dry_run, argv)
+    return h.run_study("grouped", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax, "tune": run_tune,
+                                                                  "zipf": run_zipf}, dry_run, argv)
 
 
 if __name__ == "__main__":
