@@ -5,7 +5,9 @@
 #   (cd .ab/base && XGEMM_CACHE_DIR=$PWD/../cache-base python -m xgemm build-cache --pack ../base.tar.xz)
 #   python -m xgemm build-cache --pack .ab/head.tar.xz
 #   device run, carrying .gpu and .ab:   bash benchmarks/ab.sh
-# Each benchmark runs on base, then head, then (gemm and overhead) base and head again; every
+# Each benchmark (first_call, overhead, gemm, softmax, jax_jit, grouped: its Zipf forward, every
+# grouped candidate and the dense matmul beside it) runs on base, then head, then (gemm and
+# overhead) base and head again; every
 # script writes its JSON under $OUT/{base,head}{,2}, and benchmarks/compare.py prints the ratios.
 # Knobs: GEMM_TRIALS (6), AB_ROUNDS (2: rounds of gemm and overhead), SOFTMAX_SIZES, AB_SKIP (names of
 # benchmarks to leave out), AB_TIMEOUT (150 s per script).
@@ -32,6 +34,7 @@ skip overhead || for r in "" $rounds; do run base "$r" benchmarks/overhead.py; r
 skip gemm || for r in "" $rounds; do run base "$r" benchmarks/gemm.py --trials ${GEMM_TRIALS:-6}; run head "$r" benchmarks/gemm.py --trials ${GEMM_TRIALS:-6}; done
 skip softmax || { run base "" benchmarks/softmax.py --sizes ${SOFTMAX_SIZES:-256,4096,65536,262144}; run head "" benchmarks/softmax.py --sizes ${SOFTMAX_SIZES:-256,4096,65536,262144}; }
 skip jax_jit || { run base "" benchmarks/jax_jit.py --name jax-h200 --only chain,gemm,softmax; run head "" benchmarks/jax_jit.py --name jax-h200 --only chain,gemm,softmax; }
+skip grouped || { run base "" benchmarks/grouped.py --only zipf; run head "" benchmarks/grouped.py --only zipf; }
 for r in "" 2; do [ -d $OUT/base$r ] && python3 benchmarks/compare.py $OUT/base$r $OUT/head$r --json $OUT/compare$r.json > $OUT/compare$r.txt; done
 tar -czf $OUT/ab-logs.tgz -C $OUT base head $(ls -d $OUT/base2 $OUT/head2 2>/dev/null | xargs -n1 basename) && rm -rf $OUT/base $OUT/head $OUT/base2 $OUT/head2
 cat $OUT/compare.txt $OUT/compare2.txt 2>/dev/null | grep -v "^ *$"
