@@ -573,10 +573,11 @@ def records_markdown(records) -> str:
     return "\n".join(rows) + "\n"
 
 
-def run_study(study: str, description: str, parts: dict, dry_run, argv=None) -> int:
+def run_study(study: str, description: str, parts: dict, dry_run, argv=None, opt_in=()) -> int:
     """The command line the issue benchmarks share: --dry-run (dry_run(print), any machine), or
-    each of parts {"torch": fn, "jax": fn} (fn(args, log) -> records; --only one of them), then
-    <study>-h200.{json,md} in --out and the table printed. Exit 1 when an output was wrong."""
+    each of parts {"torch": fn, "jax": fn} (fn(args, log) -> records; --only one of them; the parts
+    named in opt_in run only when --only names them), then <study>-h200.{json,md} in --out and the
+    table printed. Exit 1 when an output was wrong."""
     import argparse
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--dry-run", action="store_true", help="the cases and xgemm's plans, no GPU")
@@ -591,7 +592,7 @@ def run_study(study: str, description: str, parts: dict, dry_run, argv=None) -> 
         return 0
     records = []
     for name, part in parts.items():
-        if args.only in (None, name):
+        if args.only == name or (args.only is None and name not in opt_in):
             records += part(args, print)
     meta = dict(timing=timing_note(args.reps, args.trials), versions=versions(("torch", "jax", "xgemm", "quack")))
     write_json(result_path(study, out=args.out), records + [{"meta": meta}])

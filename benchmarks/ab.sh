@@ -7,8 +7,8 @@
 #   device run, carrying .gpu and .ab:   bash benchmarks/ab.sh
 # Each benchmark (first_call, overhead, gemm, softmax, jax_jit, grouped: its Zipf forward, every
 # grouped candidate and the dense matmul beside it) runs on base, then head, then (gemm and
-# overhead) base and head again; every
-# script writes its JSON under $OUT/{base,head}{,2}, and benchmarks/compare.py prints the ratios.
+# overhead) base and head again; every script writes its JSON under $OUT/{base,head}{,2}, and
+# benchmarks/compare.py prints the ratios.
 # Knobs: GEMM_TRIALS (6), AB_ROUNDS (2: rounds of gemm and overhead), SOFTMAX_SIZES, AB_SKIP (names of
 # benchmarks to leave out), AB_TIMEOUT (150 s per script).
 set -u

@@ -201,8 +201,6 @@ def run_tune(args, log) -> list:
     prebuilt candidate of its TUNE set (built on request, docs/development.md), row recipe, bf16 ->
     e4m3, at the benchmark's two shapes, launched through the kernel with that candidate's policy;
     q checked, GB/s of the bytes moved."""
-    if args.only != "tune":             # opt-in
-        return []
     import torch
     return (_tune_classes(torch, args, log, "row", promote_candidates)
             + _tune_classes(torch, args, log, "block", block_candidates) + _tune_quantize(torch, args, log))
@@ -292,7 +290,7 @@ def dry_run(log) -> None:
 
 def main(argv=None) -> int:
     return h.run_study("fp8", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax, "tune": run_tune}, dry_run,
-                       argv)
+                       argv, opt_in=("tune",))
 
 
 if __name__ == "__main__":

@@ -188,8 +188,7 @@ def run_torch(args, log) -> list:
     torch.cuda.empty_cache()
     records += drhs_case(torch, "uneven_drhs", UNEVEN, uneven_sizes(UNEVEN["E"], UNEVEN["T"]), args, log)
     torch.cuda.empty_cache()
-    records += forward_case(torch, "zipf", ZIPF, zipf_sizes(ZIPF["E"], ZIPF["T"]), args, log, dense=True)
-    return records
+    return records + run_zipf(args, log)
 
 
 def run_jax(args, log) -> list:
@@ -226,9 +225,8 @@ def run_jax(args, log) -> list:
 
 
 def run_zipf(args, log) -> list:
-    """--only zipf: the Zipf forward alone, as run_torch times it (opt-in: run_torch covers it)."""
-    if args.only != "zipf":
-        return []
+    """The Zipf forward against the dense matmul of the same FLOPs (run_torch's last case; alone
+    with --only zipf)."""
     import torch
     return forward_case(torch, "zipf", ZIPF, zipf_sizes(ZIPF["E"], ZIPF["T"]), args, log, dense=True)
 
@@ -238,8 +236,6 @@ def run_tune(args, log) -> list:
     TILES and TUNE; the TUNE ones are built on request, docs/development.md), forward and weight
     gradient of the uneven case and the Zipf forward, launched through the kernel with that tile's
     policy; outputs checked."""
-    if args.only != "tune":             # opt-in
-        return []
     import torch
 
     from xgemm import arrays, grouped
@@ -303,7 +299,7 @@ def dry_run(log) -> None:
 
 def main(argv=None) -> int:
     return h.run_study("grouped", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax, "tune": run_tune,
-                                                                  "zipf": run_zipf}, dry_run, argv)
+                                                                  "zipf": run_zipf}, dry_run, argv, opt_in=("tune", "zipf"))
 
 
 if __name__ == "__main__":
