@@ -256,69 +256,91 @@ def ptx(tmp_path_factory):
     if not _have_dsl():
         pytest.skip("needs nvidia-cutlass-dsl")
     dump = tmp_path_factory.mktemp("ptx")
-    opts = f"--keep-ptx --dump-dir={dump}"
     nob = (False, False, False, False)
-    fns = {
+    builds = {
         # the big-problem default: pingpong 128x192, 2x1 cluster (B multicast), torch layouts
-        "pp_2x1": K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
-                            ROW, None, False, nob, 66, "sm_90a", opts),
+        "pp_2x1": lambda o: K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
+                                      ROW, None, False, nob, 66, "sm_90a", o),
         # the same for alpha == 1 (matmul): the epilogue does not scale
-        "pp_2x1_unit": K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW,
-                                 ROW, ROW, None, True, nob, 66, "sm_90a", opts),
+        "pp_2x1_unit": lambda o: K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW,
+                                           ROW, ROW, None, True, nob, 66, "sm_90a", o),
         # cooperative 256x128, 1x2 cluster (A multicast), every operand column-major, fp32 D,
         # a bf16 C read through TMA, batched with A broadcast over the batch
-        "coop_1x2_c": K90.build(K90.Config(256, 128, 1, 2, False, False, 4), "float16", "float32", COL,
-                                COL, COL, ("bfloat16", ROW), False, (False, True, True, True), 66, "sm_90a", opts),
+        "coop_1x2_c": lambda o: K90.build(K90.Config(256, 128, 1, 2, False, False, 4), "float16", "float32", COL,
+                                          COL, COL, ("bfloat16", ROW), False, (False, True, True, True), 66,
+                                          "sm_90a", o),
         # fused epilogues (K90.Epi): bias along N + gelu_tanh on the default config; bias along M
         # (the transposed run's) + exact gelu with a C and an fp32 D on the cooperative one
-        "pp_bias_gelu_tanh": K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW,
-                                       ROW, ROW, None, True, nob, 66, "sm_90a", opts,
-                                       epi=K90.Epi("n", "bfloat16", "gelu_tanh")),
-        "coop_bias_m_gelu_c": K90.build(K90.Config(256, 128, 1, 2, False, False, 4), "float16", "float32", COL,
-                                        COL, COL, ("bfloat16", ROW), False, nob, 66, "sm_90a", opts,
-                                        epi=K90.Epi("m", "float32", "gelu")),
+        "pp_bias_gelu_tanh": lambda o: K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "bfloat16", "bfloat16",
+                                                 ROW, ROW, ROW, None, True, nob, 66, "sm_90a", o,
+                                                 epi=K90.Epi("n", "bfloat16", "gelu_tanh")),
+        "coop_bias_m_gelu_c": lambda o: K90.build(K90.Config(256, 128, 1, 2, False, False, 4), "float16", "float32",
+                                                  COL, COL, COL, ("bfloat16", ROW), False, nob, 66, "sm_90a", o,
+                                                  epi=K90.Epi("m", "float32", "gelu")),
         # FP8 (K-major A and B): tensor scales through alpha; per-row / per-column scales (Epi)
-        "pp_fp8": K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "float8_e4m3fn", "bfloat16", ROW, COL,
-                            ROW, None, False, nob, 66, "sm_90a", opts),
-        "pp_fp8_rowwise": K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "float8_e5m2", "float32", ROW,
-                                    COL, ROW, None, False, nob, 132, "sm_90a", opts,
-                                    epi=K90.Epi(scale_m=True, scale_n=True)),
+        "pp_fp8": lambda o: K90.build(K90.Config(128, 192, 2, 1, True, True, 8), "float8_e4m3fn", "bfloat16", ROW,
+                                      COL, ROW, None, False, nob, 66, "sm_90a", o),
+        "pp_fp8_rowwise": lambda o: K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "float8_e5m2", "float32",
+                                              ROW, COL, ROW, None, False, nob, 132, "sm_90a", o,
+                                              epi=K90.Epi(scale_m=True, scale_n=True)),
         # the same, its k-tile sums promoted into float32 registers (cooperative 128x128: 64
         # accumulator registers a thread, twice)
-        "coop_fp8_promote": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
-                                      COL, ROW, None, True, nob, 66, "sm_90a", opts,
-                                      epi=K90.Epi(scale_m=True, scale_n=True, promote=True)),
+        "coop_fp8_promote": lambda o: K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn",
+                                                "bfloat16", ROW, COL, ROW, None, True, nob, 66, "sm_90a", o,
+                                                epi=K90.Epi(scale_m=True, scale_n=True, promote=True)),
         # block-wise scales (1x128 A, 128x128 B): each k-tile's sum scaled as it is promoted
-        "coop_fp8_block": K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
-                                    COL, ROW, None, True, nob, 66, "sm_90a", opts,
-                                    epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True)),
+        "coop_fp8_block": lambda o: K90.build(K90.Config(128, 128, 2, 1, False, True, 8), "float8_e4m3fn",
+                                              "bfloat16", ROW, COL, ROW, None, True, nob, 66, "sm_90a", o,
+                                              epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True)),
         # the same on 128x192 tiles: two blocks of B's scales a tile
-        "coop_fp8_block192": K90.build(K90.Config(128, 192, 2, 1, False, True, 8), "float8_e4m3fn", "bfloat16", ROW,
-                                       COL, ROW, None, True, nob, 66, "sm_90a", opts,
-                                       epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True)),
+        "coop_fp8_block192": lambda o: K90.build(K90.Config(128, 192, 2, 1, False, True, 8), "float8_e4m3fn",
+                                                 "bfloat16", ROW, COL, ROW, None, True, nob, 66, "sm_90a", o,
+                                                 epi=K90.Epi(scale_m=True, scale_n=True, promote=True, block=True)),
         # gated (SwiGLU): B = [gate | up] through a 4-D TMA view, D half as wide
-        "pp_gated_silu": K90.build(K90.Config(128, 128, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW, ROW,
-                                   ROW, None, True, nob, 66, "sm_90a", opts,
-                                   epi=K90.Epi("n", "bfloat16", "silu", gated=True)),
+        "pp_gated_silu": lambda o: K90.build(K90.Config(128, 128, 2, 1, True, True, 8), "bfloat16", "bfloat16", ROW,
+                                             ROW, ROW, None, True, nob, 66, "sm_90a", o,
+                                             epi=K90.Epi("n", "bfloat16", "silu", gated=True)),
         # split-K: 4 parts a tile (pingpong 128x192) and 2 (cooperative 128x128), their float32 sums
         # through a workspace and per-tile flags
-        "pp_split4": K90.build(K90.Config(128, 192, 2, 1, True, True, 8, split=4), "bfloat16", "bfloat16", ROW, ROW,
-                               ROW, None, True, nob, 66, "sm_90a", opts),
-        "coop_split2": K90.build(K90.Config(128, 128, 1, 1, False, True, 1, split=2), "float16", "float32", COL, COL,
-                                 ROW, None, False, nob, 132, "sm_90a", opts),
-        "pp_relu": K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "bfloat16", "float16", ROW, ROW, ROW,
-                             None, True, nob, 132, "sm_90a", opts, epi=K90.Epi(activation="relu")),
+        "pp_split4": lambda o: K90.build(K90.Config(128, 192, 2, 1, True, True, 8, split=4), "bfloat16", "bfloat16",
+                                         ROW, ROW, ROW, None, True, nob, 66, "sm_90a", o),
+        "coop_split2": lambda o: K90.build(K90.Config(128, 128, 1, 1, False, True, 1, split=2), "float16", "float32",
+                                           COL, COL, ROW, None, False, nob, 132, "sm_90a", o),
+        "pp_relu": lambda o: K90.build(K90.Config(128, 128, 1, 1, True, True, 8), "bfloat16", "float16", ROW, ROW,
+                                       ROW, None, True, nob, 132, "sm_90a", o, epi=K90.Epi(activation="relu")),
         # the grouped class (rows mode of grouped_mm): B K-major, as torch._grouped_mm's weights
-        "pp_grouped": K90.build(K90.Config(128, 192, 2, 1, True, False, 8), "bfloat16", "bfloat16", ROW, COL, ROW,
-                                None, True, (False, True, False, False), 66, "sm_90a", opts, grouped=True),
-        "mma_sm80": K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", opts),
-        "mma_sm80_c": K80.build("float16", "float32", COL, COL, COL, ("float16", ROW), True, "sm_90a", opts),
+        "pp_grouped": lambda o: K90.build(K90.Config(128, 192, 2, 1, True, False, 8), "bfloat16", "bfloat16", ROW,
+                                          COL, ROW, None, True, (False, True, False, False), 66, "sm_90a", o,
+                                          grouped=True),
+        "mma_sm80": lambda o: K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", o),
+        "mma_sm80_c": lambda o: K80.build("float16", "float32", COL, COL, COL, ("float16", ROW), True, "sm_90a", o),
     }
-    return {name: (fn, fn.__ptx__) for name, fn in fns.items()}
+    classes = {}
+    for name, build in builds.items():
+        # a folder a class: the cubin (its SASS, test_sm90_classes_keep_the_wgmma_pipeline) beside the PTX
+        (dump / name).mkdir()
+        fn = build(f"--keep-ptx --keep-cubin --dump-dir={dump / name}")
+        (cubin,) = (dump / name).glob("*.cubin")
+        classes[name] = (fn, fn.__ptx__, cubin)
+    return classes
 
 
 def _count(text, pattern):
     return len(re.findall(pattern, text))
+
+
+def _wgmma_waits(cubin) -> tuple:
+    """(wgmmas, wgmmas that wait alone) in a cubin's SASS (cuobjdump, shipped with triton). ptxas
+    keeps a batch of wgmmas in flight (only a batch's last one carries `gsb0`, one wait after it)
+    unless it runs short of registers for the pipeline: it then serializes every wgmma of the
+    kernel (ptxas -v's C7511), each carrying gsb0 with a WARPGROUP.DEPBAR after it. That cost a
+    third of a grouped class's rate on an H100 (docs/performance.md, session 35) and shows nowhere
+    but in the SASS: the kernel stays correct."""
+    knobs = pytest.importorskip("triton.knobs")
+    sass = subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", str(cubin)], capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+    gmmas = re.findall(r"\b[HQ]GMMA\.[^;]*;", sass)
+    return len(gmmas), sum("gsb0" in g for g in gmmas)
 
 
 @needs_dsl
@@ -605,6 +627,30 @@ def test_gated_policy_tiles_divide_h():
         tile_n = K90.Config.from_policy(pol).tile_n
         assert not K90.swapped(pol) and tile_n >= 128 and h % (tile_n // 2) == 0, (m, h, k, pol)
     assert K90.Config.from_policy(K90.choose_gated_policy(8192, 14336, 4096, 1)).tile_n == 128
+
+
+@needs_dsl
+def test_sm90_classes_keep_the_wgmma_pipeline(ptx):
+    """Every sm90 class of the fixture issues its k-tile's wgmmas as one batch: at most one wgmma in
+    four waits (a 64-wide k-tile is 4 k-steps of 16, times the tile's wgmmas along M)."""
+    for name, (_, _, cubin) in ptx.items():
+        if name.startswith("mma_sm80"):
+            continue
+        gmmas, alone = _wgmma_waits(cubin)
+        assert gmmas >= 4 and alone * 4 <= gmmas, (name, gmmas, alone)
+
+
+@needs_dsl
+@pytest.mark.parametrize("cfg", K90.GROUPED_CONFIGS[1:], ids=lambda c: f"{c.tile_m}x{c.tile_n}_{c.cluster_m}x{c.cluster_n}")
+def test_grouped_candidates_keep_the_wgmma_pipeline(cfg, tmp_path):
+    """The other grouped candidates (the first is the fixture's pp_grouped) as grouped.py times them,
+    bf16 with B K-major. Adding a second, 64-wide wgmma path for a last tile column (not on main)
+    left 128x128 2x1 with every wgmma serialized and the others not (docs/performance.md, session 35)."""
+    K90.build(cfg, "bfloat16", "bfloat16", ROW, COL, ROW, None, True, (False, True, False, False), 66, "sm_90a",
+              f"--keep-cubin --dump-dir={tmp_path}", grouped=True)
+    (cubin,) = tmp_path.glob("*.cubin")
+    gmmas, alone = _wgmma_waits(cubin)
+    assert gmmas >= 4 and alone * 4 <= gmmas, (gmmas, alone)
 
 
 @needs_dsl
