@@ -2,6 +2,13 @@
 ptxas kept the wgmma pipeline, and what a consumer warp runs per k-tile.
 
     CUTE_DSL_ARCH=sm_90a python benchmarks/sass.py [promote block fast]
+    python benchmarks/sass.py --cache      # every compiled class in the kernel cache, no compiling
+
+`--cache` reads each cute_gemm_sm90 class that the cache directory of the current build file holds
+(build-cache and first uses fill it; $XGEMM_CACHE_DIR) and names the classes whose wgmmas wait one
+at a time (wgmma_waits). Those are the classes where ptxas ran short of registers for the pipeline
+(C7511): still correct, up to a third slower (docs/performance.md, session 35). Run it before
+carrying a cache to the GPU machine.
 
 For each class: the QGMMA count, `WARPGROUP.DEPBAR` waits (one after every QGMMA means ptxas
 serialized them), LDGs, and the instruction mix of each k-loop holding a QGMMA (a backward branch
@@ -64,6 +71,53 @@ def _ptxas(ptxas: str, ptx: Path, tmp: Path) -> str:
     return out
 
 
+def wgmma_waits(sass: str) -> tuple:
+    """(wgmmas, those that wait alone) in a SASS listing. ptxas gives `gsb0` (and a
+    WARPGROUP.DEPBAR after it) to the last wgmma of each batch it keeps in flight, and to every
+    wgmma once it serializes them."""
+    gmmas = re.findall(r"\b[HQ]GMMA\.[^;]*;", sass)
+    return len(gmmas), sum("gsb0" in g for g in gmmas)
+
+
+def embedded_cubins(obj: bytes):
+    """The cubins inside a cached class's object file: CuTe-DSL's export_to_c embeds each as a raw
+    ELF image (not a .nv_fatbin section, which cuobjdump would read), so the search is for ELF
+    headers past the object's own."""
+    starts = [m.start() for m in re.finditer(b"\x7fELF", obj) if m.start() > 0]
+    return [obj[a:b] for a, b in zip(starts, starts[1:] + [len(obj)])]
+
+
+def audit_cache() -> int:
+    """Print each cached cute_gemm_sm90 class's wgmma count and lone waits; returns how many are
+    serialized (more than one wgmma in four waiting alone: a 64-wide k-tile is 4 k-steps)."""
+    import triton.knobs as knobs
+
+    from xgemm.kernels import cute_gemm_sm90 as K90
+    from xgemm.kernels import cute_gemm_sm90_build
+    from xgemm.runtime import cute_cache
+    folder = cute_cache.cute_dir(cute_cache.source_of(cute_gemm_sm90_build.build))
+    known = K90.prebuild_classes("sm_90a") + K90.grouped_classes("sm_90a", K90.GROUPED_CONFIGS)
+    names = {cute_cache.key_hash(k): k for k, _ in known}
+    serialized = 0
+    for obj in sorted(folder.glob("*.o")):
+        for image in embedded_cubins(obj.read_bytes()):
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(image)
+                f.flush()
+                sass = subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", f.name], capture_output=True,
+                                      text=True).stdout
+            gmmas, alone = wgmma_waits(sass)
+            if gmmas:
+                bad = alone * 4 > gmmas
+                serialized += bad
+                key = names.get(obj.stem)
+                label = f"{key[2]} {key[3:]}" if key else f"{obj.stem} (not a prebuilt class: built on first use)"
+                print(f"{'SERIALIZED' if bad else 'ok':10s} {gmmas:3d} wgmmas, {alone:3d} alone  {label}")
+                break
+    print(f"{serialized} serialized in {folder}")
+    return serialized
+
+
 def main(names) -> None:
     import triton.knobs as knobs
     cuobjdump, ptxas = knobs.nvidia.cuobjdump.path, knobs.nvidia.ptxas.path
@@ -85,4 +139,6 @@ def main(names) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--cache"]:
+        sys.exit(1 if audit_cache() else 0)
     main(sys.argv[1:])
