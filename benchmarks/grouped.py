@@ -7,6 +7,7 @@ jax.lax.ragged_dot; one process.
     python benchmarks/grouped.py --only torch   # or jax
     python benchmarks/grouped.py --only tune    # the grouped kernel at each tile candidate (H200)
     python benchmarks/grouped.py --only zipf    # the Zipf forward alone (an A/B of a grouped-class edit)
+    python benchmarks/grouped.py --only order   # the Zipf forward with the experts in other orders
 
 Writes benchmarks/results/grouped-h200.{json,md} (or into --out DIR).
 
@@ -122,7 +123,9 @@ def _cute_candidates(torch, x, w, offs, out, impls) -> None:
         impls[label] = call
 
 
-def forward_case(torch, name, cfg, sizes, args, log, dense=False) -> list:
+def forward_case(torch, name, cfg, sizes, args, log, dense=False, every_peer=True) -> list:
+    """The forward at these group sizes; every_peer=False times only xgemm, torch._grouped_mm and
+    (with dense) the dense matmul."""
     import xgemm
     e, t, k, n = cfg["E"], cfg["T"], cfg["K"], cfg["N"]
     x, w, offs = _operands(torch, e, t, k, n, sizes)
@@ -133,17 +136,18 @@ def forward_case(torch, name, cfg, sizes, args, log, dense=False) -> list:
             out[label] = fn()
         impls[label] = call
     keep("xgemm grouped_mm", lambda: xgemm.grouped_mm(x, w, offs))
-    keep("triton grouped_mm", lambda: _forced("triton_grouped_sm90", xgemm.grouped_mm, x, w, offs))
     keep("torch._grouped_mm", lambda: torch._grouped_mm(x, w, offs, out_dtype=torch.bfloat16))
-    loop_out = torch.empty(t, n, dtype=torch.bfloat16, device="cuda")
-    keep("cuBLAS loop", _loop(torch, x, w, sizes, loop_out))
-    try:
-        from quack.gemm_interface import gemm as quack_gemm
-        cu = torch.cat([offs.new_zeros(1), offs])
-        keep("quack varlen gemm", lambda: quack_gemm(x, w, cu_seqlens_m=cu, tuned=False))
-    except ImportError:
-        pass
-    _cute_candidates(torch, x, w, offs, out, impls)
+    if every_peer:
+        keep("triton grouped_mm", lambda: _forced("triton_grouped_sm90", xgemm.grouped_mm, x, w, offs))
+        loop_out = torch.empty(t, n, dtype=torch.bfloat16, device="cuda")
+        keep("cuBLAS loop", _loop(torch, x, w, sizes, loop_out))
+        try:
+            from quack.gemm_interface import gemm as quack_gemm
+            cu = torch.cat([offs.new_zeros(1), offs])
+            keep("quack varlen gemm", lambda: quack_gemm(x, w, cu_seqlens_m=cu, tuned=False))
+        except ImportError:
+            pass
+        _cute_candidates(torch, x, w, offs, out, impls)
     ref = _ref_forward(torch, x, w, sizes)
     refs = dict.fromkeys(impls, ref)
     if dense:                                   # the same FLOPs as one dense product
@@ -231,6 +235,28 @@ def run_zipf(args, log) -> list:
     return forward_case(torch, "zipf", ZIPF, zipf_sizes(ZIPF["E"], ZIPF["T"]), args, log, dense=True)
 
 
+def zipf_orders() -> dict:
+    """The Zipf sizes in other expert orders: as drawn (largest first, the empty experts last),
+    reversed, and three seeded shuffles."""
+    base = zipf_sizes(ZIPF["E"], ZIPF["T"])
+    orders = {"descending": base, "ascending": base[::-1].copy()}
+    for seed in (1, 2, 3):
+        orders[f"shuffled {seed}"] = np.random.default_rng(seed).permutation(base)
+    return orders
+
+
+def run_order(args, log) -> list:
+    """--only order: the Zipf forward at the same group sizes in other expert orders, each beside
+    torch._grouped_mm and the dense matmul. As drawn, the smallest groups (each reading its
+    expert's whole weight) come last and run together; a router's loads come in any order."""
+    import torch
+    records = []
+    for label, sizes in zipf_orders().items():
+        records += forward_case(torch, f"zipf {label}", ZIPF, sizes, args, log, dense=True, every_peer=False)
+        torch.cuda.empty_cache()
+    return records
+
+
 def run_tune(args, log) -> list:
     """--only tune: the grouped kernel at every prebuilt tile candidate (kernels/triton_grouped_sm90.py
     TILES and TUNE; the TUNE ones are built on request, docs/development.md), forward and weight
@@ -299,7 +325,8 @@ def dry_run(log) -> None:
 
 def main(argv=None) -> int:
     return h.run_study("grouped", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax, "tune": run_tune,
-                                                                  "zipf": run_zipf}, dry_run, argv, opt_in=("tune", "zipf"))
+                                                                  "zipf": run_zipf, "order": run_order}, dry_run, argv,
+                       opt_in=("tune", "zipf", "order"))
 
 
 if __name__ == "__main__":

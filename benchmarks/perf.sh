@@ -6,7 +6,7 @@
 # device tool brings back only a few files from $OUT).
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
-# "tests decode model softmax epilogue fp8 grouped fuzz"; also gemm (GEMM_SHAPES, GEMM_S), groupedtune (GROUPEDTUNE_S), fp8tune, and the policy
+# "tests decode model softmax epilogue fp8 grouped fuzz"; also gemm (GEMM_SHAPES, GEMM_S), groupedtune (GROUPEDTUNE_S), groupedorder (GROUPEDORDER_S), fp8tune, and the policy
 # sweeps longk (LONGK_SHAPES), splitk (SPLITK_SHAPES, SPLITK_S) and cutesplit (CUTESPLIT_SHAPES, CUTESPLIT_S)), TESTS (tests/gpu), TESTS_S (220), MODEL_SUBSET (core),
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
 # FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer: code still switched
@@ -71,6 +71,11 @@ if want groupedtune; then
   # the grouped kernel at each prebuilt tile candidate (results/tune; the candidates are built on request)
   stage groupedtune "${GROUPEDTUNE_S:-120}" python3 benchmarks/grouped.py --only tune --out "$R/tune"
   tail -16 "$LOGS/groupedtune.log"
+fi
+if want groupedorder; then
+  # the Zipf forward at the same group sizes in other expert orders, each beside the dense matmul
+  stage groupedorder "${GROUPEDORDER_S:-120}" python3 benchmarks/grouped.py --only order --out "$R/order"
+  grep -E " vs " "$LOGS/groupedorder.log" | tail -20
 fi
 if want longk; then
   # cute_gemm_sm90's 128x192 and 128x128 tiles (transposed run) where the wave model prefers 128x128
