@@ -51,6 +51,11 @@ if want softmax; then
     --dtypes "${SOFTMAX_DTYPES:-float16,bfloat16}" --bytes 0.5 --tune --out "$R" --name softmax-short-h200
   tail -30 "$LOGS/softmax.log"
 fi
+if want groupedorder; then
+  # the Zipf forward at the same group sizes in other expert orders, each beside the dense matmul
+  stage groupedorder "${GROUPEDORDER_S:-120}" python3 benchmarks/grouped.py --only order --out "$R/order"
+  grep -E " vs " "$LOGS/groupedorder.log" | tail -20
+fi
 for b in epilogue fp8 grouped; do
   if want $b; then stage $b 130 python3 benchmarks/$b.py --out "$R"; tail -32 "$LOGS/$b.log"; fi
 done
@@ -71,11 +76,6 @@ if want groupedtune; then
   # the grouped kernel at each prebuilt tile candidate (results/tune; the candidates are built on request)
   stage groupedtune "${GROUPEDTUNE_S:-120}" python3 benchmarks/grouped.py --only tune --out "$R/tune"
   tail -16 "$LOGS/groupedtune.log"
-fi
-if want groupedorder; then
-  # the Zipf forward at the same group sizes in other expert orders, each beside the dense matmul
-  stage groupedorder "${GROUPEDORDER_S:-120}" python3 benchmarks/grouped.py --only order --out "$R/order"
-  grep -E " vs " "$LOGS/groupedorder.log" | tail -20
 fi
 if want longk; then
   # cute_gemm_sm90's 128x192 and 128x128 tiles (transposed run) where the wave model prefers 128x128
