@@ -312,6 +312,7 @@ def dry_run(log) -> None:
     import torch
 
     import xgemm
+    from xgemm.kernels import cute_gemm_sm90_policy as P
     for name, cfg, sizes in (("uneven", UNEVEN, uneven_sizes(UNEVEN["E"], UNEVEN["T"])),
                              ("zipf", ZIPF, zipf_sizes(ZIPF["E"], ZIPF["T"]))):
         e, t, k, n = cfg["E"], cfg["T"], cfg["K"], cfg["N"]
@@ -321,6 +322,10 @@ def dry_run(log) -> None:
         y = xgemm.grouped_mm(x[:0], w, torch.zeros(e, dtype=torch.int32))       # the call path, no work
         log(f"{name}: E={e} T={t} K={k} N={n}; sizes min {sizes.min()} max {sizes.max()}, "
             f"{int((sizes == 0).sum())} empty; offs[-1] = {int(offs[-1])}; result {tuple(y.shape)}")
+        # the ceiling each grouped candidate's tiles put on its rate against the dense product
+        log(f"{name}: tile fill at these sizes: " + ", ".join(
+            f"{c.tile_m}x{c.tile_n} {c.cluster_m}x{c.cluster_n} {P.grouped_fill_of(sizes, n, c):.3f}"
+            for c in P.GROUPED_CONFIGS))
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,8 @@ from helpers import lower_ragged_dot_grad
 from xgemm.core import grouped_checks, layout
 from xgemm.core.problem import COL, ROW, Device
 from xgemm.kernels import cute_gemm_sm90 as K90
-from xgemm.kernels.cute_gemm_sm90_policy import GROUPED_CONFIGS, choose_grouped_config, grouped_fill
+from xgemm.kernels.cute_gemm_sm90_policy import (GROUPED_CONFIGS, choose_grouped_config, group_tiles, grouped_fill,
+                                                  grouped_fill_of)
 
 H200 = Device("cuda", 0, (9, 0))
 
@@ -60,7 +61,10 @@ def test_policy_keeps_the_first_candidate_unless_another_fills_tiles_better():
     assert grouped_fill(4096, 4096, 256, first) == grouped_fill(4096, 4096, 256, one_by_two) == 16 / 128 * 4096 / 4224
     assert choose_grouped_config(4096, 4096, 256) == first
     # groups of 300 rows: three 128-row tiles (two full-width cluster rows would be four)
-    assert grouped_fill(300 * 8, 192, 8, first) == 300 / 384
+    assert grouped_fill(300 * 8, 384, 8, first) == 300 / 384
+    # unless N is one column of tiles: the folded row's cluster tile is two columns wide, and the
+    # CTA past N still runs its mainloop
+    assert grouped_fill(300 * 8, 192, 8, first) == 300 / 512
     # a candidate whose tiles are fuller by the margin wins: 64-column products on 192-wide tiles
     narrow = choose_grouped_config(16384, 64, 8)
     assert grouped_fill(16384, 64, 8, narrow) >= 1.25 * grouped_fill(16384, 64, 8, first)
@@ -102,3 +106,20 @@ def test_cuda_lowering_runs_the_class_forward_and_dlhs(tmp_path, monkeypatch):
         policy.clear_plans()
     text = exp.mlir_module()
     assert "xgemm_tvm_ffi_call" not in text and 'kernel = "xgemm_grouped_flat_sm90"' in text
+
+
+@pytest.mark.parametrize("cfg", GROUPED_CONFIGS, ids=lambda c: f"{c.tile_m}x{c.tile_n}_{c.cluster_m}x{c.cluster_n}")
+def test_group_tiles_counts_what_the_kernel_runs(cfg):
+    # a straight count of the class's cluster tiles: full cluster rows across every cluster column,
+    # then (2x1) a last cluster row of at most tile_m rows as one row of tiles over column pairs
+    n = 4096
+    cols = -(-n // (cfg.tile_n * cfg.cluster_n))
+    block = cfg.tile_m * cfg.cluster_m
+    for rows in (0, 1, cfg.tile_m, cfg.tile_m + 1, block, block + 1, 3 * block - 5, 19474):
+        full, rest = divmod(rows, block)
+        fold = (cfg.cluster_m, cfg.cluster_n) == (2, 1) and 0 < rest <= cfg.tile_m
+        cluster_tiles = full * cols + (-(-cols // 2) if fold else cols if rest else 0)
+        assert group_tiles(rows, n, cfg) == cluster_tiles * cfg.cluster_m * cfg.cluster_n, rows
+    sizes = (0, 131, 300, 19474)
+    assert grouped_fill_of(sizes, n, cfg) == sum(sizes) * n / (
+        sum(group_tiles(s, n, cfg) for s in sizes) * cfg.tile_m * cfg.tile_n)

@@ -306,14 +306,29 @@ GROUPED_CONFIGS = (Config(128, 192, 2, 1, True, False, 8), Config(128, 192, 1, 2
                    Config(128, 256, 1, 2, False, False, 8), Config(256, 128, 2, 1, False, False, 8))
 
 
+def group_tiles(rows: int, n: int, cfg: Config) -> int:
+    """The CTA tiles the grouped class runs for one group of `rows` rows: its cluster rows of tiles
+    across N, a 2x1 class's last cluster row of at most tile_m rows folded into one row of tiles
+    (the build's _group_window and _cluster_rows)."""
+    if rows <= 0:
+        return 0
+    cols = _ceil_div(n, cfg.tile_n * cfg.cluster_n)
+    block = cfg.tile_m * cfg.cluster_m
+    blocks_m = _ceil_div(rows, block)
+    folded = int((cfg.cluster_m, cfg.cluster_n) == (2, 1) and rows - (blocks_m - 1) * block <= cfg.tile_m)
+    return ((blocks_m - folded) * cols + folded * _ceil_div(cols, 2)) * cfg.cluster_m * cfg.cluster_n
+
+
 def grouped_fill(rows: int, n: int, groups: int, cfg: Config) -> float:
     """The share of the grouped class's tile area that is the problem's, groups at the mean size."""
     mean = max(rows / groups, 1.0)
-    tiles_m = _ceil_div(int(math.ceil(mean)), cfg.tile_m)       # 2x1: the last row folded
-    if (cfg.cluster_m, cfg.cluster_n) != (2, 1):
-        tiles_m = _ceil_div(tiles_m, cfg.cluster_m) * cfg.cluster_m
-    tiles_n = _ceil_div(_ceil_div(n, cfg.tile_n), cfg.cluster_n) * cfg.cluster_n
-    return mean * n / (tiles_m * tiles_n * cfg.tile_m * cfg.tile_n)
+    return mean * n / (group_tiles(int(math.ceil(mean)), n, cfg) * cfg.tile_m * cfg.tile_n)
+
+
+def grouped_fill_of(sizes, n: int, cfg: Config) -> float:
+    """The same at known group sizes (benchmarks, explain-style diagnostics; a pick never knows them)."""
+    tiles = sum(group_tiles(int(s), n, cfg) for s in sizes)
+    return sum(int(s) for s in sizes) * n / max(tiles * cfg.tile_m * cfg.tile_n, 1)
 
 
 GROUPED_MARGIN = 1.25
