@@ -239,7 +239,7 @@ def zipf_orders() -> dict:
     """The Zipf sizes in other expert orders: as drawn (largest first, the empty experts last),
     reversed, and three seeded shuffles."""
     base = zipf_sizes(ZIPF["E"], ZIPF["T"])
-    orders = {"descending": base, "ascending": base[::-1].copy()}
+    orders = {"as drawn": base, "reversed": base[::-1].copy()}
     for seed in (1, 2, 3):
         orders[f"shuffled {seed}"] = np.random.default_rng(seed).permutation(base)
     return orders
