@@ -123,3 +123,6 @@ def test_group_tiles_counts_what_the_kernel_runs(cfg):
     sizes = (0, 131, 300, 19474)
     assert grouped_fill_of(sizes, n, cfg) == sum(sizes) * n / (
         sum(group_tiles(s, n, cfg) for s in sizes) * cfg.tile_m * cfg.tile_n)
+    # at equal sizes the known-size fill is the pick's mean-size fill
+    for rows in (131, 300, 2048):
+        assert grouped_fill_of((rows,) * 8, n, cfg) == grouped_fill(rows * 8, n, 8, cfg)
