@@ -9,7 +9,10 @@ gluon_splitk_sm90 tile, cluster split or stream-K) forces one kernel config. Inp
 torch.matmul (relative Frobenius error < 1e-2) after the profiled call. --fp8 tensor | row | block
 | fast: xgemm.scaled_matmul on e4m3 operands quantized by xgemm.quantize_fp8 (fast: row scales,
 use_fast_accum), or with --impl cublas torch._scaled_mm where it takes the recipe; checked
-against the product of the dequantized operands.
+against the product of the dequantized operands. --grouped zipf | uneven | even: cute_gemm_sm90's
+grouped class on grouped.py's operands (even: its Zipf problem in equal groups), at --config or the
+policy's pick; with --dense, the dense class at that config on x @ w[0] (w[0] in the grouped
+operand's layout), the same rows, K and N in one product: the per-tile comparison of the two classes.
 """
 from __future__ import annotations
 
@@ -30,7 +33,11 @@ def main() -> int:
     ap.add_argument("--splitk", default="", help="xgemm only: a gluon_splitk_sm90 tile as bn,bk,stages,split "
                     "(e.g. 128,128,4,2) or bn,bk,stages,sk for its stream-K kernel, run through the kernel protocol")
     ap.add_argument("--fp8", choices=("tensor", "row", "block", "fast"), default=None)
+    ap.add_argument("--grouped", choices=("zipf", "uneven", "even"), default=None)
+    ap.add_argument("--dense", action="store_true", help="with --grouped: the dense class on x @ w[0]")
     args = ap.parse_args()
+    if args.grouped:
+        return _grouped(args)
     m, n, k = (int(v) for v in args.shape.split("x"))
     if args.fp8:
         return _fp8(args, m, n, k)
@@ -39,8 +46,7 @@ def main() -> int:
     b = torch.randn(k, n, device="cuda", dtype=dtype)
     if args.impl == "xgemm" and args.config:
         from _harness import Inputs, impl_xgemm_config
-        cfg = tuple(int(v) for v in args.config.split(","))
-        cfg = cfg[:4] + tuple(bool(v) for v in cfg[4:6]) + cfg[6:8] + tuple(bool(v) for v in cfg[8:])
+        cfg = _config(args.config)
         x = Inputs(m, n, k, args.dtype)
         a, b = x.a[0], x.b[0]
         run, _ = impl_xgemm_config(cfg)(x)
@@ -66,6 +72,47 @@ def main() -> int:
     else:
         call = lambda: a @ b                       # noqa: E731
     return _profile(call, args.warmup, lambda: a.float() @ b.float(), f"{args.impl} {args.shape} {args.dtype}")
+
+
+def _config(text: str) -> tuple:
+    """--config's comma-separated cute_gemm_sm90 Config fields as the Config's field values."""
+    cfg = tuple(int(v) for v in text.split(","))
+    return cfg[:4] + tuple(bool(v) for v in cfg[4:6]) + cfg[6:8] + tuple(bool(v) for v in cfg[8:])
+
+
+def _grouped(args) -> int:
+    """--grouped: the grouped class (or with --dense the dense class) at one config, profiled like
+    main()'s calls and checked against grouped.py's float32 reference."""
+    import grouped as bench
+    import numpy as np
+    from _harness import problem
+
+    from xgemm import arrays, grouped
+    from xgemm.kernels import cute_gemm_sm90 as K90
+    shape = bench.UNEVEN if args.grouped == "uneven" else bench.ZIPF
+    e, t, k, n = shape["E"], shape["T"], shape["K"], shape["N"]
+    sizes = {"zipf": lambda: bench.zipf_sizes(e, t), "uneven": lambda: bench.uneven_sizes(e, t),
+             "even": lambda: np.full(e, t // e)}[args.grouped]()
+    x, w, offs = bench._operands(torch, e, t, k, n, sizes)
+    c = grouped.check_grouped_mm(x, w, offs)
+    plan, va, vb, moves = grouped._plan(c)
+    if moves != (None, None) or K90.GROUPED.supports(plan.problem) is not None:
+        raise SystemExit(f"the grouped class does not take this problem: {moves} "
+                         f"{K90.GROUPED.supports(plan.problem)}")
+    pol = (K90.Config(*_config(args.config)).policy("one_gemm") if args.config
+           else K90.GROUPED.policy(plan.problem))
+    stream = torch.cuda.current_stream().cuda_stream
+    y = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device="cuda")   # unwritten rows fail the check
+    what = f"{'dense' if args.dense else 'grouped'} {args.grouped} {pol.summary()}"
+    if args.dense:
+        prob, ops, vy = problem(x, w[0], y)
+        reference = lambda: x.float() @ w[0].float()                       # noqa: E731
+        call = lambda: (K90.KERNEL.run(prob, pol, ops, vy, stream), y)[1]    # noqa: E731
+    else:
+        views, vy = (va, vb, arrays.view(offs, "offs", "bench")), arrays.view(y, "out", "bench")
+        reference = lambda: bench._ref_forward(torch, x, w, sizes)          # noqa: E731
+        call = lambda: (K90.GROUPED.run(plan.problem, pol, views, vy, stream), y)[1]   # noqa: E731
+    return _profile(call, args.warmup, reference, what)
 
 
 def _profile(call, warmup: int, reference, what: str) -> int:
