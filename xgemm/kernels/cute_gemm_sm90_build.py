@@ -435,10 +435,12 @@ def _device():
             return cpasync.tma_partition(atom, rank, cute.make_layout(ctas), cute.group_modes(s, 0, 2),
                                          cute.group_modes(g, 0, 2))
 
-        def _tma_stage(self, loads, k, index, bar):
-            """A pipeline stage's TMA loads: (atom, global tiles, shared stages, multicast mask) each."""
+        def _tma_stage(self, loads, k, index, bar, k_tiles):
+            """A pipeline stage's TMA loads: (atom, global tiles, shared stages, multicast mask) each;
+            then, with l2_prefetch, their prefetch l2_prefetch k-tiles on (_l2_prefetch)."""
             for atom, g, s, mask in loads:
                 cute.copy(atom, g[(None, k)], s[(None, index)], tma_bar_ptr=bar, mcast_mask=mask)
+            self._l2_prefetch(loads, k, k_tiles)
 
         @cute.jit
         def _l2_prefetch(self, loads, k, k_tiles):
@@ -943,17 +945,14 @@ def _device():
                             k_at = k_first + k_tile
                             loads = ((tma_atom_a, tAgA_k, tAsA, a_mcast_mask), (tma_atom_b, tBgB_k, tBsB, b_mcast_mask))
                             if const_expr(self.fold):
-                                folded_loads = ((tma_atom_af, tAgAf_k, tAsAf, b_mcast_mask), (tma_atom_bf, tBgBf_k, tBsBf, 0))
                                 if folded:
                                     # A's half to both CTAs of the cluster (the mask of the CTAs along M)
-                                    self._tma_stage(folded_loads, k_at, prod.index, bar)
-                                    self._l2_prefetch(folded_loads, k_at, k_tile_cnt)
+                                    self._tma_stage(((tma_atom_af, tAgAf_k, tAsAf, b_mcast_mask),
+                                                     (tma_atom_bf, tBgBf_k, tBsBf, 0)), k_at, prod.index, bar, k_tile_cnt)
                                 else:
-                                    self._tma_stage(loads, k_at, prod.index, bar)
-                                    self._l2_prefetch(loads, k_at, k_tile_cnt)
+                                    self._tma_stage(loads, k_at, prod.index, bar, k_tile_cnt)
                             else:
-                                self._tma_stage(loads, k_at, prod.index, bar)
-                                self._l2_prefetch(loads, k_at, k_tile_cnt)
+                                self._tma_stage(loads, k_at, prod.index, bar, k_tile_cnt)
                             if const_expr(self.block):
                                 cute.copy(tma_atom_sa, tSAg[(None, tc[0], k_first + k_tile)], tSAs[(None, prod.index)],
                                           tma_bar_ptr=bar)
@@ -1456,10 +1455,11 @@ def class_key(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_majo
     when there is one)."""
     return (NAME, arch, cfg, ab, out, a_major, b_major, d_major, c, unit_alpha, batched, max_clusters_) + (
         (epi,) if epi is not None else ()) + ((GROUPED_MARK,) if grouped else ()) + (
-        (("l2 prefetch", l2_prefetch),) if l2_prefetch else ())
+        ((L2_PREFETCH_MARK, l2_prefetch),) if l2_prefetch else ())
 
 
 GROUPED_MARK = "grouped"     # class_key's mark of the grouped class
+L2_PREFETCH_MARK = "l2 prefetch"     # ... and of its L2 prefetch distance, (mark, k-tiles)
 
 
 def _builder(spec, epi, grouped=False, l2_prefetch=0):
@@ -1484,6 +1484,6 @@ def build_for_key(key: Tuple):
     assert key[0] == NAME, key
     spec = key[2:12] + (key[1],)
     rest = key[12:]
-    prefetch = next((x[1] for x in rest if isinstance(x, tuple) and x[:1] == ("l2 prefetch",)), 0)
+    prefetch = next((x[1] for x in rest if isinstance(x, tuple) and x[:1] == (L2_PREFETCH_MARK,)), 0)
     return _builder(spec, next((x for x in rest if isinstance(x, Epi)), None), GROUPED_MARK in rest, prefetch)
 
