@@ -102,22 +102,33 @@ def _forced(kernel, fn, *args):
         return fn(*args)
 
 
+def grouped_class_call(x, w, offs):
+    """((problem, operand views), None) to run cute_gemm_sm90's grouped class through the kernel
+    protocol on these operands as given, or (None, the reason it does not take them)."""
+    from xgemm import arrays, grouped
+    from xgemm.kernels import cute_gemm_sm90 as K90
+    plan, va, vb, moves = grouped._plan(grouped.check_grouped_mm(x, w, offs))
+    why = f"operands moved: {moves}" if moves != (None, None) else K90.GROUPED.supports(plan.problem)
+    if why is not None:
+        return None, why
+    return (plan.problem, (va, vb, arrays.view(offs, "offs", "bench"))), None
+
+
 def _cute_candidates(torch, x, w, offs, out, impls) -> None:
     """cute_gemm_sm90's grouped class at each of its policy's candidate configs, through the kernel
     protocol (labels `cute grouped <tile> <cluster>`), where the class takes the problem."""
-    from xgemm import arrays, grouped
+    from xgemm import arrays
     from xgemm.kernels import cute_gemm_sm90 as K90
-    c = grouped.check_grouped_mm(x, w, offs)
-    plan, va, vb, moves = grouped._plan(c)
-    if moves != (None, None) or K90.GROUPED.supports(plan.problem) is not None:
+    call_args, _ = grouped_class_call(x, w, offs)
+    if call_args is None:
         return
-    views = (va, vb, arrays.view(offs, "offs", "bench"))
+    problem, views = call_args
     for cfg in K90.GROUPED_CONFIGS:
         label = f"cute grouped {cfg.tile_m}x{cfg.tile_n} {cfg.cluster_m}x{cfg.cluster_n}"
 
         def call(i, pol=cfg.policy(), label=label):
-            y = torch.empty(c.shape.out, dtype=torch.bfloat16, device="cuda")
-            K90.GROUPED.run(plan.problem, pol, views, arrays.view(y, "out", "bench"),
+            y = torch.empty(problem.shape.out, dtype=torch.bfloat16, device="cuda")
+            K90.GROUPED.run(problem, pol, views, arrays.view(y, "out", "bench"),
                             torch.cuda.current_stream().cuda_stream)
             out[label] = y
         impls[label] = call

@@ -87,20 +87,19 @@ def _grouped(args) -> int:
     import numpy as np
     from _harness import problem
 
-    from xgemm import arrays, grouped
+    from xgemm import arrays
     from xgemm.kernels import cute_gemm_sm90 as K90
     shape = bench.UNEVEN if args.grouped == "uneven" else bench.ZIPF
     e, t, k, n = shape["E"], shape["T"], shape["K"], shape["N"]
     sizes = {"zipf": lambda: bench.zipf_sizes(e, t), "uneven": lambda: bench.uneven_sizes(e, t),
              "even": lambda: np.full(e, t // e)}[args.grouped]()
     x, w, offs = bench._operands(torch, e, t, k, n, sizes)
-    c = grouped.check_grouped_mm(x, w, offs)
-    plan, va, vb, moves = grouped._plan(c)
-    if moves != (None, None) or K90.GROUPED.supports(plan.problem) is not None:
-        raise SystemExit(f"the grouped class does not take this problem: {moves} "
-                         f"{K90.GROUPED.supports(plan.problem)}")
+    call_args, why = bench.grouped_class_call(x, w, offs)
+    if call_args is None:
+        raise SystemExit(f"the grouped class does not take this problem: {why}")
+    grouped_problem, views = call_args
     pol = (K90.Config(*_config(args.config)).policy("one_gemm") if args.config
-           else K90.GROUPED.policy(plan.problem))
+           else K90.GROUPED.policy(grouped_problem))
     stream = torch.cuda.current_stream().cuda_stream
     y = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device="cuda")   # unwritten rows fail the check
     what = f"{'dense' if args.dense else 'grouped'} {args.grouped} {pol.summary()}"
@@ -109,9 +108,9 @@ def _grouped(args) -> int:
         reference = lambda: x.float() @ w[0].float()                       # noqa: E731
         call = lambda: (K90.KERNEL.run(prob, pol, ops, vy, stream), y)[1]    # noqa: E731
     else:
-        views, vy = (va, vb, arrays.view(offs, "offs", "bench")), arrays.view(y, "out", "bench")
+        vy = arrays.view(y, "out", "bench")
         reference = lambda: bench._ref_forward(torch, x, w, sizes)          # noqa: E731
-        call = lambda: (K90.GROUPED.run(plan.problem, pol, views, vy, stream), y)[1]   # noqa: E731
+        call = lambda: (K90.GROUPED.run(grouped_problem, pol, views, vy, stream), y)[1]   # noqa: E731
     return _profile(call, args.warmup, reference, what)
 
 
