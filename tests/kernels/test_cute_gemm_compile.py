@@ -688,6 +688,13 @@ def test_ptx_sm90_grouped_l2_prefetch(ptx):
     prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.tensor\.(\d)d\.L2\.global", text)
     assert sorted(prefetches) == ["2", "2", "3", "3"], prefetches        # A (T, K), B (N, K, E), two paths
     assert "cp.async.bulk.prefetch.tensor" not in ptx["pp_grouped"][1]
+    # one lane issues each (cute.prefetch elects none itself): every prefetch lies after an elect.sync
+    # within its basic block; the warp's 32 prefetches of a tile cost 40% of the Zipf rate (session 38)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if "cp.async.bulk.prefetch.tensor" in line:
+            block = next(p for p in reversed(lines[:i]) if "elect.sync" in p or re.match(r"\$L__\w+:", p))
+            assert "elect.sync" in block, f"prefetch at PTX line {i} is issued by every lane"
 
     def loads(t):
         return sorted(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::\S+", t))

@@ -445,11 +445,14 @@ def _device():
         @cute.jit
         def _l2_prefetch(self, loads, k, k_tiles):
             """With l2_prefetch: the same loads' global tiles l2_prefetch k-tiles on, into L2 (a TMA
-            prefetch: no barrier, no shared memory), while they lie within K."""
+            prefetch: no barrier, no shared memory), while they lie within K. One lane issues it: unlike
+            cute.copy's TMA loads, cute.prefetch elects no lane, and the warp's 32 prefetches of each
+            tile cost 40% of the Zipf rate on an H100 (docs/performance.md, session 38)."""
             if const_expr(self.l2_prefetch > 0):
                 if k + self.l2_prefetch < k_tiles:
-                    for atom, g, _, _ in loads:
-                        cute.prefetch(atom, g[(None, k + self.l2_prefetch)])
+                    with cute.arch.elect_one():
+                        for atom, g, _, _ in loads:
+                            cute.prefetch(atom, g[(None, k + self.l2_prefetch)])
 
         def _group_rows(self, mA, first):
             """The grouped class's A tiles (bM, bK, RestM, RestK, 1) from a group's first row."""
