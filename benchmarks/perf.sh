@@ -6,7 +6,7 @@
 # device tool brings back only a few files from $OUT).
 #   carry: .gpu <cache tarball>        (docs/development.md: make-bundle, build-cache --pack)
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
-# "tests decode model softmax epilogue fp8 grouped fuzz"; also gemm (GEMM_SHAPES, GEMM_S), groupedtune (GROUPEDTUNE_S), groupedorder (GROUPEDORDER_S), groupedprefetch (PREFETCH_DISTANCES, GROUPEDPREFETCH_S), fp8tune, and the policy
+# "tests decode model softmax epilogue fp8 grouped fuzz"; also gemm (GEMM_SHAPES, GEMM_S), groupedtune (GROUPEDTUNE_S), groupedorder (GROUPEDORDER_S), fp8tune, and the policy
 # sweeps longk (LONGK_SHAPES), splitk (SPLITK_SHAPES, SPLITK_S) and cutesplit (CUTESPLIT_SHAPES, CUTESPLIT_S)), TESTS (tests/gpu), TESTS_S (220), MODEL_SUBSET (core),
 # MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
 # FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer: code still switched
@@ -55,18 +55,6 @@ if want groupedorder; then
   # the Zipf forward at the same group sizes in other expert orders, each beside the dense matmul
   stage groupedorder "${GROUPEDORDER_S:-120}" python3 benchmarks/grouped.py --only order --out "$R/order"
   grep -E " vs " "$LOGS/groupedorder.log" | tail -20
-fi
-if want groupedprefetch; then
-  # the switched-off grouped L2 prefetch (XGEMM_GROUPED_L2_PREFETCH, k-tiles; 0 off) on the Zipf case,
-  # each distance its own process, two rounds interleaved; its classes are in the carried cache or
-  # built on request (docs/development.md, "Code switched off")
-  for round in 1 2; do
-    for d in ${PREFETCH_DISTANCES:-0 4 8}; do
-      stage prefetch$d-$round "${GROUPEDPREFETCH_S:-60}" env XGEMM_GROUPED_L2_PREFETCH=$d \
-        python3 benchmarks/grouped.py --only zipf --out "$R/prefetch$d-$round"
-      grep -E "xgemm grouped_mm +[0-9.]+ TFLOP|vs xgemm dense" "$LOGS/prefetch$d-$round.log" | sed "s/^/d=$d r$round /"
-    done
-  done
 fi
 for b in epilogue fp8 grouped; do
   if want $b; then stage $b 130 python3 benchmarks/$b.py --out "$R"; tail -32 "$LOGS/$b.log"; fi

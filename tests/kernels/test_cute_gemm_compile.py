@@ -312,10 +312,6 @@ def ptx(tmp_path_factory):
         "pp_grouped": lambda o: K90.build(K90.Config(128, 192, 2, 1, True, False, 8), "bfloat16", "bfloat16", ROW,
                                           COL, ROW, None, True, (False, True, False, False), 66, "sm_90a", o,
                                           grouped=True),
-        # the same with the switched-off L2 prefetch 8 k-tiles past the loads (GROUPED_L2_PREFETCH)
-        "pp_grouped_l2_prefetch": lambda o: K90.build(K90.Config(128, 192, 2, 1, True, False, 8), "bfloat16",
-                                                      "bfloat16", ROW, COL, ROW, None, True, (False, True, False, False),
-                                                      66, "sm_90a", o, grouped=True, l2_prefetch=8),
         "mma_sm80": lambda o: K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", o),
         "mma_sm80_c": lambda o: K80.build("float16", "float32", COL, COL, COL, ("float16", ROW), True, "sm_90a", o),
     }
@@ -677,42 +673,3 @@ def test_ptx_sm90_grouped_class(ptx):
     assert "ld.local" not in text and "st.local" not in text
     # the dense classes take none of it
     assert "vote.sync.ballot" not in ptx["pp_2x1_unit"][1]
-
-
-@needs_dsl
-def test_ptx_sm90_grouped_l2_prefetch(ptx):
-    """The switched-off L2 prefetch (GROUPED_L2_PREFETCH): the producer's k-loop adds a TMA prefetch
-    into L2 of A's and B's tiles on both load paths (a folded row's and the others), with the same
-    loads as the class without it; the class without it prefetches nothing."""
-    text = ptx["pp_grouped_l2_prefetch"][1]
-    prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.tensor\.(\d)d\.L2\.global", text)
-    assert sorted(prefetches) == ["2", "2", "3", "3"], prefetches        # A (T, K), B (N, K, E), two paths
-    assert "cp.async.bulk.prefetch.tensor" not in ptx["pp_grouped"][1]
-    # one lane issues each (cute.prefetch elects none itself): every prefetch lies after an elect.sync
-    # within its basic block; the warp's 32 prefetches of a tile cost 40% of the Zipf rate (session 38)
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if "cp.async.bulk.prefetch.tensor" in line:
-            block = next(p for p in reversed(lines[:i]) if "elect.sync" in p or re.match(r"\$L__\w+:", p))
-            assert "elect.sync" in block, f"prefetch at PTX line {i} is issued by every lane"
-
-    def loads(t):
-        return sorted(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::\S+", t))
-    assert loads(text) == loads(ptx["pp_grouped"][1])
-
-
-def test_grouped_l2_prefetch_switch(monkeypatch):
-    """GROUPED_L2_PREFETCH: off unless set; its distance reaches the class key and back to the build
-    (cute_cache.warm builds from keys); not a number is an error naming the variable."""
-    monkeypatch.delenv(K90.GROUPED_L2_PREFETCH, raising=False)
-    assert K90.grouped_l2_prefetch() == 0
-    monkeypatch.setenv(K90.GROUPED_L2_PREFETCH, "8")
-    assert K90.grouped_l2_prefetch() == 8
-    monkeypatch.setenv(K90.GROUPED_L2_PREFETCH, "eight")
-    with pytest.raises(ValueError, match=K90.GROUPED_L2_PREFETCH):
-        K90.grouped_l2_prefetch()
-    (plain, _), = K90.grouped_classes("sm_90a", K90.GROUPED_CONFIGS[:1])[:1]
-    (key, build), = K90.grouped_classes("sm_90a", K90.GROUPED_CONFIGS[:1], l2_prefetch=8)[:1]
-    assert key[:-1] == plain and key[-1] == ("l2 prefetch", 8)
-    assert build.keywords == {"grouped": True, "l2_prefetch": 8}
-    assert K90.build_for_key(plain).keywords == {"grouped": True}

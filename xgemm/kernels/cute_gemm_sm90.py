@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Optional, Tuple
 
 from xgemm.core import fp8_checks
@@ -402,7 +401,7 @@ class _Sm90Grouped:
         cfg = Config.from_policy(policy)
         spec = (cfg, problem.a.dtype, problem.out_dtype, ROW, problem.b.majorness, ROW, None, True,
                 (False, True, False, False), max_clusters(sms, cfg), cute_cache.arch_for(problem.device))
-        return (compiled_eager if eager else compiled)(*spec, grouped=True, l2_prefetch=grouped_l2_prefetch())
+        return (compiled_eager if eager else compiled)(*spec, grouped=True)
 
     def run(self, problem, policy: Policy, operands, out, stream) -> None:
         """operands: (A, B, ends) views (ends int32, contiguous); out: D's view."""
@@ -423,19 +422,6 @@ class _Sm90Grouped:
 
     def prebuild(self, arch: str):
         return grouped_classes(arch)
-
-
-# Switched off until a GPU run says whether it pays (docs/development.md, "Code switched off"): the
-# grouped class's producer also prefetches into L2 the tiles this many k-tiles past its loads.
-GROUPED_L2_PREFETCH = "XGEMM_GROUPED_L2_PREFETCH"
-
-
-def grouped_l2_prefetch() -> int:
-    """The grouped class's L2 prefetch distance in k-tiles (GROUPED_L2_PREFETCH; 0, off, unless set)."""
-    text = os.environ.get(GROUPED_L2_PREFETCH, "0")
-    if not text.isdigit():
-        raise ValueError(f"{GROUPED_L2_PREFETCH}={text!r}: a number of k-tiles (0: off)")
-    return int(text)
 
 
 KERNEL = _Sm90Kernel()
@@ -471,11 +457,10 @@ def prebuild_classes(arch: str):
     return items
 
 
-def grouped_classes(arch: str, cfgs=None, l2_prefetch: int = 0):
+def grouped_classes(arch: str, cfgs=None):
     """(key, build) of the grouped class for each config (the policy's candidates by default), in
     bf16 and fp16, D of the inputs' dtype or float32, B N- and K-major (the forward's weights and
-    the backward's transposed ones), on an H200; l2_prefetch: the switched-off L2 prefetch variant
-    (GROUPED_L2_PREFETCH)."""
+    the backward's transposed ones), on an H200."""
     if not arch.startswith("sm_90"):
         return []
     items = []
@@ -484,6 +469,6 @@ def grouped_classes(arch: str, cfgs=None, l2_prefetch: int = 0):
             for out in (ab, "float32"):
                 for b_major in (ROW, COL):
                     key = class_key(cfg, ab, out, ROW, b_major, ROW, None, True, (False, True, False, False),
-                                    max_clusters(H200_SMS, cfg), arch, grouped=True, l2_prefetch=l2_prefetch)
+                                    max_clusters(H200_SMS, cfg), arch, grouped=True)
                     items.append((key, build_for_key(key)))
     return items

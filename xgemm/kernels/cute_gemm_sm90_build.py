@@ -169,7 +169,7 @@ def _device():
 
     class Sm90Gemm:
         def __init__(self, cfg: Config, max_active_clusters: int, has_c: bool, unit_alpha: bool,
-                     epi: Optional[Epi] = None, grouped: bool = False, l2_prefetch: int = 0):
+                     epi: Optional[Epi] = None, grouped: bool = False):
             cfg.check()
             if epi is not None:
                 epi.check()
@@ -197,11 +197,6 @@ def _device():
             self.grouped = grouped
             # a 2x1 grouped class folds a group's last cluster row of at most tile_m rows (Design)
             self.fold = grouped and (cfg.cluster_m, cfg.cluster_n) == (2, 1)
-            # grouped, switched off (GROUPED_L2_PREFETCH): the producer also prefetches into L2 the A
-            # and B tiles this many k-tiles past the ones it loads, for the small groups whose B
-            # comes from DRAM on every k-tile (docs/performance.md, session 37)
-            self.l2_prefetch = l2_prefetch
-            assert grouped or not l2_prefetch, "the L2 prefetch is the grouped class's"
             assert not grouped or (not has_c and epi is None and self.split == 1), "a grouped class is a plain product"
             # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
             self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
@@ -435,24 +430,10 @@ def _device():
             return cpasync.tma_partition(atom, rank, cute.make_layout(ctas), cute.group_modes(s, 0, 2),
                                          cute.group_modes(g, 0, 2))
 
-        def _tma_stage(self, loads, k, index, bar, k_tiles):
-            """A pipeline stage's TMA loads: (atom, global tiles, shared stages, multicast mask) each;
-            then, with l2_prefetch, their prefetch l2_prefetch k-tiles on (_l2_prefetch)."""
+        def _tma_stage(self, loads, k, index, bar):
+            """A pipeline stage's TMA loads: (atom, global tiles, shared stages, multicast mask) each."""
             for atom, g, s, mask in loads:
                 cute.copy(atom, g[(None, k)], s[(None, index)], tma_bar_ptr=bar, mcast_mask=mask)
-            self._l2_prefetch(loads, k, k_tiles)
-
-        @cute.jit
-        def _l2_prefetch(self, loads, k, k_tiles):
-            """With l2_prefetch: the same loads' global tiles l2_prefetch k-tiles on, into L2 (a TMA
-            prefetch: no barrier, no shared memory), while they lie within K. One lane issues it: unlike
-            cute.copy's TMA loads, cute.prefetch elects no lane, and the warp's 32 prefetches of each
-            tile cost 40% of the Zipf rate on an H100 (docs/performance.md, session 38)."""
-            if const_expr(self.l2_prefetch > 0):
-                if k + self.l2_prefetch < k_tiles:
-                    with cute.arch.elect_one():
-                        for atom, g, _, _ in loads:
-                            cute.prefetch(atom, g[(None, k + self.l2_prefetch)])
 
         def _group_rows(self, mA, first):
             """The grouped class's A tiles (bM, bK, RestM, RestK, 1) from a group's first row."""
@@ -951,11 +932,11 @@ def _device():
                                 if folded:
                                     # A's half to both CTAs of the cluster (the mask of the CTAs along M)
                                     self._tma_stage(((tma_atom_af, tAgAf_k, tAsAf, b_mcast_mask),
-                                                     (tma_atom_bf, tBgBf_k, tBsBf, 0)), k_at, prod.index, bar, k_tile_cnt)
+                                                     (tma_atom_bf, tBgBf_k, tBsBf, 0)), k_at, prod.index, bar)
                                 else:
-                                    self._tma_stage(loads, k_at, prod.index, bar, k_tile_cnt)
+                                    self._tma_stage(loads, k_at, prod.index, bar)
                             else:
-                                self._tma_stage(loads, k_at, prod.index, bar, k_tile_cnt)
+                                self._tma_stage(loads, k_at, prod.index, bar)
                             if const_expr(self.block):
                                 cute.copy(tma_atom_sa, tSAg[(None, tc[0], k_first + k_tile)], tSAs[(None, prod.index)],
                                           tma_bar_ptr=bar)
@@ -1347,7 +1328,7 @@ _CUTE_DTYPE = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32
 def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
           c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
           max_clusters: int, arch: str = "sm_90a", extra_options: str = "", *, epi: Optional[Epi] = None,
-          grouped: bool = False, l2_prefetch: int = 0):
+          grouped: bool = False):
     """cute.compile one kernel class against fake tensors with symbolic shapes and strides.
 
     Majorness words are the API's: ROW = last dim contiguous. unit_alpha: a class for alpha == 1
@@ -1360,8 +1341,7 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     None for what the class lacks (Epi.block: scale_m (M, K/128) M-major and scale_n (K/128, N/128)
     row-major, 16-byte aligned, their strides multiples of 4).
     grouped: the grouped class (Design; A and D row-major, no C, no Epi, batched ignored): f(a (T, K),
-    b (E, K, N), d (T, N), ends (E,) int32, stream). l2_prefetch: the grouped class's L2 prefetch
-    distance in k-tiles (0: none; Sm90Gemm).
+    b (E, K, N), d (T, N), ends (E,) int32, stream).
     """
     if _ITEMSIZE[ab] == 1 and (a_major, b_major) != (ROW, COL):
         raise ValueError(f"{NAME}: FP8 operands must be K-major (A row-major, B column-major), got {a_major}/{b_major}")
@@ -1388,7 +1368,7 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
         assert c is None and epi is None and cfg.split == 1 and (a_major, d_major) == (ROW, ROW), "grouped: a plain product"
         e = cute.sym_int()
         ends = make_fake_tensor(cutlass.Int32, (e,), (1,), assumed_align=4)
-        op = Sm90Gemm(cfg, max_clusters, False, True, None, grouped=True, l2_prefetch=l2_prefetch)
+        op = Sm90Gemm(cfg, max_clusters, False, True, None, grouped=True)
         return cute.compile(gemm_grouped, op, fake(ab, m, k, ROW, None), fake(ab, k, n, b_major, e),
                             fake(out, m, n, ROW, None), ends, stream, options=opts)
     a_b, b_b, d_b, c_b = batched
@@ -1451,35 +1431,29 @@ def compile_cached(key: Tuple, build_fn):
 
 def class_key(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: str,
               c: Optional[Tuple[str, str]], unit_alpha: bool, batched: Tuple[bool, bool, bool, bool],
-              max_clusters_: int, arch: str, epi: Optional[Epi] = None, grouped: bool = False,
-              l2_prefetch: int = 0) -> Tuple:
+              max_clusters_: int, arch: str, epi: Optional[Epi] = None, grouped: bool = False) -> Tuple:
     """The compile class: everything build() specializes on, and nothing shape-dependent (a fused
-    epilogue's Epi, or GROUPED_MARK for the grouped class and its L2 prefetch distance, last, only
-    when there is one)."""
+    epilogue's Epi, or GROUPED_MARK for the grouped class, last, only when there is one)."""
     return (NAME, arch, cfg, ab, out, a_major, b_major, d_major, c, unit_alpha, batched, max_clusters_) + (
-        (epi,) if epi is not None else ()) + ((GROUPED_MARK,) if grouped else ()) + (
-        ((L2_PREFETCH_MARK, l2_prefetch),) if l2_prefetch else ())
+        (epi,) if epi is not None else ()) + ((GROUPED_MARK,) if grouped else ())
 
 
 GROUPED_MARK = "grouped"     # class_key's mark of the grouped class
-L2_PREFETCH_MARK = "l2 prefetch"     # ... and of its L2 prefetch distance, (mark, k-tiles)
 
 
-def _builder(spec, epi, grouped=False, l2_prefetch=0):
-    kw = dict(([("epi", epi)] if epi is not None else []) + ([("grouped", True)] if grouped else [])
-              + ([("l2_prefetch", l2_prefetch)] if l2_prefetch else []))
+def _builder(spec, epi, grouped=False):
+    kw = dict(([("epi", epi)] if epi is not None else []) + ([("grouped", True)] if grouped else []))
     return functools.partial(build, *spec, **kw)
 
 
-def compiled(*spec, epi: Optional[Epi] = None, grouped: bool = False, l2_prefetch: int = 0):
-    """The compiled function for build(*spec, epi=epi, grouped=grouped, l2_prefetch=l2_prefetch)
-    (same arguments as class_key)."""
-    return compile_cached(class_key(*spec, epi, grouped, l2_prefetch), _builder(spec, epi, grouped, l2_prefetch))
+def compiled(*spec, epi: Optional[Epi] = None, grouped: bool = False):
+    """The compiled function for build(*spec, epi=epi, grouped=grouped) (same arguments as class_key)."""
+    return compile_cached(class_key(*spec, epi, grouped), _builder(spec, epi, grouped))
 
 
-def compiled_eager(*spec, epi: Optional[Epi] = None, grouped: bool = False, l2_prefetch: int = 0):
+def compiled_eager(*spec, epi: Optional[Epi] = None, grouped: bool = False):
     """compiled(), as eager calls take it (xgemm.runtime.cute_cache.cute_eager: ctypes, no tvm_ffi import)."""
-    return cute_cache.cute_eager(class_key(*spec, epi, grouped, l2_prefetch), _builder(spec, epi, grouped, l2_prefetch))
+    return cute_cache.cute_eager(class_key(*spec, epi, grouped), _builder(spec, epi, grouped))
 
 
 def build_for_key(key: Tuple):
@@ -1487,6 +1461,5 @@ def build_for_key(key: Tuple):
     assert key[0] == NAME, key
     spec = key[2:12] + (key[1],)
     rest = key[12:]
-    prefetch = next((x[1] for x in rest if isinstance(x, tuple) and x[:1] == (L2_PREFETCH_MARK,)), 0)
-    return _builder(spec, next((x for x in rest if isinstance(x, Epi)), None), GROUPED_MARK in rest, prefetch)
+    return _builder(spec, next((x for x in rest if isinstance(x, Epi)), None), GROUPED_MARK in rest)
 
