@@ -303,7 +303,8 @@ def choose_policy(m: int, n: int, k: int, l: int, a_major: str, b_major: str) ->
 # where the fuller 128x128 tiles ran slower.
 GROUPED_CONFIGS = (Config(128, 192, 2, 1, True, False, 8), Config(128, 192, 1, 2, True, False, 8),
                    Config(128, 128, 2, 1, True, False, 8), Config(128, 128, 1, 2, True, False, 8),
-                   Config(128, 256, 1, 2, False, False, 8), Config(256, 128, 2, 1, False, False, 8))
+                   Config(128, 256, 1, 2, False, False, 8), Config(256, 128, 2, 1, False, False, 8),
+                   Config(128, 256, 2, 1, False, False, 8))
 
 
 def group_tiles(rows: int, n: int, cfg: Config) -> int:
