@@ -70,19 +70,28 @@ def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out: 
     return compose.run("gated", a, b, None, 1.0, 0.0, bias, activation, True, out)
 
 
-def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None) -> Any:
+def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None,
+               activation: Optional[str] = None) -> Any:
     """lhs [T, K] in contiguous groups of group_sizes[e] rows, each times rhs[e] [K, N] -> [T, N]
     (jax.lax.ragged_dot's semantics; rows beyond sum(group_sizes) are zeros). Result in lhs's framework;
-    the group sizes are never read on the host."""
+    the group sizes are never read on the host. activation: one of gemm's (applied to the product)
+    or swiglu | geglu | reglu (rhs[e] holds [gate | up] columns, the result act(gate) * up, N / 2
+    wide: an MoE expert's gated MLP input projection); composed after the product (compose.run_grouped)."""
+    if activation is not None:
+        return compose.run_grouped("ragged_dot", ragged_dot, ("lhs", "rhs", "group_sizes"), lhs, rhs, group_sizes,
+                               out_dtype, activation)
     if prepare.torch_op_needed(lhs, rhs):
         from xgemm.torch import grouped_ops
         return grouped_ops.ragged_dot(lhs, rhs, group_sizes, out_dtype=out_dtype)
     return grouped.ragged_dot(lhs, rhs, group_sizes, out_dtype=out_dtype)
 
 
-def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None) -> Any:
+def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, activation: Optional[str] = None) -> Any:
     """torch._grouped_mm's offsets (cumulative group ends): x [T, K], w [E, K, N] -> [T, N];
-    x [M, T], w [T, N] -> [E, M, N]. Rows beyond offs[-1] are zeros (torch leaves them unwritten)."""
+    x [M, T], w [T, N] -> [E, M, N]. Rows beyond offs[-1] are zeros (torch leaves them unwritten).
+    activation: as ragged_dot takes it."""
+    if activation is not None:
+        return compose.run_grouped("grouped_mm", grouped_mm, ("x", "w", "offs"), x, w, offs, out_dtype, activation)
     if prepare.torch_op_needed(x, w):
         from xgemm.torch import grouped_ops
         return grouped_ops.grouped_mm(x, w, offs, out_dtype=out_dtype)
@@ -162,11 +171,15 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
     explain(x) -> softmax, explain(a, b) -> matmul, explain(a, b, c, alpha=, beta=) -> gemm,
     bias= / activation= as gemm() takes them; op="softmax"|"matmul"|"gemm"|"gated" overrides.
     Printing the result gives a few readable lines. op="ragged_dot" | "grouped_mm" with
-    (lhs, rhs, group_sizes) | (x, w, offs) returns those lines as a string (the grouped plan),
+    (lhs, rhs, group_sizes) | (x, w, offs) returns those lines as a string (the grouped plan, and
+    with activation= the epilogue),
     and so does op="scaled_matmul" with (a, b, scale_a, scale_b): where it runs, and the copies an
     FP8 kernel would need (use_fast_accum as scaled_matmul takes it).
     """
     if op in ("ragged_dot", "grouped_mm") and len(arrays) == 3:
+        if activation is not None:
+            names = ("lhs", "rhs", "group_sizes") if op == "ragged_dot" else ("x", "w", "offs")
+            return compose.run_grouped("explain", None, names, *arrays, None, activation, plan_only=True)
         return grouped.explain(op, *arrays)
     if op == "scaled_matmul" and len(arrays) == 4:
         return fp8.explain_scaled_matmul(*arrays, use_fast_accum=use_fast_accum)

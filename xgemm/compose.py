@@ -2,6 +2,7 @@
 
     gemm(a, b, c, alpha=, beta=, bias=, activation=)   D = act(alpha A@B + beta C + bias)
     gated(a, b, bias=, activation="swiglu")             D = act(gate) * up of [gate | up] = A@B + bias
+    ragged_dot / grouped_mm(..., activation=)           act(the grouped product), or its gate (run_grouped)
 
 Where a kernel fuses the epilogue (cute_gemm_sm90's Epi classes: bias + activation, or gated
 with a [gate | up] bias, eager fp16/bf16 on the GPU without autograd), the call is planned with
@@ -17,8 +18,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
-from xgemm import arrays, errors, prepare
-from xgemm.core import checks, epilogues
+from xgemm import arrays, errors, grouped, prepare
+from xgemm.core import checks, epilogues, grouped_checks
 
 
 def _check(fn: str, a: Any, b: Any, c: Any, beta: float, bias: Any, activation: Optional[str], gated: bool):
@@ -129,3 +130,38 @@ def _product(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: fl
         from xgemm.torch import ops as xtorch
         return xtorch.gemm(fn, a, b, c, alpha, beta, acc)
     return prepare.run(prepare.prepare_gemm(fn, a, b, c, alpha, beta, None, out_dtype=acc))
+
+
+def run_grouped(fn: str, entry: Any, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any,
+            activation: Optional[str], *, plan_only: bool = False) -> Any:
+    """ragged_dot / grouped_mm with an activation: `entry` (the public call without one) in float32
+    (float64 for float64 operands), then the activation, or for swiglu / geglu / reglu the gate of
+    the product's [gate | up] halves, in that type, and one cast to the result's dtype. No kernel
+    fuses it yet. Rows in no group are act(0) (zero but for sigmoid's 0.5), as composing the
+    framework's own activation after the product gives. torch fp16/bf16 under autograd: the product
+    in the input dtype and the gate as the op xgemm::gate, as run() does for gated(). plan_only:
+    explain()'s text, the product's plan and the epilogue line."""
+    gated = grouped_checks.activation(fn, activation, names, tuple(b.shape))
+    owner = prepare.owner_of(fn, names[0], a)
+    dt = checks.operand_dtypes(fn, names[:2], arrays.dtype_name(a), arrays.dtype_name(b))
+    want = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
+    acc = "float64" if dt == "float64" else "float32"
+    gate_op = gated and owner == "torch" and dt in checks.HALF and prepare.torch_op_needed(a, b)
+    product_dt = dt if gate_op else acc
+    if plan_only:
+        op = "ragged_dot" if names[0] == "lhs" else "grouped_mm"
+        return (grouped.explain(op, a, b, index, product_dt) + "\n  epilogue: "
+                + epilogues.describe(False, activation, gated, product_dt, owner, gate_op=gate_op))
+    pre = entry(a, b, index, out_dtype=product_dt)
+    if gate_op:
+        from xgemm.torch import ops as xtorch
+        y = xtorch.gate_op(pre.reshape(-1, pre.shape[-1]), activation).reshape(*pre.shape[:-1], pre.shape[-1] // 2)
+    else:
+        if owner == "jax":
+            import jax.numpy as xp
+        else:
+            xp = arrays.namespace(owner)
+        y = epilogues.activate(xp, pre, activation)
+    if owner == "jax":
+        return y.astype(arrays.framework_dtype("jax", want))
+    return arrays.namespace(owner).astype(y, arrays.framework_dtype(owner, want))

@@ -97,6 +97,11 @@ def gate(xp: Any, h: Any, gated: str) -> Any:
     return apply(xp, h[..., :n], GATED[gated]) * h[..., n:]
 
 
+def activate(xp: Any, h: Any, activation: Optional[str]) -> Any:
+    """apply() for a plain activation (or None), gate() for a gated one (a GATED name)."""
+    return gate(xp, h, activation) if activation in GATED else apply(xp, h, activation)
+
+
 def gate_backward(xp: Any, h: Any, dy: Any, gated: str) -> Any:
     """d(act(gate) * up)/dh, given dy of the gated result: [dy * up * act'(gate) | dy * act(gate)]."""
     n = h.shape[-1] // 2

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Sequence, Tuple
 
 from xgemm import errors
+from xgemm.core import epilogues
 from xgemm.core.problem import Device, Operand
 
 INDEX_DTYPES = ("int32", "int64")
@@ -103,3 +104,16 @@ def grouped_mm(fn: str, x: Sequence[int], w: Sequence[int], offs: Sequence[int])
         raise errors.ShapeError(f"{fn}: x has shape {tuple(x)} and w {tuple(w)}; x.shape[1] ({x[1]}) must equal "
                                 f"w.shape[0] ({w[0]}) (the grouped contraction)")
     return GroupedShape(x[1], x[0], x[1], w[1], e, True, (e, x[0], w[1]))
+
+
+def activation(fn: str, name: object, names: Sequence[str], b_shape: Sequence[int]) -> bool:
+    """A grouped product's activation: None, a plain one (epilogues.ACTIVATIONS) or a gated one
+    (epilogues.GATED: B's last dim holds [gate | up], so it must be even). True where gated."""
+    if name is not None and name not in epilogues.ACTIVATIONS and name not in epilogues.GATED:
+        raise errors.EpilogueError(f"{fn}: activation={name!r}; use one of "
+                                   f"{', '.join(epilogues.ACTIVATIONS + tuple(epilogues.GATED))} or None")
+    gated = name in epilogues.GATED
+    if gated and b_shape[-1] % 2:
+        raise errors.ShapeError(f"{fn}: activation={name!r} gates the first half of {names[1]}'s {b_shape[-1]} "
+                                f"columns with the second ([gate | up]); pass {names[1]} with an even last dim")
+    return gated

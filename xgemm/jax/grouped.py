@@ -41,7 +41,7 @@ from jax.interpreters import mlir
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from xgemm import arrays, errors
-from xgemm.core import checks, grouped_checks, layout, policy
+from xgemm.core import checks, epilogues, grouped_checks, layout, policy
 from xgemm.core.problem import COL, ROW, Device
 from xgemm.jax import ffi as jax_ffi
 from xgemm.jax import inputs, lowering
@@ -63,23 +63,40 @@ def _checked(fn: str, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any, 
 
 
 def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: Any = None,
-               fn: str = "ragged_dot") -> jax.Array:
+               activation: Any = None, fn: str = "ragged_dot") -> jax.Array:
     """lhs [T, K] in contiguous groups of group_sizes[e] rows, each times rhs[e] [K, N] -> [T, N].
     preferred_element_type: the result dtype (lhs.dtype by default; float32 allowed for fp16/bf16);
-    fp16/bf16 accumulate in float32. Rows beyond sum(group_sizes) are zeros."""
-    lhs, rhs, sizes, out, _ = _checked(fn, ("lhs", "rhs", "group_sizes"), lhs, rhs, group_sizes,
-                                       preferred_element_type, True)
-    return _jit_ragged_dot(lhs, rhs, sizes, out, ROW)
+    fp16/bf16 accumulate in float32. Rows beyond sum(group_sizes) are zeros. activation: as
+    xgemm.ragged_dot takes it (a gated one halves N), composed after the product (_activated)."""
+    names = ("lhs", "rhs", "group_sizes")
+    gated = grouped_checks.activation(fn, activation, names, jnp.shape(rhs))
+    lhs, rhs, sizes, out, _ = _checked(fn, names, lhs, rhs, group_sizes, preferred_element_type, True)
+    return _activated(lambda dt: _jit_ragged_dot(lhs, rhs, sizes, dt, ROW), lhs.dtype, out, activation, gated)
 
 
-def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, fn: str = "grouped_mm") -> jax.Array:
+def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, activation: Any = None,
+               fn: str = "grouped_mm") -> jax.Array:
     """torch._grouped_mm's convention (offs: each group's end offset, cumulative): x [T, K] with
-    w [E, K, N] -> [T, N], or x [M, T] with w [T, N] -> [E, M, N] (the variable-K product)."""
-    x, w, offs, out, shape = _checked(fn, ("x", "w", "offs"), x, w, offs, out_dtype, False)
+    w [E, K, N] -> [T, N], or x [M, T] with w [T, N] -> [E, M, N] (the variable-K product).
+    activation: as ragged_dot takes it."""
+    names = ("x", "w", "offs")
+    gated = grouped_checks.activation(fn, activation, names, jnp.shape(w))
+    x, w, offs, out, shape = _checked(fn, names, x, w, offs, out_dtype, False)
     sizes = jnp.diff(offs, prepend=jnp.zeros((1,), offs.dtype))
     if shape.ragged_k:
-        return _jit_contract(x.T, w, sizes, out)
-    return _jit_ragged_dot(x, w, sizes, out, ROW)
+        return _activated(lambda dt: _jit_contract(x.T, w, sizes, dt), x.dtype, out, activation, gated)
+    return _activated(lambda dt: _jit_ragged_dot(x, w, sizes, dt, ROW), x.dtype, out, activation, gated)
+
+
+def _activated(product, operand_dtype, out: str, activation: Any, gated: bool) -> jax.Array:
+    """product(out) without an activation; else the product in float32 (float64 for float64
+    operands), the activation (or gate) in that type, and one cast to `out` (compose.run_grouped's
+    numerics, in jax.numpy; jax.grad differentiates the epilogue's ops)."""
+    if activation is None:
+        return product(out)
+    acc = "float64" if np.dtype(operand_dtype) == np.float64 else "float32"
+    y = epilogues.activate(jnp, product(acc), activation)
+    return y.astype(arrays.framework_dtype("jax", out))
 
 
 def ragged_dot_expert_parallel(lhs: Any, rhs: Any, group_sizes: Any, mesh: jax.sharding.Mesh, axis: str, *,
