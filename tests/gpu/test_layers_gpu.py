@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import xgemm  # noqa: E402
 from xgemm.core import fp8_checks  # noqa: E402
 
-from test_epilogues import ACTS, GATED, TOL, ref  # noqa: E402
+from test_epilogues import ACTS, GATED, TOL, act64, ref  # noqa: E402
 from test_fp8 import _deq64  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -124,6 +124,38 @@ def test_grouped_mm_captures_in_a_cuda_graph():
             want_x[start:start + s] = x[start:start + s] @ w[e]
             start += s
         _close(y, want_x, "float32")
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu", "geglu"])
+def test_grouped_activation_on_cuda_forward_and_backward(activation):
+    """MoE expert input projections: the grouped product on its kernel, the activation (or gate)
+    after it, bf16 under autograd (the gate as xgemm::gate), against float64."""
+    sizes = [0, 5, 0, 130, 1, 64, 300]
+    k, n = 64, 96
+    x, w, pre = _groups(sizes, k, n, "bfloat16")
+    x, w, pre = x / 4, w / 4, pre / 16                  # the activations' curved parts
+    gated = activation in GATED
+    h = pre[:, : n // 2] if gated else pre
+    want = (act64(h, {"swiglu": "silu", "geglu": "gelu"}[activation]) * pre[:, n // 2:] if gated
+            else act64(pre, activation))
+    tx, tw = _cuda(x, "bfloat16").requires_grad_(), _cuda(w, "bfloat16").requires_grad_()
+    y = xgemm.ragged_dot(tx, tw, torch.tensor(sizes, dtype=torch.int32, device="cuda"), activation=activation)
+    assert y.is_cuda and y.dtype == torch.bfloat16
+    _close(y.detach(), want, "bfloat16")
+    y.float().sum().backward()
+    xr = torch.from_numpy(x).double().requires_grad_()
+    wr = torch.from_numpy(w).double().requires_grad_()
+    p, start = [], 0
+    for e, s in enumerate(sizes):
+        p.append(xr[start:start + s] @ wr[e])
+        start += s
+    p = torch.cat(p + [torch.zeros(x.shape[0] - start, n, dtype=torch.float64)])
+    fn = torch.nn.functional
+    r = (fn.silu(p[:, : n // 2]) * p[:, n // 2:] if activation == "swiglu" else
+         fn.gelu(p[:, : n // 2]) * p[:, n // 2:] if activation == "geglu" else fn.gelu(p))
+    r.sum().backward()
+    _close(tx.grad, xr.grad.numpy(), "bfloat16")
+    _close(tw.grad, wr.grad.numpy(), "bfloat16")
 
 
 @pytest.mark.parametrize("recipe", ["tensor", "row", "block"])
