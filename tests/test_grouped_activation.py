@@ -154,3 +154,17 @@ def test_explain_names_the_epilogue(fw):
     assert text.startswith("ragged_dot") and "epilogue: swiglu (act(gate) * up), composed after the product" in text
     # the product is planned in float32, as it runs
     assert "float32->float32" in text
+
+
+def test_jax_vmap_over_a_batch_of_token_blocks():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    rng = np.random.default_rng(4)
+    blocks = jnp.asarray(rng.integers(-3, 4, (3, T, K)) / 4.0, jnp.float32)
+    rhs = jnp.asarray(operands()[1], jnp.float32)
+    sizes = jnp.asarray(SIZES, jnp.int32)
+    got = jax.vmap(lambda a: xgemm.ragged_dot(a, rhs, sizes, activation="swiglu"))(blocks)
+    for a, y in zip(blocks, got):
+        want = act_ref(product_ref(torch.tensor(np.asarray(a)), torch.tensor(np.asarray(rhs)), SIZES),
+                       "swiglu").numpy()
+        np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-6)
