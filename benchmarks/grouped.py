@@ -15,6 +15,8 @@ Cases (bf16, the issue's acceptance):
   uneven     E=8, T=16384, K=4096, N=7168, group sizes 2048 +- up to 1000 (seeded), summing to T:
              forward x [T, K] @ w[e] [K, N] per group; xgemm.grouped_mm vs torch._grouped_mm, quack's
              gemm(x, w, cu_seqlens_m=...), and a cuBLAS loop (host-known sizes, the peer's advantage).
+  uneven_swiglu  the same product as an expert's gated input projection (w[e] = [gate | up]):
+             grouped_mm(..., activation="swiglu") vs torch._grouped_mm then silu(gate) * up.
   uneven_drhs  the weight gradient of the same layer, the variable-K product x_g^T @ dy_g -> [E, K, N]:
              xgemm.grouped_mm(x.T, dy, offs) vs torch._grouped_mm(x.T, dy, offs) and a cuBLAS loop.
   zipf       E=64, T=65536, K=N=4096, Zipf(1.2)-skewed sizes with the last 4 experts empty: the forward
@@ -197,9 +199,37 @@ def drhs_case(torch, name, cfg, sizes, args, log) -> list:
                                       log)
 
 
+def swiglu_case(torch, name, cfg, sizes, args, log) -> list:
+    """An MoE expert's gated input projection at the uneven sizes: w[e] holds [gate | up] (N = 2H),
+    the result silu(gate) * up [T, H]. xgemm.grouped_mm(..., activation="swiglu") (composed after
+    the product) against torch._grouped_mm followed by torch's silu and product; the product's FLOPs."""
+    import xgemm
+    e, t, k, n = cfg["E"], cfg["T"], cfg["K"], cfg["N"]
+    x, w, offs = _operands(torch, e, t, k, n, sizes)
+    half = n // 2
+    f = torch.nn.functional
+    pre = _ref_forward(torch, x, w, sizes)
+    ref = f.silu(pre[:, :half]) * pre[:, half:]
+    del pre
+
+    def torch_swiglu():
+        h = torch._grouped_mm(x, w, offs, out_dtype=torch.bfloat16)
+        return f.silu(h[:, :half]) * h[:, half:]
+    out = {}
+    impls = {"xgemm grouped_mm swiglu": lambda i: out.__setitem__(
+                 "xgemm grouped_mm swiglu", xgemm.grouped_mm(x, w, offs, activation="swiglu")),
+             "torch._grouped_mm + silu * up": lambda i: out.__setitem__("torch._grouped_mm + silu * up",
+                                                                        torch_swiglu())}
+    records, by_name = h.time_checked(name, (e, t, k, n), "bfloat16", 2 * t * k * n, "TFLOP/s", impls, out,
+                                      dict.fromkeys(impls, ref), *_counts(args, log, name, x, w, offs), log)
+    return records + h.paired_records(name, (e, t, k, n), "bfloat16", "xgemm grouped_mm swiglu", by_name, log)
+
+
 def run_torch(args, log) -> list:
     import torch
     records = forward_case(torch, "uneven", UNEVEN, uneven_sizes(UNEVEN["E"], UNEVEN["T"]), args, log)
+    torch.cuda.empty_cache()
+    records += swiglu_case(torch, "uneven_swiglu", UNEVEN, uneven_sizes(UNEVEN["E"], UNEVEN["T"]), args, log)
     torch.cuda.empty_cache()
     records += drhs_case(torch, "uneven_drhs", UNEVEN, uneven_sizes(UNEVEN["E"], UNEVEN["T"]), args, log)
     torch.cuda.empty_cache()
