@@ -78,8 +78,7 @@ def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None,
     or swiglu | geglu | reglu (rhs[e] holds [gate | up] columns, the result act(gate) * up, N / 2
     wide: an MoE expert's gated MLP input projection); composed after the product (compose.run_grouped)."""
     if activation is not None:
-        return compose.run_grouped("ragged_dot", ragged_dot, ("lhs", "rhs", "group_sizes"), lhs, rhs, group_sizes,
-                               out_dtype, activation)
+        return compose.run_grouped("ragged_dot", ragged_dot, lhs, rhs, group_sizes, out_dtype, activation)
     if prepare.torch_op_needed(lhs, rhs):
         from xgemm.torch import grouped_ops
         return grouped_ops.ragged_dot(lhs, rhs, group_sizes, out_dtype=out_dtype)
@@ -91,7 +90,7 @@ def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, activation: 
     x [M, T], w [T, N] -> [E, M, N]. Rows beyond offs[-1] are zeros (torch leaves them unwritten).
     activation: as ragged_dot takes it."""
     if activation is not None:
-        return compose.run_grouped("grouped_mm", grouped_mm, ("x", "w", "offs"), x, w, offs, out_dtype, activation)
+        return compose.run_grouped("grouped_mm", grouped_mm, x, w, offs, out_dtype, activation)
     if prepare.torch_op_needed(x, w):
         from xgemm.torch import grouped_ops
         return grouped_ops.grouped_mm(x, w, offs, out_dtype=out_dtype)
@@ -178,8 +177,7 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
     """
     if op in ("ragged_dot", "grouped_mm") and len(arrays) == 3:
         if activation is not None:
-            names = ("lhs", "rhs", "group_sizes") if op == "ragged_dot" else ("x", "w", "offs")
-            return compose.run_grouped("explain", None, names, *arrays, None, activation, plan_only=True)
+            return compose.run_grouped(op, None, *arrays, None, activation, fn="explain", plan_only=True)
         return grouped.explain(op, *arrays)
     if op == "scaled_matmul" and len(arrays) == 4:
         return fp8.explain_scaled_matmul(*arrays, use_fast_accum=use_fast_accum)

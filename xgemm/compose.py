@@ -95,8 +95,7 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
     if bias is not None:
         pre = pre + xp.astype(bias, pre.dtype)
     if gate_op:
-        from xgemm.torch import ops as xtorch
-        y = xtorch.gate_op(pre.reshape(-1, pre.shape[-1]), activation).reshape(*pre.shape[:-1], pre.shape[-1] // 2)
+        y = _torch_gate(pre, activation)
     else:
         y = epilogues.gate(xp, pre, activation) if gated else epilogues.apply(xp, pre, activation)
     out_dt = arrays.dtype_name(out) if out is not None else dt
@@ -132,36 +131,39 @@ def _product(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: fl
     return prepare.run(prepare.prepare_gemm(fn, a, b, c, alpha, beta, None, out_dtype=acc))
 
 
-def run_grouped(fn: str, entry: Any, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any,
-            activation: Optional[str], *, plan_only: bool = False) -> Any:
-    """ragged_dot / grouped_mm with an activation: `entry` (the public call without one) in float32
-    (float64 for float64 operands), then the activation, or for swiglu / geglu / reglu the gate of
-    the product's [gate | up] halves, in that type, and one cast to the result's dtype. No kernel
-    fuses it yet. Rows in no group are act(0) (zero but for sigmoid's 0.5), as composing the
+def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any, activation: Optional[str], *,
+                fn: Optional[str] = None, plan_only: bool = False) -> Any:
+    """ragged_dot / grouped_mm (op) with an activation: `entry` (the public call without one) in
+    float32 (float64 for float64 operands), then the activation, or for swiglu / geglu / reglu the
+    gate of the product's [gate | up] halves, in that type, and one cast to the result's dtype. No
+    kernel fuses it yet. Rows in no group are act(0) (zero but for sigmoid's 0.5), as composing the
     framework's own activation after the product gives. torch fp16/bf16 under autograd: the product
-    in the input dtype and the gate as the op xgemm::gate, as run() does for gated(). plan_only:
-    explain()'s text, the product's plan and the epilogue line."""
+    in the input dtype and the gate as the op xgemm::gate, as run() does for gated(). JAX arrays:
+    xgemm.jax composes it the same way. plan_only: explain()'s text, the product's plan and the
+    epilogue line."""
+    fn = fn or op
+    names = grouped_checks.ARG_NAMES[op]
     gated = grouped_checks.activation(fn, activation, names, tuple(b.shape))
     owner = prepare.owner_of(fn, names[0], a)
     dt = checks.operand_dtypes(fn, names[:2], arrays.dtype_name(a), arrays.dtype_name(b))
-    want = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
-    acc = "float64" if dt == "float64" else "float32"
     gate_op = gated and owner == "torch" and dt in checks.HALF and prepare.torch_op_needed(a, b)
-    product_dt = dt if gate_op else acc
+    product_dt = dt if gate_op else "float64" if dt == "float64" else "float32"
     if plan_only:
-        op = "ragged_dot" if names[0] == "lhs" else "grouped_mm"
         return (grouped.explain(op, a, b, index, product_dt) + "\n  epilogue: "
                 + epilogues.describe(False, activation, gated, product_dt, owner, gate_op=gate_op))
-    pre = entry(a, b, index, out_dtype=product_dt)
-    if gate_op:
-        from xgemm.torch import ops as xtorch
-        y = xtorch.gate_op(pre.reshape(-1, pre.shape[-1]), activation).reshape(*pre.shape[:-1], pre.shape[-1] // 2)
-    else:
-        if owner == "jax":
-            import jax.numpy as xp
-        else:
-            xp = arrays.namespace(owner)
-        y = epilogues.activate(xp, pre, activation)
     if owner == "jax":
-        return y.astype(arrays.framework_dtype("jax", want))
-    return arrays.namespace(owner).astype(y, arrays.framework_dtype(owner, want))
+        from xgemm.jax import grouped as jax_grouped
+        if op == "ragged_dot":
+            return jax_grouped.ragged_dot(a, b, index, preferred_element_type=out_dtype, activation=activation, fn=fn)
+        return jax_grouped.grouped_mm(a, b, index, out_dtype=out_dtype, activation=activation, fn=fn)
+    want = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
+    pre = entry(a, b, index, out_dtype=product_dt)
+    xp = arrays.namespace(owner)
+    y = _torch_gate(pre, activation) if gate_op else epilogues.activate(xp, pre, activation)
+    return xp.astype(y, arrays.framework_dtype(owner, want))
+
+
+def _torch_gate(pre: Any, activation: str) -> Any:
+    """act(gate) * up of a torch [..., 2n] pre-activation through the op xgemm::gate (2-D)."""
+    from xgemm.torch import ops as xtorch
+    return xtorch.gate_op(pre.reshape(-1, pre.shape[-1]), activation).reshape(*pre.shape[:-1], pre.shape[-1] // 2)

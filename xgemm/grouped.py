@@ -64,11 +64,11 @@ def _check(fn: str, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any, ra
 
 
 def check_ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, out_dtype: Any = None, *, fn: str = "ragged_dot") -> Checked:
-    return _check(fn, ("lhs", "rhs", "group_sizes"), lhs, rhs, group_sizes, out_dtype, True)
+    return _check(fn, grouped_checks.ARG_NAMES["ragged_dot"], lhs, rhs, group_sizes, out_dtype, True)
 
 
 def check_grouped_mm(x: Any, w: Any, offs: Any, out_dtype: Any = None, *, fn: str = "grouped_mm") -> Checked:
-    return _check(fn, ("x", "w", "offs"), x, w, offs, out_dtype, False)
+    return _check(fn, grouped_checks.ARG_NAMES["grouped_mm"], x, w, offs, out_dtype, False)
 
 
 def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None, fn: str = "ragged_dot") -> Any:

@@ -14,6 +14,8 @@ from xgemm.core import epilogues
 from xgemm.core.problem import Device, Operand
 
 INDEX_DTYPES = ("int32", "int64")
+# each entry's argument names, as its errors name them
+ARG_NAMES = {"ragged_dot": ("lhs", "rhs", "group_sizes"), "grouped_mm": ("x", "w", "offs")}
 
 
 class GroupedShape(NamedTuple):

@@ -68,10 +68,10 @@ def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: 
     preferred_element_type: the result dtype (lhs.dtype by default; float32 allowed for fp16/bf16);
     fp16/bf16 accumulate in float32. Rows beyond sum(group_sizes) are zeros. activation: as
     xgemm.ragged_dot takes it (a gated one halves N), composed after the product (_activated)."""
-    names = ("lhs", "rhs", "group_sizes")
-    gated = grouped_checks.activation(fn, activation, names, jnp.shape(rhs))
+    names = grouped_checks.ARG_NAMES["ragged_dot"]
     lhs, rhs, sizes, out, _ = _checked(fn, names, lhs, rhs, group_sizes, preferred_element_type, True)
-    return _activated(lambda dt: _jit_ragged_dot(lhs, rhs, sizes, dt, ROW), lhs.dtype, out, activation, gated)
+    grouped_checks.activation(fn, activation, names, rhs.shape)
+    return _activated(lambda dt: _jit_ragged_dot(lhs, rhs, sizes, dt, ROW), lhs.dtype, out, activation)
 
 
 def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, activation: Any = None,
@@ -79,16 +79,16 @@ def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, activation: 
     """torch._grouped_mm's convention (offs: each group's end offset, cumulative): x [T, K] with
     w [E, K, N] -> [T, N], or x [M, T] with w [T, N] -> [E, M, N] (the variable-K product).
     activation: as ragged_dot takes it."""
-    names = ("x", "w", "offs")
-    gated = grouped_checks.activation(fn, activation, names, jnp.shape(w))
+    names = grouped_checks.ARG_NAMES["grouped_mm"]
     x, w, offs, out, shape = _checked(fn, names, x, w, offs, out_dtype, False)
+    grouped_checks.activation(fn, activation, names, w.shape)
     sizes = jnp.diff(offs, prepend=jnp.zeros((1,), offs.dtype))
     if shape.ragged_k:
-        return _activated(lambda dt: _jit_contract(x.T, w, sizes, dt), x.dtype, out, activation, gated)
-    return _activated(lambda dt: _jit_ragged_dot(x, w, sizes, dt, ROW), x.dtype, out, activation, gated)
+        return _activated(lambda dt: _jit_contract(x.T, w, sizes, dt), x.dtype, out, activation)
+    return _activated(lambda dt: _jit_ragged_dot(x, w, sizes, dt, ROW), x.dtype, out, activation)
 
 
-def _activated(product, operand_dtype, out: str, activation: Any, gated: bool) -> jax.Array:
+def _activated(product, operand_dtype, out: str, activation: Any) -> jax.Array:
     """product(out) without an activation; else the product in float32 (float64 for float64
     operands), the activation (or gate) in that type, and one cast to `out` (compose.run_grouped's
     numerics, in jax.numpy; jax.grad differentiates the epilogue's ops)."""
@@ -114,7 +114,7 @@ def ragged_dot_expert_parallel(lhs: Any, rhs: Any, group_sizes: Any, mesh: jax.s
     Result [D*C, N], sharded over rows like lhs. Other mesh axes: operands replicated over them.
     Each device runs ragged_dot(its block, its experts, their sizes); grads (custom_vjp) shard alike.
     """
-    lhs, rhs, sizes, out, shape = _checked(fn, ("lhs", "rhs", "group_sizes"), lhs, rhs, group_sizes,
+    lhs, rhs, sizes, out, shape = _checked(fn, grouped_checks.ARG_NAMES["ragged_dot"], lhs, rhs, group_sizes,
                                            preferred_element_type, True)
     if axis not in mesh.shape:
         raise errors.ShapeError(f"{fn}: axis {axis!r} is not an axis of the mesh {dict(mesh.shape)}; "
@@ -177,7 +177,7 @@ def _grouped_reference(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW):
 def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None) -> str:
     """The plan xgemm.jax's ragged_dot / grouped_mm lowers to for these arrays' platform: the
     grouped kernel's custom call on a Hopper GPU, else XLA's ragged dot."""
-    names = ("lhs", "rhs", "group_sizes") if op == "ragged_dot" else ("x", "w", "offs")
+    names = grouped_checks.ARG_NAMES[op]
     a, b, index, out, shape = _checked("explain", names, a, b, index, out_dtype, op == "ragged_dot")
     # as the custom_vjp functions bind it: ragged_k's x [M, T] asked column-major (x^T's rows)
     problem = _grouped_problem(a, b, index, out, COL if shape.ragged_k else ROW, ROW)
