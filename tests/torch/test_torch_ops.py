@@ -46,6 +46,7 @@ def test_no_grad_inputs_skip_the_op_and_errors_still_raise():
 
 
 def test_torch_compile_traces_the_op():
+    from xgemm.torch import ops  # noqa: F401  (registers torch.ops.xgemm; import xgemm alone does not)
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     f = torch.compile(lambda a, b: torch.ops.xgemm.gemm(a, b, None, 1.0, 0.0).relu(), fullgraph=True)
     torch.testing.assert_close(f(a, b), (a @ b).relu())
