@@ -16,7 +16,8 @@ Cases (bf16, the issue's acceptance):
              forward x [T, K] @ w[e] [K, N] per group; xgemm.grouped_mm vs torch._grouped_mm, quack's
              gemm(x, w, cu_seqlens_m=...), and a cuBLAS loop (host-known sizes, the peer's advantage).
   uneven_swiglu  the same product as an expert's gated input projection (w[e] = [gate | up]):
-             grouped_mm(..., activation="swiglu") vs torch._grouped_mm then silu(gate) * up.
+             grouped_mm(..., activation="swiglu") (the gate fused into the grouped class) vs
+             torch._grouped_mm then silu(gate) * up, and xgemm's product then the same torch ops.
   uneven_drhs  the weight gradient of the same layer, the variable-K product x_g^T @ dy_g -> [E, K, N]:
              xgemm.grouped_mm(x.T, dy, offs) vs torch._grouped_mm(x.T, dy, offs) and a cuBLAS loop.
   zipf       E=64, T=65536, K=N=4096, Zipf(1.2)-skewed sizes with the last 4 experts empty: the forward
@@ -201,8 +202,9 @@ def drhs_case(torch, name, cfg, sizes, args, log) -> list:
 
 def swiglu_case(torch, name, cfg, sizes, args, log) -> list:
     """An MoE expert's gated input projection at the uneven sizes: w[e] holds [gate | up] (N = 2H),
-    the result silu(gate) * up [T, H]. xgemm.grouped_mm(..., activation="swiglu") (composed after
-    the product) against torch._grouped_mm followed by torch's silu and product; the product's FLOPs."""
+    the result silu(gate) * up [T, H]. xgemm.grouped_mm(..., activation="swiglu") (fused into the
+    grouped class's epilogue) against torch._grouped_mm followed by torch's silu and product, and
+    xgemm's bf16 product followed by the same (what fusing saves); the product's FLOPs."""
     import xgemm
     e, t, k, n = cfg["E"], cfg["T"], cfg["K"], cfg["N"]
     x, w, offs = _operands(torch, e, t, k, n, sizes)
@@ -212,14 +214,16 @@ def swiglu_case(torch, name, cfg, sizes, args, log) -> list:
     ref = f.silu(pre[:, :half]) * pre[:, half:]
     del pre
 
-    def torch_swiglu():
-        h = torch._grouped_mm(x, w, offs, out_dtype=torch.bfloat16)
+    def gate(h):
         return f.silu(h[:, :half]) * h[:, half:]
     out = {}
     impls = {"xgemm grouped_mm swiglu": lambda i: out.__setitem__(
                  "xgemm grouped_mm swiglu", xgemm.grouped_mm(x, w, offs, activation="swiglu")),
-             "torch._grouped_mm + silu * up": lambda i: out.__setitem__("torch._grouped_mm + silu * up",
-                                                                        torch_swiglu())}
+             "torch._grouped_mm + silu * up": lambda i: out.__setitem__(
+                 "torch._grouped_mm + silu * up", gate(torch._grouped_mm(x, w, offs, out_dtype=torch.bfloat16))),
+             "xgemm grouped_mm + silu * up": lambda i: out.__setitem__(
+                 "xgemm grouped_mm + silu * up", gate(xgemm.grouped_mm(x, w, offs)))}
+    log(xgemm.explain(x, w, offs, op="grouped_mm", activation="swiglu"))
     records, by_name = h.time_checked(name, (e, t, k, n), "bfloat16", 2 * t * k * n, "TFLOP/s", impls, out,
                                       dict.fromkeys(impls, ref), *_counts(args, log, name, x, w, offs), log)
     return records + h.paired_records(name, (e, t, k, n), "bfloat16", "xgemm grouped_mm swiglu", by_name, log)

@@ -168,3 +168,44 @@ def test_jax_vmap_over_a_batch_of_token_blocks():
         want = act_ref(product_ref(torch.tensor(np.asarray(a)), torch.tensor(np.asarray(rhs)), SIZES),
                        "swiglu").numpy()
         np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("entry", ["ragged_dot", "grouped_mm"])
+def test_eager_half_calls_ask_for_the_fused_class_first(entry, monkeypatch):
+    """Eager torch fp16/bf16 calls without autograd ask grouped.run_fused (the grouped class with
+    the gate in its epilogue) and return what it runs; where it declines (None: no CUDA kernel
+    takes the problem, as here on the CPU) or autograd needs the op, the activation is composed."""
+    from xgemm import grouped
+    lhs, rhs = operands()
+    asked = []
+
+    def fused(op, a, b, idx, out_dtype, activation, *, fn, plan_only=False):
+        asked.append((op, out_dtype, activation, fn, plan_only))
+        return None if len(asked) > 1 else "ran fused"
+    monkeypatch.setattr(grouped, "run_fused", fused)
+    idx = index(SIZES if entry == "ragged_dot" else np.cumsum(SIZES), "torch")
+    x, w = make(lhs, "torch", "bfloat16"), make(rhs, "torch", "bfloat16")
+    call = getattr(xgemm, entry)
+    assert call(x, w, idx, activation="swiglu") == "ran fused"
+    assert asked == [(entry, "bfloat16", "swiglu", entry, False)]
+    y = call(x, w, idx, activation="swiglu", out_dtype="float32")          # declined: composed
+    assert asked[-1][1] == "float32" and y.shape == (T, N // 2) and y.dtype == torch.float32
+    want = act_ref(product_ref(torch.tensor(lhs).bfloat16(), torch.tensor(rhs).bfloat16(), SIZES), "swiglu")
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
+    n = len(asked)
+    call(x.requires_grad_(), w, idx, activation="swiglu")                 # autograd: composed, not asked
+    call(make(lhs, "torch", "float32"), make(rhs, "torch", "float32"), idx, activation="swiglu")   # fp32: composed
+    assert len(asked) == n
+
+
+def test_run_fused_declines_where_no_kernel_fuses():
+    """On the CPU the grouped plan is the reference, so run_fused declines (the caller composes); it
+    declines JAX arrays and the variable-K product outright."""
+    from xgemm import grouped
+    lhs, rhs = operands()
+    x, w = make(lhs, "torch", "bfloat16"), make(rhs, "torch", "bfloat16")
+    offs = index(np.cumsum(SIZES), "torch")
+    assert grouped.run_fused("grouped_mm", x, w, offs, None, "swiglu", fn="grouped_mm") is None
+    assert grouped.run_fused("grouped_mm", x, w, offs, None, "swiglu", fn="explain", plan_only=True) is None
+    dy = make(np.ones((T, N)), "torch", "bfloat16")
+    assert grouped.run_fused("grouped_mm", x.T, dy, offs, None, "gelu", fn="grouped_mm") is None      # variable K

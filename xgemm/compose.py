@@ -5,8 +5,9 @@
     ragged_dot / grouped_mm(..., activation=)           act(the grouped product), or its gate (run_grouped)
 
 Where a kernel fuses the epilogue (cute_gemm_sm90's Epi classes: bias + activation, or gated
-with a [gate | up] bias, eager fp16/bf16 on the GPU without autograd), the call is planned with
-it (a gated one with activation = the gated name) and that kernel writes D once. Otherwise the product runs through the usual kernels with a
+with a [gate | up] bias; its grouped class: an activation or a gate; eager fp16/bf16 on the GPU
+without autograd), the call is planned with it (a gated one with activation = the gated name) and
+that kernel writes D once. Otherwise the product runs through the usual kernels with a
 float32 result (float64 for float64 operands), the epilogue runs on it with the framework's own
 ops in that type (core/epilogues.py), and the result is cast once: the numerics of a fused fp32
 epilogue, at the cost of one more pass over D. The product is xgemm's (for torch under autograd
@@ -133,14 +134,15 @@ def _product(fn: str, owner: str, a: Any, b: Any, c: Any, alpha: float, beta: fl
 
 def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any, activation: Optional[str], *,
                 fn: Optional[str] = None, plan_only: bool = False) -> Any:
-    """ragged_dot / grouped_mm (op) with an activation: `entry` (the public call without one) in
-    float32 (float64 for float64 operands), then the activation, or for swiglu / geglu / reglu the
-    gate of the product's [gate | up] halves, in that type, and one cast to the result's dtype. No
-    kernel fuses it yet. Rows in no group are act(0) (zero but for sigmoid's 0.5), as composing the
+    """ragged_dot / grouped_mm (op) with an activation: for eager torch / CuPy fp16/bf16 operands,
+    fused into the grouped kernel's epilogue where one takes the problem (grouped.run_fused: float32
+    accumulator, the activation, one rounding). Otherwise composed: `entry` (the public call
+    without one) in float32 (float64 for float64 operands), then the activation, or for swiglu /
+    geglu / reglu the gate of the product's [gate | up] halves, in that type, and one cast to the
+    result's dtype. Rows in no group are act(0) (zero but for sigmoid's 0.5), as composing the
     framework's own activation after the product gives. torch fp16/bf16 under autograd: the product
     in the input dtype and the gate as the op xgemm::gate, as run() does for gated(). JAX arrays:
-    xgemm.jax composes it the same way. plan_only: explain()'s text, the product's plan and the
-    epilogue line."""
+    xgemm.jax composes it the same way. plan_only: explain()'s text, the plan and the epilogue line."""
     fn = fn or op
     names = grouped_checks.ARG_NAMES[op]
     gated = grouped_checks.activation(fn, activation, names, tuple(b.shape))
@@ -148,6 +150,14 @@ def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any,
     dt = checks.operand_dtypes(fn, names[:2], arrays.dtype_name(a), arrays.dtype_name(b))
     gate_op = gated and owner == "torch" and dt in checks.HALF and prepare.torch_op_needed(a, b)
     product_dt = dt if gate_op else "float64" if dt == "float64" else "float32"
+    if owner in ("torch", "cupy") and dt in checks.HALF and not prepare.torch_op_needed(a, b):
+        want = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
+        fused = grouped.run_fused(op, a, b, index, want, activation, fn=fn, plan_only=plan_only)
+        if fused is not None and plan_only:
+            fused.epilogue = epilogues.describe(False, activation, gated, "float32", owner, fused.kernel.name)
+            return f"{op}: {fused}"
+        if fused is not None:
+            return fused
     if plan_only:
         return (grouped.explain(op, a, b, index, product_dt) + "\n  epilogue: "
                 + epilogues.describe(False, activation, gated, product_dt, owner, gate_op=gate_op))

@@ -17,7 +17,8 @@ Triton kernel (kernels/triton_grouped_sm90.py), each finding a tile's group on t
 elsewhere, or for what both decline, the embedded default (kernels/reference.py), a masked product
 per group in the framework's own ops. Neither reads the group sizes on the host (no
 device synchronization: CUDA-graph capturable, and a torch.compile trace has no data-dependent
-branch). fp16/bf16 accumulate in float32, float64 in float64.
+branch). fp16/bf16 accumulate in float32, float64 in float64. run_fused() asks for an activation
+or gate in the grouped class's epilogue (compose.run_grouped composes it where none fuses it).
 
 Autograd and torch.compile: torch tensors that need them go through the torch.library op
 xgemm::grouped_mm (torch/grouped_ops.py, which calls back into this module's eager path); that
@@ -25,7 +26,7 @@ routing is the public entry's (api.py), as for gemm, since the op imports this m
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 from xgemm import arrays, errors, prepare
 from xgemm.core import checks, grouped_checks, layout, policy
@@ -105,13 +106,31 @@ def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None) -> str:
     return f"{op}: " + str(_plan(c)[0])
 
 
-def _plan(c: Checked):
+def run_fused(op: str, a: Any, b: Any, index: Any, out_dtype: Any, activation: str, *, fn: str,
+              plan_only: bool = False) -> Any:
+    """ragged_dot / grouped_mm (op) with `activation` (gemm's, or a gate over rhs's [gate | up]
+    columns) fused into the grouped kernel's epilogue: the result (with plan_only, the Plan), or
+    None where no kernel fuses it (JAX arrays, the variable-K product, no GPU kernel takes the
+    problem), and the caller composes it (compose.run_grouped)."""
+    c = (check_ragged_dot if op == "ragged_dot" else check_grouped_mm)(a, b, index, out_dtype, fn=fn)
+    if c.owner == "jax" or c.shape.ragged_k:
+        return None
+    planned = _plan(c, activation)
+    if planned[0].kernel.name == "reference":       # a plan naming the reference means "compose"
+        return None
+    if plan_only:
+        return planned[0]
+    ends = arrays.namespace(c.owner).cumulative_sum(c.index) if op == "ragged_dot" else c.index
+    return run(c, ends, planned=planned)
+
+
+def _plan(c: Checked, activation: Optional[str] = None):
     """(plan, A view, B view, the majorness each must be copied to or None): the plan of the
     operands as they are or, where only the kernel-friendly layouts (_READS) would get a kernel,
     of those, with the copies they take recorded for explain()."""
     va, vb = arrays.view(c.a, "a", "grouped"), arrays.view(c.b, "b", "grouped")
     ops = (arrays.operand(va), arrays.operand(vb))
-    plan = policy.choose("grouped", _problem(c, ops, va.device))
+    plan = policy.choose("grouped", _problem(c, ops, va.device, activation))
     if plan.kernel.name != "reference":
         return plan, va, vb, (None, None)
     want = _READS[c.shape.ragged_k]
@@ -120,7 +139,7 @@ def _plan(c: Checked):
         return plan, va, vb, moves
     fresh = tuple(op if move is None else layout.dense_operand(op.shape, op.dtype, ITEMSIZE[op.dtype], move)
                   for op, move in zip(ops, moves))
-    staged = policy.choose("grouped", _problem(c, fresh, va.device))
+    staged = policy.choose("grouped", _problem(c, fresh, va.device, activation))
     if staged.kernel.name == "reference":
         return plan, va, vb, (None, None)
     staged.declined = list(plan.declined)
@@ -134,8 +153,8 @@ def _plan(c: Checked):
 _READS = {False: (ROW, ROW), True: (COL, ROW)}
 
 
-def _problem(c: Checked, ops, device) -> grouped_checks.GroupedProblem:
-    return grouped_checks.GroupedProblem(c.shape, ops[0], ops[1], c.out_dtype, c.owner, device)
+def _problem(c: Checked, ops, device, activation: Optional[str] = None) -> grouped_checks.GroupedProblem:
+    return grouped_checks.GroupedProblem(c.shape, ops[0], ops[1], c.out_dtype, c.owner, device, activation)
 
 
 def _moved(v: arrays.ArrayView, major, name: str) -> arrays.ArrayView:
@@ -149,13 +168,14 @@ def _moved(v: arrays.ArrayView, major, name: str) -> arrays.ArrayView:
     return arrays.view(t.obj.T, name, "grouped")
 
 
-def run(c: Checked, ends: Any, out: Any = None) -> Any:
-    """Run the chosen kernel; `ends` are the groups' end offsets, on the device. (The kernel
-    declines an empty problem: the embedded default makes its zeros.) `out`: an array of the
-    result's shape and dtype to write (the GPU tests hand in a NaN-filled one), else a new one."""
-    plan, va, vb, moves = _plan(c)
+def run(c: Checked, ends: Any, out: Any = None, *, planned=None) -> Any:
+    """Run the chosen kernel (or planned's: a _plan() result); `ends` are the groups' end offsets,
+    on the device. (The kernel declines an empty problem: the embedded default makes its zeros.)
+    `out`: an array of the result's shape and dtype to write (the GPU tests hand in a NaN-filled
+    one), else a new one."""
+    plan, va, vb, moves = planned or _plan(c)
     if plan.kernel.name != "reference":
-        out = arrays.empty(c.owner, c.shape.out, c.out_dtype, va.device, c.a) if out is None else out
+        out = arrays.empty(c.owner, plan.problem.out_shape, c.out_dtype, va.device, c.a) if out is None else out
         # dense, 16-byte aligned int32, as the kernels read them: such ends are read in place (a captured
         # graph replays their new values), any others copied
         v = arrays.view(ends, "ends", "grouped")

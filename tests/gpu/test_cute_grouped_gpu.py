@@ -134,3 +134,87 @@ def test_routed_call_reads_or_copies_the_offsets(kind):
         offs = ends.cuda()
     got = xgemm.grouped_mm(x, w, offs)
     torch.testing.assert_close(got.double(), _want(x, w, sizes, n, "bfloat16"), rtol=0, atol=0)
+
+
+_GATE = {"swiglu": torch.nn.functional.silu, "geglu": torch.nn.functional.gelu, "reglu": torch.relu}
+
+
+def _want_activated(x, w, sizes, activation, dtype):
+    """The float64 product (rows in no group zero), then the activation or the gate of its
+    [gate | up] halves in float64, rounded once to the result's dtype."""
+    pre = _want(x, w, sizes, w.shape[-1], "float32")       # exact: integer operands, K small
+    if activation in _GATE:
+        h = pre.shape[1] // 2
+        y = _GATE[activation](pre[:, :h]) * pre[:, h:]
+    else:
+        y = {"gelu": torch.nn.functional.gelu, "sigmoid": torch.sigmoid, "relu": torch.relu}[activation](pre)
+    return y.to(DT[dtype]).double()
+
+
+def _run_fused(x, w, offs, activation, cfg):
+    """The grouped class fusing `activation`, at `cfg`, through the kernel protocol, into a NaN-filled result."""
+    c = grouped.check_grouped_mm(x, w, offs)
+    plan, va, vb, moves = grouped._plan(c, activation)
+    assert moves == (None, None) and plan.kernel is K90.GROUPED, plan
+    problem = plan.problem
+    assert K90.GROUPED.supports(problem) is None
+    y = torch.full(problem.out_shape, float("nan"), dtype=DT[c.out_dtype], device="cuda")
+    K90.GROUPED.run(problem, cfg.policy(), (va, vb, arrays.view(offs, "offs", "test")),
+                    arrays.view(y, "out", "test"), torch.cuda.current_stream().cuda_stream)
+    return y
+
+
+@pytest.mark.parametrize("cfg", K90.GATED_GROUPED_CONFIGS, ids=lambda c: f"{c.tile_m}x{c.tile_n}_{c.cluster_m}x{c.cluster_n}")
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "reglu"])
+@pytest.mark.parametrize("sizes", ["edges", "below_t", "tail_rows"], ids=str)
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_nmajor", "b_kmajor"])
+def test_gated_grouped_class_matches_float64(cfg, activation, sizes, b_col):
+    """The gate fused into the grouped class's epilogue: D = act(gate) * up of each group's
+    [gate | up] columns, H = 384 (three, four and six gate halves of the candidates' tiles), rows in
+    no group zero; integer operands (the product exact), so the error is the activation's and the
+    one rounding to bf16."""
+    sizes = np.array(SIZES[sizes])
+    t, k, n = 1000, 136, 768
+    gen = torch.Generator().manual_seed(11)
+    x = _ints((t, k), gen, "bfloat16") / 8                # the activations' curved parts
+    w = _ints((len(sizes), k, n), gen, "bfloat16") / 4
+    w = w.transpose(1, 2).contiguous().transpose(1, 2) if b_col else w
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    got = _run_fused(x, w, offs, activation, cfg)
+    torch.testing.assert_close(got.double(), _want_activated(x, w, sizes, activation, "bfloat16"),
+                               rtol=8e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "sigmoid"])
+def test_grouped_class_fuses_an_activation(activation):
+    """A plain activation in the grouped class: rows in no group are act(0) (sigmoid's 0.5)."""
+    sizes = np.array(SIZES["below_t"])
+    t, k, n = 256, 64, 136
+    gen = torch.Generator().manual_seed(3)
+    x, w = _ints((t, k), gen, "bfloat16") / 8, _ints((len(sizes), k, n), gen, "bfloat16") / 4
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    got = _run_fused(x, w, offs, activation, K90.GROUPED_CONFIGS[0])
+    torch.testing.assert_close(got.double(), _want_activated(x, w, sizes, activation, "bfloat16"),
+                               rtol=8e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("entry", ["grouped_mm", "ragged_dot"])
+def test_public_calls_take_the_fused_class(entry):
+    """xgemm.grouped_mm / ragged_dot(activation="swiglu") on eager CUDA bf16 tensors run the fused
+    class (explain says so) and match the float64 gate; under autograd they compose it."""
+    import xgemm
+    sizes = [300, 0, 129, 595]
+    t, k, n = 1024, 128, 512
+    gen = torch.Generator().manual_seed(9)
+    x, w = _ints((t, k), gen, "bfloat16") / 8, _ints((len(sizes), k, n), gen, "bfloat16") / 4
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    index = offs if entry == "grouped_mm" else torch.tensor(sizes, dtype=torch.int32, device="cuda")
+    call = getattr(xgemm, entry)
+    text = xgemm.explain(x, w, index, op=entry, activation="swiglu")
+    assert "fused into cute_gemm_sm90's epilogue" in text, text
+    got = call(x, w, index, activation="swiglu")
+    assert got.shape == (t, n // 2) and got.dtype == torch.bfloat16
+    want = _want_activated(x, w, sizes, "swiglu", "bfloat16")
+    torch.testing.assert_close(got.double(), want, rtol=8e-3, atol=1e-2)
+    composed = call(x.requires_grad_(), w, index, activation="swiglu")
+    torch.testing.assert_close(composed.detach().double(), want, rtol=2e-2, atol=2e-2)

@@ -312,6 +312,10 @@ def ptx(tmp_path_factory):
         "pp_grouped": lambda o: K90.build(K90.Config(128, 192, 2, 1, True, False, 8), "bfloat16", "bfloat16", ROW,
                                           COL, ROW, None, True, (False, True, False, False), 66, "sm_90a", o,
                                           grouped=True),
+        # the same fusing a gate (SwiGLU over each group's [gate | up] columns), at the gated pick
+        "coop_grouped_gated": lambda o: K90.build(K90.GATED_GROUPED_CONFIGS[0], "bfloat16", "bfloat16", ROW, COL, ROW,
+                                                  None, True, (False, True, False, False), 66, "sm_90a", o,
+                                                  epi=K90.Epi(activation="silu", gated=True), grouped=True),
         "mma_sm80": lambda o: K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", o),
         "mma_sm80_c": lambda o: K80.build("float16", "float32", COL, COL, COL, ("float16", ROW), True, "sm_90a", o),
     }
@@ -673,3 +677,20 @@ def test_ptx_sm90_grouped_class(ptx):
     assert "ld.local" not in text and "st.local" not in text
     # the dense classes take none of it
     assert "vote.sync.ballot" not in ptx["pp_2x1_unit"][1]
+
+
+@needs_dsl
+def test_ptx_sm90_grouped_gated_class(ptx):
+    """The grouped class fusing a gate: the same group search, each group's B [gate | up] loaded as
+    one 5-D TMA box (the gated view over (N, K, E)), multicast and, for a folded row, whole; D
+    stored through the ragged view at half the tile's width; one ex2 per D value (silu's sigmoid:
+    a 128x256 cooperative tile's 128 gate and up values a thread make 64); no local memory."""
+    text = ptx["coop_grouped_gated"][1]
+    loads = {(op[21], "multicast" in op) for op in re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::\S+", text)}
+    assert loads == {("2", False), ("2", True), ("5", False), ("5", True)}, loads
+    assert _count(text, r"vote\.sync\.ballot\.b32") == 4 and _count(text, r"\bpopc\.b32") == 4
+    stores = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.global\.shared::cta", text)
+    assert stores and set(stores) == {"3"}
+    assert _count(text, r"ex2\.approx") == 64
+    assert _count(text, r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16") >= 4
+    assert "ld.local" not in text and "st.local" not in text

@@ -10,14 +10,14 @@ from helpers import lower_ragged_dot_grad
 from xgemm.core import grouped_checks, layout
 from xgemm.core.problem import COL, ROW, Device
 from xgemm.kernels import cute_gemm_sm90 as K90
-from xgemm.kernels.cute_gemm_sm90_policy import (GROUPED_CONFIGS, choose_grouped_config, group_tiles, grouped_fill,
-                                                  grouped_fill_of)
+from xgemm.kernels.cute_gemm_sm90_policy import (GATED_GROUPED_CONFIGS, GROUPED_CONFIGS, choose_gated_grouped_config,
+                                                  choose_grouped_config, group_tiles, grouped_fill, grouped_fill_of)
 
 H200 = Device("cuda", 0, (9, 0))
 
 
 def _problem(t=16384, k=4096, n=7168, e=8, dtype="bfloat16", out=None, a_major=ROW, b_major=COL, ragged_k=False,
-             device=H200):
+             device=H200, activation=None):
     if ragged_k:
         shape = grouped_checks.grouped_mm("test", (k, t), (t, n), (e,))
         a = layout.dense_operand((k, t), dtype, 2, a_major)
@@ -26,7 +26,7 @@ def _problem(t=16384, k=4096, n=7168, e=8, dtype="bfloat16", out=None, a_major=R
         shape = grouped_checks.ragged_dot("test", (t, k), (e, k, n), (e,))
         a = layout.dense_operand((t, k), dtype, 2 if dtype != "float32" else 4, a_major)
         b = layout.dense_operand((e, k, n), dtype, 2 if dtype != "float32" else 4, b_major)
-    return grouped_checks.GroupedProblem(shape, a, b, out or dtype, "torch", device)
+    return grouped_checks.GroupedProblem(shape, a, b, out or dtype, "torch", device, activation)
 
 
 def test_supports_the_moe_forward_and_its_dlhs():
@@ -75,7 +75,43 @@ def test_policy_keeps_the_first_candidate_unless_another_fills_tiles_better():
 def test_prebuild_covers_the_grouped_class():
     keys = [key for key, _ in K90.KERNEL.prebuild("sm_90a")]
     grouped = [key for key in keys if key[-1] == K90.GROUPED_MARK]
-    assert len(grouped) == 8 and all(key[2] == GROUPED_CONFIGS[0] for key in grouped)
+    plain = [key for key in grouped if not isinstance(key[-2], K90.Epi)]
+    assert len(plain) == 8 and all(key[2] == GROUPED_CONFIGS[0] for key in plain)
+    # the SwiGLU forward's classes: bf16 / fp16, D of the inputs' dtype, B N- and K-major
+    gated = [key for key in grouped if isinstance(key[-2], K90.Epi)]
+    assert len(gated) == 4 and all(key[2] == GATED_GROUPED_CONFIGS[0] and key[3] == key[4] for key in gated)
+    assert {key[-2] for key in gated} == {K90.Epi(activation="silu", gated=True)}
+    assert {key[6] for key in gated} == {ROW, COL}
+
+
+def test_gated_problems_take_a_tile_whose_gate_half_divides_h():
+    # the first candidate whose tile_n / 2 divides H: 128x256 (H % 128 == 0), the plain pick 128x192
+    # (H % 96), 128x128 (H % 64)
+    assert [choose_gated_grouped_config(h).tile_n for h in (3584, 3552, 3520)] == [256, 192, 128]
+    for activation in ("swiglu", "geglu", "reglu"):
+        p = _problem(activation=activation)                     # N = 7168: H = 3584
+        assert K90.GROUPED.supports(p) is None and p.out_shape == (16384, 3584)
+        pol = K90.GROUPED.policy(p)
+        assert K90.Config.from_policy(pol) == GATED_GROUPED_CONFIGS[0] and "gated" in " ".join(pol.notes)
+    assert "multiple of 64" in K90.GROUPED.supports(_problem(n=80, activation="swiglu"))     # H = 40
+    # a plain activation keeps the plain product's pick and shape
+    p = _problem(activation="gelu")
+    assert K90.GROUPED.supports(p) is None and p.out_shape == (16384, 7168)
+    assert K90.Config.from_policy(K90.GROUPED.policy(p)) == K90.Config.from_policy(K90.GROUPED.policy(_problem()))
+    assert "has no class" in K90.GROUPED.supports(_problem(activation="softplus"))
+
+
+def test_only_the_cute_class_serves_a_fused_problem():
+    """policy.choose: the Triton kernel fuses nothing, so a problem the CuTe class declines plans the
+    reference, which the caller reads as "compose it"."""
+    from xgemm.core import policy
+    assert policy.choose("grouped", _problem(activation="swiglu")).kernel.name == "cute_gemm_sm90"
+    plan = policy.choose("grouped", _problem(n=80, activation="swiglu"))
+    assert plan.kernel.name == "reference"
+    assert ("triton_grouped_sm90", "fuses no bias / activation epilogue") in plan.declined
+    assert K90.grouped_epi(None) is None
+    assert K90.grouped_epi("geglu") == K90.Epi(activation="gelu", gated=True)
+    assert K90.grouped_epi("sigmoid") == K90.Epi(activation="sigmoid")
 
 
 def test_cuda_lowering_runs_the_class_forward_and_dlhs(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ the device, so a check here cannot synchronize with the host (or concretize a JA
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 from xgemm import errors
 from xgemm.core import epilogues
@@ -42,17 +42,31 @@ def describe(s: GroupedShape) -> str:
 class GroupedProblem:
     """What a grouped kernel sees (policy.choose("grouped", ...)): the shape, A and B as operands
     (rows mode: A [T, K], B [E, K, N]; ragged_k: A [M, T], B [T, N]), the result's dtype and where
-    it lives. The group sizes are not part of it: they stay on the device."""
+    it lives, and the activation (or gate: the result is then N / 2 wide) a kernel fuses into its
+    epilogue, if asked to. The group sizes are not part of it: they stay on the device."""
     shape: GroupedShape
     a: Operand
     b: Operand
     out_dtype: str
     framework: str
     device: Device
+    activation: Optional[str] = None
+
+    @property
+    def fused(self) -> bool:
+        """Is an epilogue asked of the kernel (policy.choose: only kernels that fuse one serve it)?"""
+        return self.activation is not None
+
+    @property
+    def out_shape(self) -> Tuple[int, ...]:
+        """The result's shape: the product's, or for a gate, half as wide."""
+        s = self.shape
+        return (*s.out[:-1], s.out[-1] // 2) if self.activation in epilogues.GATED else s.out
 
     def summary(self) -> str:
-        return (f"grouped {describe(self.shape)} {self.a.dtype}->{self.out_dtype} A {self.a.majorness}/{self.a.alignment}B, "
-                f"B {self.b.majorness}/{self.b.alignment}B on {self.framework}:{self.device.kind}")
+        act = f" then {self.activation}" if self.activation else ""
+        return (f"grouped {describe(self.shape)}{act} {self.a.dtype}->{self.out_dtype} A {self.a.majorness}/"
+                f"{self.a.alignment}B, B {self.b.majorness}/{self.b.alignment}B on {self.framework}:{self.device.kind}")
 
 
 def index_dtype(fn: str, name: str, dt: str) -> str:

@@ -41,8 +41,9 @@ from xgemm.kernels.cute_gemm_sm90_build import (  # noqa: F401 -- compile-class 
     _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, GROUPED_MARK, NAME, RAGGED_BIG, Epi, build, build_for_key,
     class_key, compiled, compiled_eager, max_clusters, workspace_sizes)
 from xgemm.kernels.cute_gemm_sm90_policy import (
-    GROUPED_CONFIGS, POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy, choose_gated_policy,
-    choose_grouped_config, choose_policy, grouped_fill, swapped, unsplit)
+    GATED_GROUPED_CONFIGS, GROUPED_CONFIGS, POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy,
+    choose_gated_grouped_config, choose_gated_policy, choose_grouped_config, choose_policy, grouped_fill, swapped,
+    unsplit)
 from xgemm.kernels.cute_gemm_sm90_policy import (  # noqa: F401 -- the policy's model under this kernel's name too
     MAX_SPLIT, ROW_MARGIN, SWAP_MIN_K, SWAP_NOTE, WAVE_MARGIN, choose_config, row_of, slot_fill, wave_efficiency)
 from xgemm.runtime import cute_cache, workspace
@@ -356,17 +357,20 @@ class _Sm90Kernel:
         return TvmFfiCall(fn, tensors + scalars + (Arg.stream(),))
 
     def prebuild(self, arch: str):
-        return prebuild_classes(arch) + grouped_classes(arch)     # the module's classes (registry.of_backend)
+        return prebuild_classes(arch) + GROUPED.prebuild(arch)     # the module's classes (registry.of_backend)
 
 
 class _Sm90Grouped:
     """The grouped class (the rows mode of xgemm.grouped_mm / ragged_dot; cute_gemm_sm90_build's
     Design): A [T, K] K-major in row groups, B [E, K, N] N- or K-major, D [T, N] row-major, `ends`
     the groups' end rows (int32, on the device, never read on the host); rows past the last group
-    are zeros. Sizes, ends past T and decreasing ends as kernels/triton_grouped_sm90.py's contract."""
+    are zeros. Sizes, ends past T and decreasing ends as kernels/triton_grouped_sm90.py's contract.
+    An activation, or a gate over each group's [gate | up] columns (D then N / 2 wide), is fused into
+    the epilogue (problem.activation, Epi); the rows past the last group are act(0)."""
     name = NAME
     ops = ("grouped",)
     backend = "cute"
+    fuses_epilogue = True             # problem.activation (policy.choose asks)
 
     def supports(self, problem) -> Optional[str]:
         why = sm90_device_reason(problem.device)
@@ -383,16 +387,27 @@ class _Sm90Grouped:
             return f"T={s.rows}, N={s.n}, K={s.k}, E={s.groups}: each >= 1, T <= 2**30 (the ragged store's rows)"
         if a.majorness != ROW:
             return "A must be K-major (row-major): a group starts at any row, a TMA box on a 16-byte boundary"
-        if s.n * _ITEMSIZE[problem.out_dtype] % 16:
-            return f"N={s.n}: D's row stride is not a multiple of 16 bytes (TMA)"
+        gated = problem.activation in GATED
+        width = s.n // 2 if gated else s.n
+        if width * _ITEMSIZE[problem.out_dtype] % 16:
+            return f"N={width}: D's row stride is not a multiple of 16 bytes (TMA)"
         for label, op in (("A", a), ("B", b)):
             why = "not 16-byte aligned" if op.alignment < 16 else _tma_why(op.shape, op.strides, _ITEMSIZE[op.dtype])
             if why:
                 return f"{label}: {why} (TMA needs 16-byte base and strides)"
+        if problem.activation not in (None,) + ACTIVATIONS + tuple(GATED):
+            return f"activation {problem.activation!r} has no class"
+        if gated and width % (choose_gated_grouped_config(width).tile_n // 2):
+            return f"H = {width} (the gate half of B's {s.n} columns) is not a multiple of 64: no tile's gate half divides it"
         return None
 
     def policy(self, problem) -> Policy:
         s = problem.shape
+        if problem.activation in GATED:
+            cfg = choose_gated_grouped_config(s.n // 2)
+            return cfg.policy(f"grouped, gated: tile_n {cfg.tile_n}, its gate half {cfg.tile_n // 2} columns dividing "
+                              f"H = {s.n // 2}; tiles {100 * grouped_fill(s.rows, s.n, s.groups, cfg):.0f}% full at "
+                              f"the mean group size; each tile's group found on the device")
         cfg = choose_grouped_config(s.rows, s.n, s.groups)
         return cfg.policy(f"grouped: tiles {100 * grouped_fill(s.rows, s.n, s.groups, cfg):.0f}% full at the "
                           f"mean group size; each tile's group found on the device")
@@ -401,7 +416,7 @@ class _Sm90Grouped:
         cfg = Config.from_policy(policy)
         spec = (cfg, problem.a.dtype, problem.out_dtype, ROW, problem.b.majorness, ROW, None, True,
                 (False, True, False, False), max_clusters(sms, cfg), cute_cache.arch_for(problem.device))
-        return (compiled_eager if eager else compiled)(*spec, grouped=True)
+        return (compiled_eager if eager else compiled)(*spec, epi=grouped_epi(problem.activation), grouped=True)
 
     def run(self, problem, policy: Policy, operands, out, stream) -> None:
         """operands: (A, B, ends) views (ends int32, contiguous); out: D's view."""
@@ -421,7 +436,7 @@ class _Sm90Grouped:
                                Arg.stream()))
 
     def prebuild(self, arch: str):
-        return grouped_classes(arch)
+        return grouped_classes(arch, activations=(None, "swiglu"))
 
 
 KERNEL = _Sm90Kernel()
@@ -457,18 +472,29 @@ def prebuild_classes(arch: str):
     return items
 
 
-def grouped_classes(arch: str, cfgs=None):
+def grouped_epi(activation: Optional[str]) -> Optional[Epi]:
+    """The Epi of a grouped class fusing this activation or gate (None: the plain product)."""
+    if activation is None:
+        return None
+    return Epi(activation=GATED.get(activation, activation), gated=activation in GATED)
+
+
+def grouped_classes(arch: str, cfgs=None, activations=(None,)):
     """(key, build) of the grouped class for each config (the policy's candidates by default), in
     bf16 and fp16, D of the inputs' dtype or float32, B N- and K-major (the forward's weights and
-    the backward's transposed ones), on an H200."""
+    the backward's transposed ones), on an H200; and, for each gated activation in `activations`,
+    its class at the first of GATED_GROUPED_CONFIGS (the pick where 128 divides H), D of the inputs'
+    dtype (the forward)."""
     if not arch.startswith("sm_90"):
         return []
     items = []
-    for cfg in (cfgs or GROUPED_CONFIGS[:1]):
-        for ab in _AB_DTYPES:
-            for out in (ab, "float32"):
-                for b_major in (ROW, COL):
-                    key = class_key(cfg, ab, out, ROW, b_major, ROW, None, True, (False, True, False, False),
-                                    max_clusters(H200_SMS, cfg), arch, grouped=True)
-                    items.append((key, build_for_key(key)))
+    for act in activations:
+        gated = act in GATED
+        for cfg in (cfgs or (GATED_GROUPED_CONFIGS if gated else GROUPED_CONFIGS)[:1]):
+            for ab in _AB_DTYPES:
+                for out in ((ab,) if gated else (ab, "float32")):
+                    for b_major in (ROW, COL):
+                        key = class_key(cfg, ab, out, ROW, b_major, ROW, None, True, (False, True, False, False),
+                                        max_clusters(H200_SMS, cfg), arch, grouped_epi(act), grouped=True)
+                        items.append((key, build_for_key(key)))
     return items

@@ -60,7 +60,9 @@ Design
   both CTAs and each CTA's B loaded whole, instead of a 2 x tile_m row whose second half is empty.
   Groups then cost tiles in steps of tile_m rows, as a 1x2 or unclustered class's do, at 2x1's rate
   elsewhere (docs/performance.md, session 32). Both CTAs still write each other's stages, so the
-  pipeline's barriers are the same.
+  pipeline's barriers are the same. A grouped class may fuse an activation or a gate (Epi with no
+  bias or scales; each group's B is then [gate | up], viewed as the dense gated class views it);
+  the rows past the last group get act(0), as composing the activation after the product does.
   Compiled once per class (config x dtypes x majorness x C or not x which operands are batched,
   see class_key); shapes and strides are symbolic (cute.sym_int / sym_int64 with 16-byte
   divisibility), so one compiled object serves every shape of its class.
@@ -197,7 +199,10 @@ def _device():
             self.grouped = grouped
             # a 2x1 grouped class folds a group's last cluster row of at most tile_m rows (Design)
             self.fold = grouped and (cfg.cluster_m, cfg.cluster_n) == (2, 1)
-            assert not grouped or (not has_c and epi is None and self.split == 1), "a grouped class is a plain product"
+            # a grouped class fuses an activation, or a gate (its B [gate | up] per group), nothing else
+            assert not grouped or (not has_c and self.split == 1 and (epi is None or (
+                epi.bias is None and not (epi.scale_m or epi.scale_n or epi.promote)))), \
+                "a grouped class is the product, then at most an activation or a gate"
             # D's tile: a gated class writes tile_n / 2 columns per B tile of tile_n
             self.d_tile_n = cfg.tile_n // 2 if self.gated else cfg.tile_n
             # the scales multiply the product only: alpha * acc + beta * C would scale C too
@@ -1340,8 +1345,9 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     stream), or for an Epi class f(a, b, d, c, bias, scale_m, scale_n, alpha, beta, stream) with
     None for what the class lacks (Epi.block: scale_m (M, K/128) M-major and scale_n (K/128, N/128)
     row-major, 16-byte aligned, their strides multiples of 4).
-    grouped: the grouped class (Design; A and D row-major, no C, no Epi, batched ignored): f(a (T, K),
-    b (E, K, N), d (T, N), ends (E,) int32, stream).
+    grouped: the grouped class (Design; A and D row-major, no C, batched ignored; epi at most an
+    activation or a gate): f(a (T, K), b (E, K, N), d (T, N), ends (E,) int32, stream), for a gated
+    epi b (E, K, 2N) = [gate | up] per group.
     """
     if _ITEMSIZE[ab] == 1 and (a_major, b_major) != (ROW, COL):
         raise ValueError(f"{NAME}: FP8 operands must be K-major (A row-major, B column-major), got {a_major}/{b_major}")
@@ -1365,11 +1371,12 @@ def build(cfg: Config, ab: str, out: str, a_major: str, b_major: str, d_major: s
     stream = make_fake_stream()
     opts = f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip()
     if grouped:
-        assert c is None and epi is None and cfg.split == 1 and (a_major, d_major) == (ROW, ROW), "grouped: a plain product"
+        assert c is None and cfg.split == 1 and (a_major, d_major) == (ROW, ROW), "grouped: no C, no split"
         e = cute.sym_int()
         ends = make_fake_tensor(cutlass.Int32, (e,), (1,), assumed_align=4)
-        op = Sm90Gemm(cfg, max_clusters, False, True, None, grouped=True)
-        return cute.compile(gemm_grouped, op, fake(ab, m, k, ROW, None), fake(ab, k, n, b_major, e),
+        op = Sm90Gemm(cfg, max_clusters, False, True, epi, grouped=True)
+        n_b = cute.sym_int() if epi is not None and epi.gated else n     # a gated B is [gate | up]: 2N
+        return cute.compile(gemm_grouped, op, fake(ab, m, k, ROW, None), fake(ab, k, n_b, b_major, e),
                             fake(out, m, n, ROW, None), ends, stream, options=opts)
     a_b, b_b, d_b, c_b = batched
     l = cute.sym_int() if d_b else None

@@ -335,6 +335,20 @@ def grouped_fill_of(sizes, n: int, cfg: Config) -> float:
 
 GROUPED_MARGIN = 1.25
 
+# The gated grouped class (an expert's [gate | up] projection, the gate fused into the epilogue):
+# a tile's gate half (tile_n / 2 columns) must divide H, and be 64 columns or more (a 128-byte
+# row of a row-major B, as choose_gated_policy says). The first that divides H serves: the
+# cooperative 128x256 2x1 ran level with the plain product's pick (session 39), and its 128-column
+# half divides every H that is a multiple of 128 (192's 96 does not divide 3584 or 7168); then
+# the plain pick; then 128x128 for any H a multiple of 64. Not yet timed against each other.
+GATED_GROUPED_CONFIGS = (Config(128, 256, 2, 1, False, False, 8), GROUPED_CONFIGS[0], GROUPED_CONFIGS[2])
+
+
+def choose_gated_grouped_config(h: int, cfgs=GATED_GROUPED_CONFIGS) -> Config:
+    """The first config whose gate half divides H (the first one where none does: the kernel then
+    declines)."""
+    return next((c for c in cfgs if h % (c.tile_n // 2) == 0), cfgs[0])
+
 
 def choose_grouped_config(rows: int, n: int, groups: int, cfgs=GROUPED_CONFIGS) -> Config:
     best = cfgs[0]
