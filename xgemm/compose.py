@@ -142,7 +142,8 @@ def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any,
     result's dtype. Rows in no group are act(0) (zero but for sigmoid's 0.5), as composing the
     framework's own activation after the product gives. torch fp16/bf16 under autograd: the product
     in the input dtype and the gate as the op xgemm::gate, as run() does for gated(). JAX arrays:
-    xgemm.jax composes it the same way. plan_only: explain()'s text, the plan and the epilogue line."""
+    xgemm.jax, whose primitive fuses it where the grouped kernel takes it and composes it as here
+    otherwise and under jax.grad. plan_only: explain()'s text, the plan and the epilogue line."""
     fn = fn or op
     names = grouped_checks.ARG_NAMES[op]
     gated = grouped_checks.activation(fn, activation, names, tuple(b.shape))
@@ -158,14 +159,16 @@ def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any,
             return f"{op}: {fused}"
         if fused is not None:
             return fused
-    if plan_only:
-        return (grouped.explain(op, a, b, index, product_dt) + "\n  epilogue: "
-                + epilogues.describe(False, activation, gated, product_dt, owner, gate_op=gate_op))
     if owner == "jax":
         from xgemm.jax import grouped as jax_grouped
+        if plan_only:
+            return jax_grouped.explain(op, a, b, index, out_dtype, activation)
         if op == "ragged_dot":
             return jax_grouped.ragged_dot(a, b, index, preferred_element_type=out_dtype, activation=activation, fn=fn)
         return jax_grouped.grouped_mm(a, b, index, out_dtype=out_dtype, activation=activation, fn=fn)
+    if plan_only:
+        return (grouped.explain(op, a, b, index, product_dt) + "\n  epilogue: "
+                + epilogues.describe(False, activation, gated, product_dt, owner, gate_op=gate_op))
     want = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
     pre = entry(a, b, index, out_dtype=product_dt)
     xp = arrays.namespace(owner)

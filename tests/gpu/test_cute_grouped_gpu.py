@@ -218,3 +218,37 @@ def test_public_calls_take_the_fused_class(entry):
     torch.testing.assert_close(got.double(), want, rtol=8e-3, atol=1e-2)
     composed = call(x.requires_grad_(), w, index, activation="swiglu")
     torch.testing.assert_close(composed.detach().double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_jax_jit_fuses_the_gate_and_grad_composes_it():
+    """jit(xgemm.jax.ragged_dot(..., activation="swiglu")): one TVM-FFI call of the gated class, its
+    result against jax.lax.ragged_dot then silu * up in float32; jax.grad through it (composed)
+    against the same composition's grads."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from xgemm import jax as xj
+    rng = np.random.default_rng(8)
+    sizes = np.array([0, 129, 300, 83])
+    t, k, n = 512, 136, 512
+    lhs = jnp.asarray(rng.integers(-2, 3, (t, k)) / 8, jnp.bfloat16)
+    rhs = jnp.asarray(rng.integers(-2, 3, (4, k, n)) / 4, jnp.bfloat16)
+    gs = jnp.asarray(sizes, jnp.int32)
+
+    def peer(l, r, g):
+        p = jax.lax.ragged_dot(l.astype(jnp.float32), r.astype(jnp.float32), g)
+        return (jax.nn.silu(p[:, : n // 2]) * p[:, n // 2:]).astype(jnp.bfloat16)
+
+    def fused(l, r, g):
+        return xj.ragged_dot(l, r, g, activation="swiglu")
+    text = jax.jit(fused).lower(lhs, rhs, gs).as_text()
+    assert text.count("xgemm_tvm_ffi_call") == 1 and "tensor<512x256xbf16>" in text
+    got, want = jax.jit(fused)(lhs, rhs, gs), jax.jit(peer)(lhs, rhs, gs)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=8e-3, atol=1e-2)
+
+    def loss(f):
+        return lambda l, r: jnp.sum(f(l, r, gs).astype(jnp.float32) ** 2)
+    for g, w in zip(jax.jit(jax.grad(loss(fused), argnums=(0, 1)))(lhs, rhs),
+                    jax.jit(jax.grad(loss(peer), argnums=(0, 1)))(lhs, rhs)):
+        scale = float(jnp.max(jnp.abs(w.astype(jnp.float32))))
+        assert float(jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32)))) <= 2e-2 * scale

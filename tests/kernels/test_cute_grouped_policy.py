@@ -162,3 +162,41 @@ def test_group_tiles_counts_what_the_kernel_runs(cfg):
     # at equal sizes the known-size fill is the pick's mean-size fill
     for rows in (131, 300, 2048):
         assert grouped_fill_of((rows,) * 8, n, cfg) == grouped_fill(rows * 8, n, 8, cfg)
+
+
+def test_cuda_lowering_fuses_the_gate_and_composes_it_under_grad(tmp_path, monkeypatch):
+    """jit(xgemm.jax.ragged_dot(..., activation="swiglu")) lowers to one TVM-FFI call of the gated
+    class writing [T, N / 2]; under value_and_grad the forward is the plain product in float32 (the
+    gate's backward needs it) and the gate composed in XLA ops, then dlhs and drhs as without one."""
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("cutlass")
+    import jax.numpy as jnp
+
+    from xgemm import jax as xj
+    from xgemm.core import policy
+    from xgemm.runtime import gluon_cache
+    monkeypatch.setenv("XGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(gluon_cache, "available", lambda key, arch=None: None)
+    lhs = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((8, 1024, 3072), jnp.bfloat16)        # H = 1536
+    sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
+
+    def fwd(l, r, g):
+        return xj.ragged_dot(l, r, g, activation="swiglu")
+
+    def loss(l, r, g):
+        return jnp.sum(fwd(l, r, g).astype(jnp.float32))
+
+    def lowered(f):
+        return jax.jit(f).trace(lhs, rhs, sizes).lower(lowering_platforms=("cuda",)).as_text().splitlines()
+    policy.clear_plans()
+    try:
+        calls = [ln for ln in lowered(fwd) if "stablehlo.custom_call @xgemm_tvm_ffi_call" in ln]
+        assert len(calls) == 1 and "-> tensor<4096x1536xbf16>" in calls[0], calls
+        grad = lowered(jax.value_and_grad(loss, argnums=(0, 1)))
+        calls = [ln for ln in grad if "stablehlo.custom_call @xgemm_tvm_ffi_call" in ln]
+        assert len(calls) == 2 and any("-> tensor<4096x3072xf32>" in ln for ln in calls), calls
+        assert sum('kernel = "xgemm_grouped_flat_sm90"' in ln for ln in grad) == 1
+        assert not any("-> tensor<4096x1536xbf16>" in ln for ln in calls)       # no fused class
+    finally:
+        policy.clear_plans()

@@ -67,11 +67,14 @@ def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: 
     """lhs [T, K] in contiguous groups of group_sizes[e] rows, each times rhs[e] [K, N] -> [T, N].
     preferred_element_type: the result dtype (lhs.dtype by default; float32 allowed for fp16/bf16);
     fp16/bf16 accumulate in float32. Rows beyond sum(group_sizes) are zeros. activation: as
-    xgemm.ragged_dot takes it (a gated one halves N), composed after the product (_activated)."""
+    xgemm.ragged_dot takes it (a gated one halves N): fused into the grouped kernel's epilogue
+    where one takes it, composed under differentiation (_ragged_dot_act)."""
     names = grouped_checks.ARG_NAMES["ragged_dot"]
     lhs, rhs, sizes, out, _ = _checked(fn, names, lhs, rhs, group_sizes, preferred_element_type, True)
     grouped_checks.activation(fn, activation, names, rhs.shape)
-    return _activated(lambda dt: _jit_ragged_dot(lhs, rhs, sizes, dt, ROW), lhs.dtype, out, activation)
+    if activation is None:
+        return _jit_ragged_dot(lhs, rhs, sizes, out, ROW)
+    return _jit_ragged_dot_act(lhs, rhs, sizes, out, ROW, activation)
 
 
 def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, activation: Any = None,
@@ -83,20 +86,20 @@ def grouped_mm(x: Any, w: Any, offs: Any, *, out_dtype: Any = None, activation: 
     x, w, offs, out, shape = _checked(fn, names, x, w, offs, out_dtype, False)
     grouped_checks.activation(fn, activation, names, w.shape)
     sizes = jnp.diff(offs, prepend=jnp.zeros((1,), offs.dtype))
-    if shape.ragged_k:
-        return _activated(lambda dt: _jit_contract(x.T, w, sizes, dt), x.dtype, out, activation)
-    return _activated(lambda dt: _jit_ragged_dot(x, w, sizes, dt, ROW), x.dtype, out, activation)
-
-
-def _activated(product, operand_dtype, out: str, activation: Any) -> jax.Array:
-    """product(out) without an activation; else the product in float32 (float64 for float64
-    operands), the activation (or gate) in that type, and one cast to `out` (compose.run_grouped's
-    numerics, in jax.numpy; jax.grad differentiates the epilogue's ops)."""
+    if not shape.ragged_k:
+        if activation is None:
+            return _jit_ragged_dot(x, w, sizes, out, ROW)
+        return _jit_ragged_dot_act(x, w, sizes, out, ROW, activation)
     if activation is None:
-        return product(out)
-    acc = "float64" if np.dtype(operand_dtype) == np.float64 else "float32"
-    y = epilogues.activate(jnp, product(acc), activation)
+        return _jit_contract(x.T, w, sizes, out)
+    # no kernel fuses an epilogue into the variable-K product: composed (jax.grad differentiates it)
+    y = epilogues.activate(jnp, _jit_contract(x.T, w, sizes, _acc_name(x.dtype)), activation)
     return y.astype(arrays.framework_dtype("jax", out))
+
+
+def _acc_name(dt: Any) -> str:
+    """The accumulation (and composed epilogue) dtype of fp16/bf16/fp32 or float64 operands."""
+    return "float64" if np.dtype(dt) == np.float64 else "float32"
 
 
 def ragged_dot_expert_parallel(lhs: Any, rhs: Any, group_sizes: Any, mesh: jax.sharding.Mesh, axis: str, *,
@@ -160,47 +163,65 @@ def _shape(a, b, sizes) -> grouped_checks.GroupedShape:
     return grouped_checks.grouped_mm("xgemm_grouped", a.shape, b.shape, sizes.shape)
 
 
-def _grouped_abstract(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW):
-    return jax.core.ShapedArray(_shape(a, b, sizes).out, np.dtype(out))
+def _grouped_abstract(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW, activation=None):
+    shape = _shape(a, b, sizes).out
+    if activation in epilogues.GATED:
+        shape = (*shape[:-1], shape[-1] // 2)
+    return jax.core.ShapedArray(shape, np.dtype(out))
 
 
-def _grouped_reference(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW):
-    """XLA's ragged dot, accumulated in float32 (float64 for float64)."""
+def _grouped_reference(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW, activation=None):
+    """XLA's ragged dot, accumulated in float32 (float64 for float64), then the activation (or gate)
+    in that type: what compose.run_grouped composes."""
     if ragged_k:
         y = jax.lax.ragged_dot_general(a.T, b, sizes, _CONTRACT_GROUPS, precision=_PRECISION,
                                        preferred_element_type=_acc(a.dtype))
     else:
         y = jax.lax.ragged_dot(a, b, sizes, precision=_PRECISION, preferred_element_type=_acc(a.dtype))
+    if activation is not None:
+        y = epilogues.activate(jnp, y, activation)
     return y.astype(out)
 
 
-def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None) -> str:
+def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None, activation: Any = None) -> str:
     """The plan xgemm.jax's ragged_dot / grouped_mm lowers to for these arrays' platform: the
-    grouped kernel's custom call on a Hopper GPU, else XLA's ragged dot."""
+    grouped kernel's custom call on a Hopper GPU, else XLA's ragged dot; with an activation, the
+    epilogue line too (fused where the kernel takes it, else composed)."""
     names = grouped_checks.ARG_NAMES[op]
     a, b, index, out, shape = _checked("explain", names, a, b, index, out_dtype, op == "ragged_dot")
+    gated = grouped_checks.activation("explain", activation, names, b.shape)
+    fused = activation is not None and not shape.ragged_k
+    acc = _acc_name(a.dtype)
     # as the custom_vjp functions bind it: ragged_k's x [M, T] asked column-major (x^T's rows)
-    problem = _grouped_problem(a, b, index, out, COL if shape.ragged_k else ROW, ROW)
+    problem = _grouped_problem(a, b, index, out if activation is None or fused else acc,
+                               COL if shape.ragged_k else ROW, ROW, activation if fused else None)
     if not _on_gpu(a):
         problem = dataclasses.replace(problem, device=Device("cpu"))
-    return f"{op} (inside jax.jit): " + str(policy.choose("grouped", problem))
+    plan = policy.choose("grouped", problem)
+    if activation is not None:
+        by = plan.kernel.name if fused and plan.kernel.name != "reference" else None
+        plan.epilogue = epilogues.describe(False, activation, gated, acc, "jax", by) + (
+            "; composed under jax.grad" if by else "")
+    return f"{op} (inside jax.jit): " + str(plan)
 
 
 def _on_gpu(x: Any) -> bool:
     return any(d.platform == "gpu" for d in x.devices())
 
 
-def _grouped_problem(a, b, sizes, out, a_major, b_major) -> grouped_checks.GroupedProblem:
+def _grouped_problem(a, b, sizes, out, a_major, b_major, activation=None) -> grouped_checks.GroupedProblem:
     def operand(x, major):
         return layout.dense_operand(tuple(x.shape), np.dtype(x.dtype).name, np.dtype(x.dtype).itemsize, major)
     return grouped_checks.GroupedProblem(_shape(a, b, sizes), operand(a, a_major), operand(b, b_major),
-                                         np.dtype(out).name, "jax", lowering.target_device())
+                                         np.dtype(out).name, "jax", lowering.target_device(), activation)
 
 
-def _grouped_cuda(a, b, sizes, *, out, ragged_k, portable, a_major=ROW, b_major=ROW):
-    """The chosen kernel's custom call on (a, b, ends = cumsum(sizes)), or XLA's ragged dot."""
-    kw = dict(out=out, ragged_k=ragged_k, a_major=a_major, b_major=b_major)
-    problem = _grouped_problem(a, b, sizes, out, a_major, b_major)     # (the kernel declines an empty one)
+def _grouped_cuda(a, b, sizes, *, out, ragged_k, portable, a_major=ROW, b_major=ROW, activation=None):
+    """The chosen kernel's custom call on (a, b, ends = cumsum(sizes)), or XLA's ragged dot (then
+    the activation, if any, in jax.numpy)."""
+    kw = dict(out=out, ragged_k=ragged_k, a_major=a_major, b_major=b_major, activation=activation)
+    # (the kernel declines an empty problem)
+    problem = _grouped_problem(a, b, sizes, out, a_major, b_major, activation)
     made = _lowered(problem, portable)
     if not isinstance(made, (Launch, TvmFfiCall)):
         return _grouped_reference(a, b, sizes, **kw)
@@ -208,7 +229,7 @@ def _grouped_cuda(a, b, sizes, *, out, ragged_k, portable, a_major=ROW, b_major=
     ends = jnp.cumsum(sizes, dtype=jnp.int32)
     layouts = [lowering.col_layout(x.ndim) if major == COL else None for x, major in ((a, a_major), (b, b_major))]
     call = jax_ffi.call if isinstance(made, Launch) else jax_ffi.call_tvm_ffi
-    (y,) = call(made, [a, b, ends], [jax.ShapeDtypeStruct(problem.shape.out, np.dtype(out))],
+    (y,) = call(made, [a, b, ends], [jax.ShapeDtypeStruct(problem.out_shape, np.dtype(out))],
                 in_layouts=layouts + [None])
     return y
 
@@ -245,11 +266,12 @@ mlir.register_lowering(grouped_p, _grouped_cuda_rule, platform="cuda")
 
 
 @functools.lru_cache(maxsize=None)
-def _multiply_groups(out: str, b_major: str):
-    """(lhs [T, K], rhs [E, K, N], sizes [E] int32) -> [T, N] of `out`."""
+def _multiply_groups(out: str, b_major: str, activation: Any = None):
+    """(lhs [T, K], rhs [E, K, N], sizes [E] int32) -> [T, N] of `out` (then the activation, or the
+    gate: [T, N / 2])."""
     @custom_vmap
     def multiply(lhs, rhs, sizes):
-        return grouped_p.bind(lhs, rhs, sizes, out=out, ragged_k=False, b_major=b_major)
+        return grouped_p.bind(lhs, rhs, sizes, out=out, ragged_k=False, b_major=b_major, activation=activation)
 
     @multiply.def_vmap
     def multiply_batched(axis_size, in_batched, lhs, rhs, sizes):
@@ -345,6 +367,30 @@ def _flip(major: str) -> str:
 _ragged_dot.defvjp(_ragged_dot_fwd, _ragged_dot_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _ragged_dot_act(lhs, rhs, sizes, out: str, b_major: str, activation: str):
+    """act(ragged_dot) in one primitive: the grouped kernel fuses the activation (or gate) into its
+    epilogue. Differentiated, it is composed instead (the backward needs the product): the product
+    in float32 (float64 for float64) through _ragged_dot, the activation in that type, one cast."""
+    return _multiply_groups(out, b_major, activation)(lhs, rhs, sizes)
+
+
+def _ragged_dot_act_fwd(lhs, rhs, sizes, out, b_major, activation):
+    acc = _acc_name(lhs.dtype)
+    pre, product_vjp = jax.vjp(lambda l, r: _ragged_dot(l, r, sizes, acc, b_major), lhs, rhs)
+    y, act_vjp = jax.vjp(lambda p: epilogues.activate(jnp, p, activation).astype(out), pre)
+    return y, (product_vjp, act_vjp)
+
+
+def _ragged_dot_act_bwd(out, b_major, activation, res, dy):
+    product_vjp, act_vjp = res
+    dlhs, drhs = product_vjp(*act_vjp(dy))
+    return dlhs, drhs, None
+
+
+_ragged_dot_act.defvjp(_ragged_dot_act_fwd, _ragged_dot_act_bwd)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _contract(a, b, sizes, out: str):
     """a [T, M], b [T, N] -> [E, M, N]."""
@@ -367,4 +413,5 @@ _contract.defvjp(_contract_fwd, _contract_bwd)
 
 # eager arrays run one compiled call; inside a trace the jit is inlined
 _jit_ragged_dot = jax.jit(_ragged_dot, static_argnums=(3, 4))
+_jit_ragged_dot_act = jax.jit(_ragged_dot_act, static_argnums=(3, 4, 5))
 _jit_contract = jax.jit(_contract, static_argnums=3)
