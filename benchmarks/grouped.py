@@ -22,7 +22,8 @@ Cases (bf16, the issue's acceptance):
              xgemm.grouped_mm(x.T, dy, offs) vs torch._grouped_mm(x.T, dy, offs) and a cuBLAS loop.
   zipf       E=64, T=65536, K=N=4096, Zipf(1.2)-skewed sizes with the last 4 experts empty: the forward
              vs xgemm's dense matmul of the same FLOPs (T x K @ K x N).
-  jax        jit(xgemm.jax.ragged_dot) vs jit(jax.lax.ragged_dot) at the uneven case.
+  jax        jit(xgemm.jax.ragged_dot) vs jit(jax.lax.ragged_dot) at the uneven case, and the gated
+             projection: jit(ragged_dot(..., activation="swiglu")) vs jax.lax.ragged_dot then silu * up.
 w is handed over as torch._grouped_mm wants it (w[e] column-major: an [E, N, K] tensor transposed);
 xgemm takes any layout. Outputs are checked against float32 per-group products (relative Frobenius
 error < 1e-2).
@@ -270,6 +271,40 @@ def run_jax(args, log) -> list:
                         metric="ratio", value=round(secs[1] / secs[0], 3), verified=True))
     records.append(dict(case="jax uneven", shape=[e, t, k, n], dtype="bfloat16", impl="xgemm.jax vs its triton kernel",
                         metric="ratio", value=round(secs[2] / secs[0], 3), verified=True))
+    return records + jax_swiglu(args, log, x, w, sizes, ref)
+
+
+def jax_swiglu(args, log, x, w, sizes, pre) -> list:
+    """The gated projection inside jit: xgemm.jax.ragged_dot(activation="swiglu") (the gate fused
+    into the grouped class) against jax.lax.ragged_dot then jax.nn.silu(gate) * up, each checked
+    against the float32 product's gate (pre: that product)."""
+    import jax
+    import jax.numpy as jnp
+
+    import xgemm
+    import xgemm.jax as xj
+    half = w.shape[-1] // 2
+    e, t, k, n = w.shape[0], x.shape[0], x.shape[1], w.shape[-1]
+    ref = jax.nn.silu(pre[:, :half]) * pre[:, half:]
+    ours = jax.jit(lambda x, w, s: xj.ragged_dot(x, w, s, activation="swiglu"))
+
+    def composed(x, w, s):
+        h = jax.lax.ragged_dot(x, w, s)
+        return jax.nn.silu(h[:, :half]) * h[:, half:]
+    peer = jax.jit(composed)
+    log(xgemm.explain(x, w, sizes, op="ragged_dot", activation="swiglu"))
+    got = {"xgemm.jax.ragged_dot swiglu": ours(x, w, sizes), "jax.lax.ragged_dot + silu * up": peer(x, w, sizes)}
+    secs = h.wall_interleaved([ours, peer], x, w, sizes, calls=5, reps=args.jax_reps)
+    records = []
+    for (name, y), sec in zip(got.items(), secs):
+        rel = float(jnp.linalg.norm(y.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+        tf = 2 * t * k * n / sec / 1e12
+        records.append(dict(case="jax uneven_swiglu", shape=[e, t, k, n], dtype="bfloat16", impl=name,
+                            metric="TFLOP/s", value=round(tf, 1), verified=rel < 1e-2, us=round(sec * 1e6, 1),
+                            rel_err=rel))
+        log(f"jax uneven_swiglu  {name:32s} {tf:8.1f} TFLOP/s  {sec * 1e6:9.1f} us  rel {rel:.1e}")
+    records.append(dict(case="jax uneven_swiglu", shape=[e, t, k, n], dtype="bfloat16", impl="xgemm.jax vs jax.lax",
+                        metric="ratio", value=round(secs[1] / secs[0], 3), verified=True))
     return records
 
 
