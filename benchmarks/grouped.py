@@ -106,32 +106,37 @@ def _forced(kernel, fn, *args):
         return fn(*args)
 
 
-def grouped_class_call(x, w, offs):
-    """((problem, operand views), None) to run cute_gemm_sm90's grouped class through the kernel
-    protocol on these operands as given, or (None, the reason it does not take them)."""
+def grouped_class_call(x, w, offs, activation=None):
+    """((problem, operand views), None) to run cute_gemm_sm90's grouped class (fusing `activation`)
+    through the kernel protocol on these operands as given, or (None, the reason it does not take them)."""
     from xgemm import arrays, grouped
     from xgemm.kernels import cute_gemm_sm90 as K90
-    plan, va, vb, moves = grouped._plan(grouped.check_grouped_mm(x, w, offs))
+    plan, va, vb, moves = grouped._plan(grouped.check_grouped_mm(x, w, offs), activation)
     why = f"operands moved: {moves}" if moves != (None, None) else K90.GROUPED.supports(plan.problem)
     if why is not None:
         return None, why
     return (plan.problem, (va, vb, arrays.view(offs, "offs", "bench"))), None
 
 
-def _cute_candidates(torch, x, w, offs, out, impls) -> None:
+def _cute_candidates(torch, x, w, offs, out, impls, activation=None) -> None:
     """cute_gemm_sm90's grouped class at each of its policy's candidate configs, through the kernel
-    protocol (labels `cute grouped <tile> <cluster>`), where the class takes the problem."""
+    protocol (labels `cute grouped <tile> <cluster>`), where the class takes the problem; with a
+    gated activation, at each gated candidate whose gate half divides H (labels `cute gated ...`)."""
     from xgemm import arrays
+    from xgemm.core.epilogues import GATED
     from xgemm.kernels import cute_gemm_sm90 as K90
-    call_args, _ = grouped_class_call(x, w, offs)
+    call_args, _ = grouped_class_call(x, w, offs, activation)
     if call_args is None:
         return
     problem, views = call_args
-    for cfg in K90.GROUPED_CONFIGS:
-        label = f"cute grouped {cfg.tile_m}x{cfg.tile_n} {cfg.cluster_m}x{cfg.cluster_n}"
+    gated = activation in GATED
+    cfgs = [c for c in K90.GATED_GROUPED_CONFIGS if (w.shape[-1] // 2) % (c.tile_n // 2) == 0] if gated \
+        else K90.GROUPED_CONFIGS
+    for cfg in cfgs:
+        label = f"cute {'gated' if gated else 'grouped'} {cfg.tile_m}x{cfg.tile_n} {cfg.cluster_m}x{cfg.cluster_n}"
 
         def call(i, pol=cfg.policy(), label=label):
-            y = torch.empty(problem.shape.out, dtype=torch.bfloat16, device="cuda")
+            y = torch.empty(problem.out_shape, dtype=torch.bfloat16, device="cuda")
             K90.GROUPED.run(problem, pol, views, arrays.view(y, "out", "bench"),
                             torch.cuda.current_stream().cuda_stream)
             out[label] = y
@@ -224,6 +229,7 @@ def swiglu_case(torch, name, cfg, sizes, args, log) -> list:
                  "torch._grouped_mm + silu * up", gate(torch._grouped_mm(x, w, offs, out_dtype=torch.bfloat16))),
              "xgemm grouped_mm + silu * up": lambda i: out.__setitem__(
                  "xgemm grouped_mm + silu * up", gate(xgemm.grouped_mm(x, w, offs)))}
+    _cute_candidates(torch, x, w, offs, out, impls, "swiglu")
     log(xgemm.explain(x, w, offs, op="grouped_mm", activation="swiglu"))
     records, by_name = h.time_checked(name, (e, t, k, n), "bfloat16", 2 * t * k * n, "TFLOP/s", impls, out,
                                       dict.fromkeys(impls, ref), *_counts(args, log, name, x, w, offs), log)
