@@ -198,5 +198,13 @@ def test_cuda_lowering_fuses_the_gate_and_composes_it_under_grad(tmp_path, monke
         assert len(calls) == 2 and any("-> tensor<4096x3072xf32>" in ln for ln in calls), calls
         assert sum('kernel = "xgemm_grouped_flat_sm90"' in ln for ln in grad) == 1
         assert not any("-> tensor<4096x1536xbf16>" in ln for ln in calls)       # no fused class
+        # an export takes the Triton cubin for the product (a TVM-FFI handle is process-local) and
+        # composes the gate after it, rather than falling back to XLA's ragged dot
+        from jax import export
+        exp = export.export(jax.jit(fwd), platforms=("cuda",),
+                            disabled_checks=xj.export_disabled_safety_checks(False))(lhs, rhs, sizes)
+        text = exp.mlir_module()
+        assert "xgemm_tvm_ffi_call" not in text and text.count('kernel = "xgemm_grouped_flat_sm90"') == 1
+        assert exp.out_avals[0].shape == (4096, 1536)
     finally:
         policy.clear_plans()

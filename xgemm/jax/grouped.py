@@ -217,12 +217,16 @@ def _grouped_problem(a, b, sizes, out, a_major, b_major, activation=None) -> gro
 
 
 def _grouped_cuda(a, b, sizes, *, out, ragged_k, portable, a_major=ROW, b_major=ROW, activation=None):
-    """The chosen kernel's custom call on (a, b, ends = cumsum(sizes)), or XLA's ragged dot (then
-    the activation, if any, in jax.numpy)."""
+    """The chosen kernel's custom call on (a, b, ends = cumsum(sizes)), or XLA's ragged dot. An
+    activation no kernel fuses here (an export: the fusing class's TVM-FFI call cannot leave the
+    process) follows the product's own lowering, in float32 (float64), composed in jax.numpy."""
     kw = dict(out=out, ragged_k=ragged_k, a_major=a_major, b_major=b_major, activation=activation)
     # (the kernel declines an empty problem)
     problem = _grouped_problem(a, b, sizes, out, a_major, b_major, activation)
     made = _lowered(problem, portable)
+    if not isinstance(made, (Launch, TvmFfiCall)) and activation is not None:
+        pre = _grouped_cuda(a, b, sizes, **dict(kw, out=_acc_name(a.dtype), activation=None), portable=portable)
+        return epilogues.activate(jnp, pre, activation).astype(out)
     if not isinstance(made, (Launch, TvmFfiCall)):
         return _grouped_reference(a, b, sizes, **kw)
     lowering.ensure_registered()
