@@ -312,8 +312,9 @@ def ptx(tmp_path_factory):
         "pp_grouped": lambda o: K90.build(K90.Config(128, 192, 2, 1, True, False, 8), "bfloat16", "bfloat16", ROW,
                                           COL, ROW, None, True, (False, True, False, False), 66, "sm_90a", o,
                                           grouped=True),
-        # the same fusing a gate (SwiGLU over each group's [gate | up] columns), at the gated pick
-        "coop_grouped_gated": lambda o: K90.build(K90.GATED_GROUPED_CONFIGS[0], "bfloat16", "bfloat16", ROW, COL, ROW,
+        # the same fusing a gate (SwiGLU over each group's [gate | up] columns), at the cooperative
+        # 128x256 gated candidate
+        "coop_grouped_gated": lambda o: K90.build(K90.GATED_GROUPED_CONFIGS[1], "bfloat16", "bfloat16", ROW, COL, ROW,
                                                   None, True, (False, True, False, False), 66, "sm_90a", o,
                                                   epi=K90.Epi(activation="silu", gated=True), grouped=True),
         "mma_sm80": lambda o: K80.build("bfloat16", "bfloat16", ROW, ROW, ROW, None, False, "sm_90a", o),
@@ -623,14 +624,19 @@ def test_sm_margin_shrinks_the_persistent_grid(monkeypatch):
 
 
 def test_gated_policy_tiles_divide_h():
-    """A gated product is never transposed and takes a tile whose gate half divides H, never
-    narrower than 128 (a 64-wide tile's 32 gate columns faulted on the H200): the benchmark's
-    H = 14336 (8192 x 2*14336 x 4096) is no multiple of 96, so a 128-wide tile (64 | 14336)."""
-    for m, h, k in ((8192, 14336, 4096), (1000, 1536, 264), (4096, 4096, 1024), (333, 576, 136), (1, 4096, 4096)):
-        pol = K90.choose_gated_policy(m, h, k, 1)
-        tile_n = K90.Config.from_policy(pol).tile_n
-        assert not K90.swapped(pol) and tile_n >= 128 and h % (tile_n // 2) == 0, (m, h, k, pol)
+    """A gated product is never transposed and takes a tile whose gate half divides H and is whole
+    128-byte rows (a 64-wide tile's 32 gate columns faulted on the H200; building a 128x192 tile's
+    96-column half aborted the process on an H100): the benchmark's H = 14336 (8192 x 2*14336 x
+    4096) takes a 128-wide tile, and so does 4096 x 2*4608 x 512, whose plain row is 128x192."""
+    for m in (1, 333, 1000, 4096, 8192, 16384):
+        for h in (576, 1536, 3072, 4096, 4608, 6144, 9216, 14336):
+            for k in (136, 512, 4096):
+                pol = K90.choose_gated_policy(m, h, k, 1)
+                half = K90.Config.from_policy(pol).tile_n // 2
+                assert not K90.swapped(pol) and half % K90.GATE_HALF_STEP == 0 and h % half == 0, (m, h, k, pol)
     assert K90.Config.from_policy(K90.choose_gated_policy(8192, 14336, 4096, 1)).tile_n == 128
+    assert K90.choose_config(4096, 2 * 4608, 512, 1)[1].tile_n == 192
+    assert K90.Config.from_policy(K90.choose_gated_policy(4096, 4608, 512, 1)).tile_n == 128
 
 
 @needs_dsl

@@ -10,7 +10,8 @@ from helpers import lower_ragged_dot_grad
 from xgemm.core import grouped_checks, layout
 from xgemm.core.problem import COL, ROW, Device
 from xgemm.kernels import cute_gemm_sm90 as K90
-from xgemm.kernels.cute_gemm_sm90_policy import (GATED_GROUPED_CONFIGS, GROUPED_CONFIGS, choose_gated_grouped_config,
+from xgemm.kernels.cute_gemm_sm90_policy import (GATE_HALF_STEP, GATED_GROUPED_CONFIGS, GROUPED_CONFIGS,
+                                                  choose_gated_grouped_config,
                                                   choose_grouped_config, group_tiles, grouped_fill, grouped_fill_of)
 
 H200 = Device("cuda", 0, (9, 0))
@@ -101,15 +102,17 @@ def test_the_fused_epilogue_is_switched_off_by_default(monkeypatch):
 
 
 def test_gated_problems_take_a_tile_whose_gate_half_divides_h(fused_on):
-    # the first candidate whose tile_n / 2 divides H: 128x256 (H % 128 == 0), the plain pick 128x192
-    # (H % 96), 128x128 (H % 64)
-    assert [choose_gated_grouped_config(h).tile_n for h in (3584, 3552, 3520)] == [256, 192, 128]
+    # the first candidate whose tile_n / 2 divides H: 128x128 (H % 64 == 0), then 128x256; no
+    # 128x192 (a 96-column half: CuTe-DSL aborts building its TMA atom for a row-major B)
+    assert all(c.tile_n // 2 % GATE_HALF_STEP == 0 for c in GATED_GROUPED_CONFIGS)
+    assert [choose_gated_grouped_config(h).tile_n for h in (3584, 3520)] == [128, 128]
     for activation in ("swiglu", "geglu", "reglu"):
         p = _problem(activation=activation)                     # N = 7168: H = 3584
         assert K90.GROUPED.supports(p) is None and p.out_shape == (16384, 3584)
         pol = K90.GROUPED.policy(p)
         assert K90.Config.from_policy(pol) == GATED_GROUPED_CONFIGS[0] and "gated" in " ".join(pol.notes)
     assert "multiple of 64" in K90.GROUPED.supports(_problem(n=80, activation="swiglu"))     # H = 40
+    assert "multiple of 64" in K90.GROUPED.supports(_problem(n=2 * 3552, activation="swiglu"))   # 96 | H
     # a plain activation keeps the plain product's pick and shape
     p = _problem(activation="gelu")
     assert K90.GROUPED.supports(p) is None and p.out_shape == (16384, 7168)

@@ -42,7 +42,7 @@ from xgemm.kernels.cute_gemm_sm90_build import (  # noqa: F401 -- compile-class 
     _AB_DTYPES, _FP8_DTYPES, _ITEMSIZE, _OUT_DTYPES, GROUPED_MARK, NAME, RAGGED_BIG, Epi, build, build_for_key,
     class_key, compiled, compiled_eager, max_clusters, workspace_sizes)
 from xgemm.kernels.cute_gemm_sm90_policy import (
-    GATED_GROUPED_CONFIGS, GROUPED_CONFIGS, POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy,
+    GATE_HALF_STEP, GATED_GROUPED_CONFIGS, GROUPED_CONFIGS, POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy,
     choose_gated_grouped_config, choose_gated_policy, choose_grouped_config, choose_policy, grouped_fill, swapped,
     unsplit)
 from xgemm.kernels.cute_gemm_sm90_policy import (  # noqa: F401 -- the policy's model under this kernel's name too
@@ -153,9 +153,9 @@ class _Sm90Kernel:
             ep, half = problem.epilogue, Config.from_policy(self.policy(problem)).tile_n // 2
             if problem.batch or ep.reads_c or ep.alpha != 1.0 or problem.b.shape[-1] != 2 * problem.n:
                 return "a gated class takes an unbatched [gate | up] B, no C and no alpha"
-            if half < 64:
-                # a narrower gate half is less than the 128-byte swizzled row its TMA box fills
-                return f"the tile's gate half is {half} columns; a gated class needs 64 or more"
+            if half % GATE_HALF_STEP:
+                # TMA loads each half in 128-byte swizzled rows (cute_gemm_sm90_policy.GATE_HALF_STEP)
+                return f"the tile's gate half is {half} columns; a gated class needs a multiple of {GATE_HALF_STEP}"
             if problem.n % half:
                 return f"H = {problem.n} is not a multiple of the tile's {half} gate columns"
         return None
@@ -402,7 +402,8 @@ class _Sm90Grouped:
             return f"activation {problem.activation!r} has no class"
         if problem.activation is not None and os.environ.get(self.ENABLE) != "1":
             return f"the fused activation has not run on a GPU yet; {self.ENABLE}=1 enables it"
-        if gated and width % (choose_gated_grouped_config(width).tile_n // 2):
+        half = choose_gated_grouped_config(width).tile_n // 2 if gated else 0
+        if gated and (width % half or half % GATE_HALF_STEP):
             return f"H = {width} (the gate half of B's {s.n} columns) is not a multiple of 64: no tile's gate half divides it"
         return None
 
@@ -488,8 +489,8 @@ def grouped_classes(arch: str, cfgs=None, activations=(None,)):
     """(key, build) of the grouped class for each config (the policy's candidates by default), in
     bf16 and fp16, D of the inputs' dtype or float32, B N- and K-major (the forward's weights and
     the backward's transposed ones), on an H200; and, for each gated activation in `activations`,
-    its class at the first of GATED_GROUPED_CONFIGS (the pick where 128 divides H), D of the inputs'
-    dtype (the forward)."""
+    its class at the first of GATED_GROUPED_CONFIGS (the pick wherever 64 divides H), D of the
+    inputs' dtype (the forward)."""
     if not arch.startswith("sm_90"):
         return []
     items = []

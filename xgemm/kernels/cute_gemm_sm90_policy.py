@@ -251,20 +251,26 @@ def row_of(m: int, n: int, k: int, l: int) -> str:
     return next(name for name, pred, _ in POLICY_TABLE if pred(m, n, k, l))
 
 
+# A gated tile's gate half must be a whole number of 64-column (128-byte) rows: TMA loads each
+# half of a row-major [gate | up] B in 128-byte swizzled rows, and CuTe-DSL aborts the process
+# building a 96-column half's TMA atom (128x192; an H100 run of 2026-12-07, dense and grouped)
+GATE_HALF_STEP = 64
+
+
 def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
     """The policy of a gated product act(A @ gate) * (A @ up), B = [gate | up] with 2H columns: never
     transposed (its epilogue pairs B's columns), tiled as the plain product over 2H columns, with a
-    tile whose gate half (tile_n / 2 columns) divides H, else 128 wide when 64 divides H (the
-    kernel declines an H that no tile divides). Never narrower than 128: a 64-wide tile's gate
+    tile whose gate half (tile_n / 2 columns) divides H and is a multiple of GATE_HALF_STEP, else
+    128 wide (the kernel declines an H that 64 does not divide). Never narrower than 128: a 64-wide tile's gate
     half is 32 columns, 64 bytes of a row-major B, less than the 128-byte swizzled row its TMA box
     fills (the H200 run of 2026-12-02: an illegal address at 1000 x 1536 x 264, tile 128 x 64)."""
     why, cfg = choose_config(m, 2 * h, k, l)
     if cfg.tile_n < 128:
         cfg = dataclasses.replace(cfg, tile_n=128)
         why += "; tile_n 128: a gated tile's gate half fills a 128-byte row"
-    elif h % (cfg.tile_n // 2) and cfg.tile_n != 128 and h % 64 == 0:
+    elif cfg.tile_n != 128 and (cfg.tile_n // 2 % GATE_HALF_STEP or h % (cfg.tile_n // 2)):
         cfg = dataclasses.replace(cfg, tile_n=128)
-        why += f"; tile_n 128: H = {h} is a multiple of 64"
+        why += f"; tile_n 128: a gate half of whole 128-byte rows dividing H = {h}"
     return cfg.policy(why)
 
 
@@ -336,12 +342,11 @@ def grouped_fill_of(sizes, n: int, cfg: Config) -> float:
 GROUPED_MARGIN = 1.25
 
 # The gated grouped class (an expert's [gate | up] projection, the gate fused into the epilogue):
-# a tile's gate half (tile_n / 2 columns) must divide H, and be 64 columns or more (a 128-byte
-# row of a row-major B, as choose_gated_policy says). The first that divides H serves: the
-# cooperative 128x256 2x1 ran level with the plain product's pick (session 39), and its 128-column
-# half divides every H that is a multiple of 128 (192's 96 does not divide 3584 or 7168); then
-# the plain pick; then 128x128 for any H a multiple of 64. Not yet timed against each other.
-GATED_GROUPED_CONFIGS = (Config(128, 256, 2, 1, False, False, 8), GROUPED_CONFIGS[0], GROUPED_CONFIGS[2])
+# a tile's gate half (tile_n / 2 columns) must divide H and be a whole number of 128-byte rows
+# (GATE_HALF_STEP: no 128x192). The first that divides H serves: pingpong 128x128 2x1 ran 1.045x
+# the cooperative 128x256 2x1 at the uneven case's swiglu (H = 3584, torch's K-major weights;
+# an H100, 2026-12-07), and serves any H that is a multiple of 64.
+GATED_GROUPED_CONFIGS = (GROUPED_CONFIGS[2], Config(128, 256, 2, 1, False, False, 8))
 
 
 def choose_gated_grouped_config(h: int, cfgs=GATED_GROUPED_CONFIGS) -> Config:
