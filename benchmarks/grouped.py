@@ -30,7 +30,6 @@ error < 1e-2).
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import _harness as h
@@ -416,8 +415,6 @@ def dry_run(log) -> None:
 
 
 def main(argv=None) -> int:
-    # the grouped class's fused epilogue is switched off until its GPU tests have passed: measure it
-    os.environ.setdefault("XGEMM_GROUPED_EPILOGUE", "1")
     return h.run_study("grouped", __doc__.split("\n\n")[0], {"torch": run_torch, "jax": run_jax, "tune": run_tune,
                                                                   "zipf": run_zipf, "order": run_order}, dry_run, argv,
                        opt_in=("tune", "zipf", "order"))

@@ -139,16 +139,6 @@ def test_routed_call_reads_or_copies_the_offsets(kind):
 _GATE = {"swiglu": torch.nn.functional.silu, "geglu": torch.nn.functional.gelu, "reglu": torch.relu}
 
 
-@pytest.fixture
-def fused_on(monkeypatch):
-    """The grouped class's fused epilogue switched on (off until these tests have passed on a GPU)."""
-    from xgemm.core import policy
-    monkeypatch.setenv(K90.GROUPED.ENABLE, "1")
-    policy.clear_plans()
-    yield
-    policy.clear_plans()
-
-
 def _want_activated(x, w, sizes, activation, dtype):
     """The float64 product (rows in no group zero), then the activation or the gate of its
     [gate | up] halves in float64, rounded once to the result's dtype."""
@@ -178,7 +168,7 @@ def _run_fused(x, w, offs, activation, cfg):
 @pytest.mark.parametrize("activation", ["swiglu", "geglu", "reglu"])
 @pytest.mark.parametrize("sizes", ["edges", "below_t", "tail_rows"], ids=str)
 @pytest.mark.parametrize("b_col", [False, True], ids=["b_nmajor", "b_kmajor"])
-def test_gated_grouped_class_matches_float64(cfg, activation, sizes, b_col, fused_on):
+def test_gated_grouped_class_matches_float64(cfg, activation, sizes, b_col):
     """The gate fused into the grouped class's epilogue: D = act(gate) * up of each group's
     [gate | up] columns, H = 384 (three, four and six gate halves of the candidates' tiles), rows in
     no group zero; integer operands (the product exact), so the error is the activation's and the
@@ -196,7 +186,7 @@ def test_gated_grouped_class_matches_float64(cfg, activation, sizes, b_col, fuse
 
 
 @pytest.mark.parametrize("activation", ["gelu", "sigmoid"])
-def test_grouped_class_fuses_an_activation(activation, fused_on):
+def test_grouped_class_fuses_an_activation(activation):
     """A plain activation in the grouped class: rows in no group are act(0) (sigmoid's 0.5)."""
     sizes = np.array(SIZES["below_t"])
     t, k, n = 256, 64, 136
@@ -209,7 +199,7 @@ def test_grouped_class_fuses_an_activation(activation, fused_on):
 
 
 @pytest.mark.parametrize("entry", ["grouped_mm", "ragged_dot"])
-def test_public_calls_take_the_fused_class(entry, fused_on):
+def test_public_calls_take_the_fused_class(entry):
     """xgemm.grouped_mm / ragged_dot(activation="swiglu") on eager CUDA bf16 tensors run the fused
     class (explain says so) and match the float64 gate; under autograd they compose it."""
     import xgemm
@@ -230,7 +220,7 @@ def test_public_calls_take_the_fused_class(entry, fused_on):
     torch.testing.assert_close(composed.detach().double(), want, rtol=2e-2, atol=2e-2)
 
 
-def test_jax_jit_fuses_the_gate_and_grad_composes_it(fused_on):
+def test_jax_jit_fuses_the_gate_and_grad_composes_it():
     """jit(xgemm.jax.ragged_dot(..., activation="swiglu")): one TVM-FFI call of the gated class, its
     result against jax.lax.ragged_dot then silu * up in float32; jax.grad through it (composed)
     against the same composition's grads."""

@@ -17,16 +17,6 @@ from xgemm.kernels.cute_gemm_sm90_policy import (GATE_HALF_STEP, GATED_GROUPED_C
 H200 = Device("cuda", 0, (9, 0))
 
 
-@pytest.fixture
-def fused_on(monkeypatch):
-    """The grouped class's fused epilogue switched on (off until a GPU has run its tests)."""
-    from xgemm.core import policy
-    monkeypatch.setenv(K90.GROUPED.ENABLE, "1")
-    policy.clear_plans()
-    yield
-    policy.clear_plans()
-
-
 def _problem(t=16384, k=4096, n=7168, e=8, dtype="bfloat16", out=None, a_major=ROW, b_major=COL, ragged_k=False,
              device=H200, activation=None):
     if ragged_k:
@@ -95,13 +85,7 @@ def test_prebuild_covers_the_grouped_class():
     assert {key[6] for key in gated} == {ROW, COL}
 
 
-def test_the_fused_epilogue_is_switched_off_by_default(monkeypatch):
-    monkeypatch.delenv(K90.GROUPED.ENABLE, raising=False)
-    assert "XGEMM_GROUPED_EPILOGUE=1 enables it" in K90.GROUPED.supports(_problem(activation="swiglu"))
-    assert K90.GROUPED.supports(_problem()) is None
-
-
-def test_gated_problems_take_a_tile_whose_gate_half_divides_h(fused_on):
+def test_gated_problems_take_a_tile_whose_gate_half_divides_h():
     # the first candidate whose tile_n / 2 divides H: 128x128 (H % 64 == 0), then 128x256; no
     # 128x192 (a 96-column half: CuTe-DSL aborts building its TMA atom for a row-major B)
     assert all(c.tile_n // 2 % GATE_HALF_STEP == 0 for c in GATED_GROUPED_CONFIGS)
@@ -120,7 +104,7 @@ def test_gated_problems_take_a_tile_whose_gate_half_divides_h(fused_on):
     assert "has no class" in K90.GROUPED.supports(_problem(activation="softplus"))
 
 
-def test_only_the_cute_class_serves_a_fused_problem(fused_on):
+def test_only_the_cute_class_serves_a_fused_problem():
     """policy.choose: the Triton kernel fuses nothing, so a problem the CuTe class declines plans the
     reference, which the caller reads as "compose it"."""
     from xgemm.core import policy
@@ -183,7 +167,7 @@ def test_group_tiles_counts_what_the_kernel_runs(cfg):
         assert grouped_fill_of((rows,) * 8, n, cfg) == grouped_fill(rows * 8, n, 8, cfg)
 
 
-def test_cuda_lowering_fuses_the_gate_and_composes_it_under_grad(tmp_path, monkeypatch, fused_on):
+def test_cuda_lowering_fuses_the_gate_and_composes_it_under_grad(tmp_path, monkeypatch):
     """jit(xgemm.jax.ragged_dot(..., activation="swiglu")) lowers to one TVM-FFI call of the gated
     class writing [T, N / 2]; under value_and_grad the forward is the plain product in float32 (the
     gate's backward needs it) and the gate composed in XLA ops, then dlhs and drhs as without one."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Optional, Tuple
 
 from xgemm.core import fp8_checks
@@ -372,8 +371,6 @@ class _Sm90Grouped:
     ops = ("grouped",)
     backend = "cute"
     fuses_epilogue = True             # problem.activation (policy.choose asks)
-    # the fused epilogue is switched off until a GPU has run its tests (tests/gpu/test_cute_grouped_gpu.py)
-    ENABLE = "XGEMM_GROUPED_EPILOGUE"
 
     def supports(self, problem) -> Optional[str]:
         why = sm90_device_reason(problem.device)
@@ -400,8 +397,6 @@ class _Sm90Grouped:
                 return f"{label}: {why} (TMA needs 16-byte base and strides)"
         if problem.activation not in (None,) + ACTIVATIONS + tuple(GATED):
             return f"activation {problem.activation!r} has no class"
-        if problem.activation is not None and os.environ.get(self.ENABLE) != "1":
-            return f"the fused activation has not run on a GPU yet; {self.ENABLE}=1 enables it"
         half = choose_gated_grouped_config(width).tile_n // 2 if gated else 0
         if gated and (width % half or half % GATE_HALF_STEP):
             return f"H = {width} (the gate half of B's {s.n} columns) is not a multiple of 64: no tile's gate half divides it"
