@@ -143,10 +143,6 @@ def ragged_dot_expert_parallel(lhs: Any, rhs: Any, group_sizes: Any, mesh: jax.s
 # ---------------------------------------------------------------------------------------------
 # The forward products (XLA's ragged dot here; a kernel's primitive later), with their vmap rule
 
-def _acc(dt: Any):
-    return jnp.float64 if dt == jnp.float64 else jnp.float32
-
-
 # float32 products in float32 on GPUs too (no TF32), as the GEMM reference (primitives.py)
 _PRECISION = jax.lax.Precision.HIGHEST
 
@@ -175,9 +171,9 @@ def _grouped_reference(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW, 
     in that type: what compose.run_grouped composes."""
     if ragged_k:
         y = jax.lax.ragged_dot_general(a.T, b, sizes, _CONTRACT_GROUPS, precision=_PRECISION,
-                                       preferred_element_type=_acc(a.dtype))
+                                       preferred_element_type=_acc_name(a.dtype))
     else:
-        y = jax.lax.ragged_dot(a, b, sizes, precision=_PRECISION, preferred_element_type=_acc(a.dtype))
+        y = jax.lax.ragged_dot(a, b, sizes, precision=_PRECISION, preferred_element_type=_acc_name(a.dtype))
     if activation is not None:
         y = epilogues.activate(jnp, y, activation)
     return y.astype(out)
