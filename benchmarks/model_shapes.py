@@ -381,8 +381,9 @@ def lowered_to(text: str) -> str:
             "cutlass_call" if "CuteDSLRT" in text or "cutlass_call" in text else "xla")
 
 
-def time_jit(rec, samples: int) -> None:
-    """Time one product in jax.jit, xgemm against XLA; results into rec."""
+def time_jit(rec, samples: int, kernel_time: bool = False) -> None:
+    """Time one product in jax.jit, xgemm against XLA; results into rec. kernel_time: also each
+    one's GPU time inside the jitted call (kernel_time_in_jit), beside the wall clock it is judged on."""
     import jax
     import jax.numpy as jnp
 
@@ -425,8 +426,41 @@ def time_jit(rec, samples: int) -> None:
             sec = h.upper_median(per_gemm)
             impls[name].update(us=round(sec * 1e6, 3), tflops=round(rec["flops"] / sec / 1e12, 2))
             times[name] = per_gemm
+        for name, fn in ready if kernel_time else ():
+            impls[name].update(kernel_time_in_jit(fn, a_sets, b_sets))
     rec["impls"] = impls
     judge(rec, impls, times, ("xla",))
+
+
+JIT_PROFILED_CALLS = 3
+
+
+def kernel_time_in_jit(fn, a_sets, b_sets) -> dict:
+    """What the GPU ran for JIT_PROFILED_CALLS calls of a jitted fn of len(a_sets) products, under
+    torch.profiler (CUPTI sees XLA's launches too): per product, the summed kernel time
+    (kernel_us), first start to last end (span_us: the gaps between kernels too), and the kernels a
+    call launches, by name. Where the jit wall clock and these part, the difference is dispatch."""
+    import jax
+    outs = []
+    try:
+        events = h.gpu_events(lambda: outs.extend(fn(a_sets, b_sets) for _ in range(JIT_PROFILED_CALLS)),
+                              lambda: jax.block_until_ready(outs), cats=("kernel",))
+    except Exception as exc:   # noqa: BLE001 -- a diagnostic: the wall clock still judges the shape
+        return {"kernel_us": None, "kernels": f"profiler failed: {type(exc).__name__}: {str(exc)[:200]}"}
+    return kernel_summary(events, JIT_PROFILED_CALLS, len(a_sets))
+
+
+def kernel_summary(events, calls: int, sets: int) -> dict:
+    """kernel_time_in_jit's figures from the kernel events of `calls` calls of `sets` products."""
+    if not events:
+        return {"kernel_us": None, "kernels": "none seen (CUPTI)"}
+    products = calls * sets
+    span = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
+    names = {}
+    for e in events:
+        names[e["name"][:60]] = names.get(e["name"][:60], 0) + 1
+    return {"kernel_us": round(sum(e["dur"] for e in events) / products, 3), "span_us": round(span / products, 3),
+            "kernels": {n: c / calls for n, c in names.items()}}
 
 
 # ------------------------------------------------------------------------------------------
@@ -552,7 +586,8 @@ def markdown(meta, records) -> str:
             cells = []
             for p in peers:
                 d = r.get("impls", {}).get(p, {})
-                cells.append(f"{d['us']:.1f}" + ("" if d.get("verified") else " WRONG") if "us" in d
+                cells.append(f"{d['us']:.1f}" + ("" if d.get("verified") else " WRONG")
+                             + (f" (kernels {d['kernel_us']:.1f})" if d.get("kernel_us") else "") if "us" in d
                              else d.get("status", "-"))
             ratio = f"{r['ratio']:.3f} ({r['ratio_ci'][0]:.3f}-{r['ratio_ci'][1]:.3f})" if r.get("ratio") else "-"
             lines.append(f"| {r['case']} | {label(r)} | {len(r['names'])} | " + " | ".join(cells)
@@ -625,6 +660,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=18, help="replays per implementation (a multiple of 6 balances "
                     "the orders of three implementations)")
     ap.add_argument("--jit-samples", type=int, default=12, help="wall-clock samples per jit implementation")
+    ap.add_argument("--jit-kernel-time", action="store_true",
+                    help="also each jit implementation's GPU kernel time (torch.profiler, CUPTI; a few s a shape)")
     ap.add_argument("--budget-s", type=float, default=0, help="stop timing after this many seconds (0: no limit); "
                     "shapes not reached are recorded as skipped")
     ap.add_argument("--out", default=str(h.RESULTS), help="results folder")
@@ -682,7 +719,7 @@ def measure(torch_recs, jit_recs, args, impls, json_path: Path, out: Path) -> in
                     import torch
                     torch.cuda.empty_cache()
                     jit_ready = True
-                time_jit(rec, args.jit_samples)
+                time_jit(rec, args.jit_samples, args.jit_kernel_time)
         except Exception as exc:   # noqa: BLE001 - e.g. out of memory making inputs: report, go on
             rec.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
             release_cached_memory()

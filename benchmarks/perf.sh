@@ -8,7 +8,7 @@
 # Knobs: CACHE_TAR (.cache/xgemm-cache.tar.xz), DEADLINE (s, 560), STAGES (default
 # "tests decode model softmax epilogue fp8 grouped fuzz"; also gemm (GEMM_SHAPES, GEMM_S), groupedtune (GROUPEDTUNE_S), groupedorder (GROUPEDORDER_S), fp8tune, and the policy
 # sweeps longk (LONGK_SHAPES), splitk (SPLITK_SHAPES, SPLITK_S) and cutesplit (CUTESPLIT_SHAPES, CUTESPLIT_S)), TESTS (tests/gpu), TESTS_S (220), MODEL_SUBSET (core),
-# MODEL_JIT (jit), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
+# MODEL_JIT (jit), MODEL_ARGS (more model_shapes.py options, e.g. --jit-kernel-time), SOFTMAX_SIZES (1000,1536,3000,4095,4096), SOFTMAX_DTYPES (float16,bfloat16),
 # FUZZ_S (60), FUZZ_SEED (3), SWITCHES (exported for the benchmarks and the fuzzer: code still switched
 # off, docs/development.md; default none, e.g. "XGEMM_DECODE=1").
 set -u
@@ -43,7 +43,7 @@ switches=${SWITCHES-}
 if want decode; then stage decode 120 python3 benchmarks/decode.py --out "$R"; tail -25 "$LOGS/decode.log"; fi
 if want model; then
   stage model 200 python3 benchmarks/model_shapes.py --subset "${MODEL_SUBSET:-core}" --jit-subset "${MODEL_JIT:-jit}" \
-    --budget-s 150 --out "$R"
+    --budget-s 150 --out "$R" ${MODEL_ARGS:-}
   grep -iE "summary|geomean|median|worst|below|skipped" "$LOGS/model.log" | head -30
 fi
 if want softmax; then

@@ -159,3 +159,17 @@ def test_render_writes_a_png_from_json(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "| bf16_1x4096x4096 |" in (tmp_path / "model_shapes-h200.md").read_text()
 
+
+
+def test_kernel_summary_reads_the_jit_calls_kernels():
+    """--jit-kernel-time: per product, the summed kernel time, the span from the first start to the
+    last end, and each kernel's launches a call (3 calls of 2 products, a GEMM and a memset each)."""
+    events = []
+    for call in range(3):
+        for p in range(2):
+            t = 100.0 * (2 * call + p)
+            events += [{"ts": t, "dur": 40.0, "name": "xgemm_gemm"}, {"ts": t + 41, "dur": 2.0, "name": "memset"}]
+    got = ms.kernel_summary(events, 3, 2)
+    assert got["kernel_us"] == pytest.approx(42.0) and got["span_us"] == pytest.approx((500 + 43) / 6)
+    assert got["kernels"] == {"xgemm_gemm": 2.0, "memset": 2.0}
+    assert ms.kernel_summary([], 3, 2)["kernel_us"] is None
