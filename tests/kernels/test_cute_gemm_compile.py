@@ -2,6 +2,7 @@
 few representative classes holds the instructions meant (wgmma + TMA + cluster multicast; mma.sync
 m16n8k16 + ldmatrix + cp.async), and the host-side logic (supports / policy / compile class)."""
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -700,3 +701,36 @@ def test_ptx_sm90_grouped_gated_class(ptx):
     assert _count(text, r"ex2\.approx") == 64
     assert _count(text, r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16") >= 4
     assert "ld.local" not in text and "st.local" not in text
+
+
+@needs_dsl
+def test_every_gated_tile_the_policies_pick_compiles_for_both_b_layouts():
+    """The gated classes the policies can pick, dense (tile_n 128 and 256) and grouped (each of
+    GATED_GROUPED_CONFIGS), built for a row-major and a column-major [gate | up] B, in a child
+    process: CuTe-DSL aborts the whole process on a TMA atom it cannot build (a 128x192 tile's
+    96-column gate half with a row-major B did, on an H100), which would take the test runner down."""
+    code = """
+import sys
+from xgemm.kernels import cute_gemm_sm90 as K90
+from xgemm.core.problem import COL, ROW
+epi = K90.Epi(activation="silu", gated=True)
+dense = [K90.Config(128, 128, 2, 1, True, False, 8), K90.Config(128, 256, 2, 1, False, False, 8)]
+for b_major in (ROW, COL):
+    for cfg in dense:
+        K90.build(cfg, "bfloat16", "bfloat16", ROW, b_major, ROW, None, True, (False, False, False, False), 66,
+                  "sm_90a", epi=epi)
+        print("dense", cfg.tile_n, b_major, flush=True)
+    for cfg in K90.GATED_GROUPED_CONFIGS:
+        K90.build(cfg, "bfloat16", "bfloat16", ROW, b_major, ROW, None, True, (False, True, False, False), 66,
+                  "sm_90a", epi=epi, grouped=True)
+        print("grouped", cfg.tile_n, b_major, flush=True)
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "CUTE_DSL_ARCH": "sm_90a"})
+    built = [ln for ln in run.stdout.splitlines() if ln.startswith(("dense", "grouped"))]
+    assert run.returncode == 0, (run.returncode, built, run.stderr[-2000:])
+    assert len(built) == 2 * (2 + len(K90.GATED_GROUPED_CONFIGS)), built
+    # the policies pick no other gated tile width
+    widths = {K90.Config.from_policy(K90.choose_gated_policy(m, h, 4096, 1)).tile_n
+              for m in (1, 1000, 4096, 16384) for h in range(64, 30000, 64)}
+    assert widths <= {128, 256} and {c.tile_n for c in K90.GATED_GROUPED_CONFIGS} <= {128, 256}
