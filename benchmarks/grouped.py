@@ -263,21 +263,31 @@ def run_jax(args, log) -> list:
     with policy.force("triton_grouped_sm90"):     # xgemm's other grouped kernel, compiled in the override
         triton = jax.jit(lambda x, w, s: xj.ragged_dot(x, w, s)).lower(x, w, sizes).compile()
     ref = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
-    got = {"xgemm.jax.ragged_dot": ours(x, w, sizes), "jax.lax.ragged_dot": peer(x, w, sizes),
-           "xgemm.jax.ragged_dot (triton)": triton(x, w, sizes)}
-    secs = h.wall_interleaved([ours, peer, triton], x, w, sizes, calls=5, reps=args.jax_reps)
+    records, secs = _jax_timed("jax uneven", {"xgemm.jax.ragged_dot": ours, "jax.lax.ragged_dot": peer,
+                                              "xgemm.jax.ragged_dot (triton)": triton}, x, w, sizes, ref, args, log)
+    records.append(dict(case="jax uneven", shape=[e, t, k, n], dtype="bfloat16", impl="xgemm.jax vs its triton kernel",
+                        metric="ratio", value=round(secs[2] / secs[0], 3), verified=True))
+    return records + jax_swiglu(args, log, x, w, sizes, ref)
+
+
+def _jax_timed(case, fns, x, w, sizes, ref, args, log):
+    """(records, seconds) of jitted fns(x, w, sizes) by name, timed interleaved, each output checked
+    against ref (relative Frobenius error < 1e-2), TFLOP/s of the product; and the first against the
+    second as a ratio record ("xgemm.jax vs jax.lax")."""
+    import jax.numpy as jnp
+    e, t, k, n = w.shape[0], x.shape[0], x.shape[1], w.shape[-1]
+    got = {name: fn(x, w, sizes) for name, fn in fns.items()}
+    secs = h.wall_interleaved(list(fns.values()), x, w, sizes, calls=5, reps=args.jax_reps)
     records = []
     for (name, y), sec in zip(got.items(), secs):
         rel = float(jnp.linalg.norm(y.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         tf = 2 * t * k * n / sec / 1e12
-        records.append(dict(case="jax uneven", shape=[e, t, k, n], dtype="bfloat16", impl=name, metric="TFLOP/s",
+        records.append(dict(case=case, shape=[e, t, k, n], dtype="bfloat16", impl=name, metric="TFLOP/s",
                             value=round(tf, 1), verified=rel < 1e-2, us=round(sec * 1e6, 1), rel_err=rel))
-        log(f"jax uneven         {name:32s} {tf:8.1f} TFLOP/s  {sec * 1e6:9.1f} us  rel {rel:.1e}")
-    records.append(dict(case="jax uneven", shape=[e, t, k, n], dtype="bfloat16", impl="xgemm.jax vs jax.lax",
+        log(f"{case:18s} {name:32s} {tf:8.1f} TFLOP/s  {sec * 1e6:9.1f} us  rel {rel:.1e}")
+    records.append(dict(case=case, shape=[e, t, k, n], dtype="bfloat16", impl="xgemm.jax vs jax.lax",
                         metric="ratio", value=round(secs[1] / secs[0], 3), verified=True))
-    records.append(dict(case="jax uneven", shape=[e, t, k, n], dtype="bfloat16", impl="xgemm.jax vs its triton kernel",
-                        metric="ratio", value=round(secs[2] / secs[0], 3), verified=True))
-    return records + jax_swiglu(args, log, x, w, sizes, ref)
+    return records, secs
 
 
 def jax_swiglu(args, log, x, w, sizes, pre) -> list:
@@ -285,12 +295,10 @@ def jax_swiglu(args, log, x, w, sizes, pre) -> list:
     into the grouped class) against jax.lax.ragged_dot then jax.nn.silu(gate) * up, each checked
     against the float32 product's gate (pre: that product)."""
     import jax
-    import jax.numpy as jnp
 
     import xgemm
     import xgemm.jax as xj
     half = w.shape[-1] // 2
-    e, t, k, n = w.shape[0], x.shape[0], x.shape[1], w.shape[-1]
     ref = jax.nn.silu(pre[:, :half]) * pre[:, half:]
     ours = jax.jit(lambda x, w, s: xj.ragged_dot(x, w, s, activation="swiglu"))
 
@@ -299,19 +307,8 @@ def jax_swiglu(args, log, x, w, sizes, pre) -> list:
         return jax.nn.silu(h[:, :half]) * h[:, half:]
     peer = jax.jit(composed)
     log(xgemm.explain(x, w, sizes, op="ragged_dot", activation="swiglu"))
-    got = {"xgemm.jax.ragged_dot swiglu": ours(x, w, sizes), "jax.lax.ragged_dot + silu * up": peer(x, w, sizes)}
-    secs = h.wall_interleaved([ours, peer], x, w, sizes, calls=5, reps=args.jax_reps)
-    records = []
-    for (name, y), sec in zip(got.items(), secs):
-        rel = float(jnp.linalg.norm(y.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
-        tf = 2 * t * k * n / sec / 1e12
-        records.append(dict(case="jax uneven_swiglu", shape=[e, t, k, n], dtype="bfloat16", impl=name,
-                            metric="TFLOP/s", value=round(tf, 1), verified=rel < 1e-2, us=round(sec * 1e6, 1),
-                            rel_err=rel))
-        log(f"jax uneven_swiglu  {name:32s} {tf:8.1f} TFLOP/s  {sec * 1e6:9.1f} us  rel {rel:.1e}")
-    records.append(dict(case="jax uneven_swiglu", shape=[e, t, k, n], dtype="bfloat16", impl="xgemm.jax vs jax.lax",
-                        metric="ratio", value=round(secs[1] / secs[0], 3), verified=True))
-    return records
+    return _jax_timed("jax uneven_swiglu", {"xgemm.jax.ragged_dot swiglu": ours, "jax.lax.ragged_dot + silu * up": peer},
+                      x, w, sizes, ref, args, log)[0]
 
 
 def run_zipf(args, log) -> list:
