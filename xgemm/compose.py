@@ -151,8 +151,8 @@ def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any,
     dt = checks.operand_dtypes(fn, names[:2], arrays.dtype_name(a), arrays.dtype_name(b))
     gate_op = gated and owner == "torch" and dt in checks.HALF and prepare.torch_op_needed(a, b)
     product_dt = dt if gate_op else "float64" if dt == "float64" else "float32"
+    want = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
     if owner in ("torch", "cupy") and dt in checks.HALF and not prepare.torch_op_needed(a, b):
-        want = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
         fused = grouped.run_fused(op, a, b, index, want, activation, fn=fn, plan_only=plan_only)
         if fused is not None and plan_only:
             fused.epilogue = epilogues.describe(False, activation, gated, "float32", owner, fused.kernel.name)
@@ -169,7 +169,6 @@ def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any,
     if plan_only:
         return (grouped.explain(op, a, b, index, product_dt) + "\n  epilogue: "
                 + epilogues.describe(False, activation, gated, product_dt, owner, gate_op=gate_op))
-    want = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
     pre = entry(a, b, index, out_dtype=product_dt)
     xp = arrays.namespace(owner)
     y = _torch_gate(pre, activation) if gate_op else epilogues.activate(xp, pre, activation)

@@ -399,7 +399,8 @@ class _Sm90Grouped:
             return f"activation {problem.activation!r} has no class"
         half = choose_gated_grouped_config(width).tile_n // 2 if gated else 0
         if gated and (width % half or half % GATE_HALF_STEP):
-            return f"H = {width} (the gate half of B's {s.n} columns) is not a multiple of 64: no tile's gate half divides it"
+            return (f"H = {width} (the gate half of B's {s.n} columns) is not a multiple of {GATE_HALF_STEP}: no tile's "
+                    f"gate half divides it")
         return None
 
     def policy(self, problem) -> Policy:
