@@ -23,8 +23,10 @@ stage() {
   local left=$(( deadline - (SECONDS - t0) ))
   [ "$left" -lt 20 ] && { echo "== $name: skipped, $left s left"; return; }
   [ "$max" -gt "$left" ] && max=$left
+  local start rc; start=$(date +%s)
   timeout "$max" "$@" > "$LOGS/$name.log" 2>&1
-  echo "== $name: rc $?, done at $((SECONDS - t0)) s (cap $max s)"
+  rc=$?
+  echo "== $name: rc $rc, done at $((SECONDS - t0)) s (cap $max s); $(clocks "$start" "$(date +%s)")"
 }
 want() { case " ${STAGES:-tests decode model softmax epilogue fp8 grouped fuzz} " in *" $1 "*) return 0;; esac; return 1; }
 stage prebuild 240 python3 -c "from xgemm.runtime import cute_cache as c; print(len(c.prebuild(jobs=16)), 'CuTe classes')"
