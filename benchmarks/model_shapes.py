@@ -710,6 +710,7 @@ def measure(torch_recs, jit_recs, args, impls, json_path: Path, out: Path) -> in
             rec["status"] = "skipped"
             done.append(rec)
             continue
+        rec["window"] = [round(time.time(), 1), None]    # Unix s: to match the GPU clock samples of a perf.sh call
         try:
             if part == "torch":
                 # the clocks are up after the first shape: a short warm loop keeps them there
@@ -723,6 +724,7 @@ def measure(torch_recs, jit_recs, args, impls, json_path: Path, out: Path) -> in
         except Exception as exc:   # noqa: BLE001 - e.g. out of memory making inputs: report, go on
             rec.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
             release_cached_memory()
+        rec["window"][1] = round(time.time(), 1)
         done.append(rec)
         print(line(i, len(todo), rec, time.perf_counter() - t0), flush=True)
         write_results(json_path, meta, done)
