@@ -32,3 +32,84 @@ def test_warm_workers_find_this_package(monkeypatch, tmp_path):
         root = Path(env["PYTHONPATH"].split(":")[0])
         assert (root / "xgemm" / "__init__.py").resolve() == Path(xgemm.__file__).resolve(), root
         assert "_warm_worker" in args[-1]
+
+
+# A first-use compile runs in a child process, so that a compiler that aborts (CuTe-DSL did, building
+# a 96-column gate half's TMA atom) leaves the caller alive with a typed error. The fake kernel
+# module below stands in for a kernel's build module: its build refuses to run in the test's own
+# process, so a build that is not in a child fails the test instead of aborting it.
+FAKE_KERNEL = '''
+import os
+
+
+class Compiled:
+    def export_to_c(self, object_file_path, function_name):
+        with open(object_file_path, "w") as f:
+            f.write(f"built in pid {os.getpid()}")
+
+
+def build():
+    if os.environ.get("XGEMM_CUTE_BUILD") != "inline":
+        raise AssertionError("built in the calling process")
+    how = os.environ["FAKE_BUILD"]
+    if how == "abort":
+        os.abort()
+    if how == "raise":
+        raise ValueError("this tile does not fit")
+    return Compiled()
+
+
+def build_for_key(key):
+    return build
+'''
+
+
+def _fake_kernel(monkeypatch, tmp_path, how):
+    import importlib
+    import sys
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "xgemm_fake_kernel.py").write_text(FAKE_KERNEL)
+    monkeypatch.syspath_prepend(str(src))
+    monkeypatch.setenv("PYTHONPATH", str(src))
+    monkeypatch.setenv("XGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_BUILD", how)
+    monkeypatch.delenv("XGEMM_CUTE_BUILD", raising=False)
+    monkeypatch.delenv("XGEMM_CACHE", raising=False)
+    sys.modules.pop("xgemm_fake_kernel", None)
+    monkeypatch.setattr(cute_cache, "_memory", {})
+    return importlib.import_module("xgemm_fake_kernel")
+
+
+def test_a_build_that_aborts_is_a_typed_error_and_the_caller_lives(monkeypatch, tmp_path):
+    from xgemm import errors
+    fake = _fake_kernel(monkeypatch, tmp_path, "abort")
+    try:
+        cute_cache.cute(("fake", "abort"), fake.build)
+    except errors.KernelUnavailableError as exc:
+        assert "SIGABRT" in str(exc) and "'fake', 'abort'" in str(exc), exc
+    else:
+        raise AssertionError("no error")
+
+
+def test_a_build_that_raises_raises_its_own_error_in_the_caller(monkeypatch, tmp_path):
+    # the child fails as Python: the caller builds once more itself, here the fake's assertion
+    fake = _fake_kernel(monkeypatch, tmp_path, "raise")
+    try:
+        cute_cache.cute(("fake", "raise"), fake.build)
+    except AssertionError as exc:
+        assert "calling process" in str(exc)
+    else:
+        raise AssertionError("no error")
+
+
+def test_the_child_exports_and_the_caller_loads_it(monkeypatch, tmp_path):
+    import os
+    fake = _fake_kernel(monkeypatch, tmp_path, "ok")
+    monkeypatch.setattr(cute_cache, "_try_load", lambda so, obj: obj.read_text() if obj.exists() else None)
+    got = cute_cache.cute(("fake", "ok"), fake.build)
+    assert got.startswith("built in pid ") and got != f"built in pid {os.getpid()}", got
+    assert cute_cache.cute(("fake", "ok"), fake.build) is got           # memory, then
+    monkeypatch.setenv("XGEMM_CUTE_BUILD", "inline")     # the fake then builds in this process
+    monkeypatch.setattr(cute_cache, "_memory", {})
+    assert cute_cache.cute(("fake", "inline"), fake.build) == f"built in pid {os.getpid()}"

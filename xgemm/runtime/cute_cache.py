@@ -19,7 +19,9 @@ Lookup order
    the `.o` (quack's format, `export_to_c`) is the portable fallback, loaded through
    `cutlass.cute.runtime.load_module`.
 3. compile: `build()`, then export under an exclusive per-key file lock (other processes wanting
-   the same key wait and load the result instead of compiling it again). One line is logged
+   the same key wait and load the result instead of compiling it again). With the disk cache on,
+   the build runs in a child process (modules with `build_for_key`), so that a compiler abort
+   becomes an errors.KernelUnavailableError instead of the end of the caller's process. One line is logged
    (logger "xgemm.runtime.cute_cache", to stderr if nothing is configured) on every first-use compile.
 
 Faults (runtime/cache.py): an object that does not load (truncated, foreign) is compiled again
@@ -47,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from xgemm import errors
 from xgemm.core import problem, registry
 from xgemm.runtime import cache, driver, tvm_abi
 
@@ -124,12 +127,16 @@ def _package_version(module: str, rel: str, pattern: str) -> str:
 _fingerprints: Dict[str, str] = {}
 
 
-def source_of(build: Callable) -> Optional[str]:
-    """The file that defines `build` (a kernel module): its source is part of the disk key."""
+def _function_of(build: Callable) -> Callable:
     fn = build
     while hasattr(fn, "func"):              # functools.partial
         fn = fn.func
-    return getattr(fn, "__globals__", {}).get("__file__")
+    return fn
+
+
+def source_of(build: Callable) -> Optional[str]:
+    """The file that defines `build` (a kernel module): its source is part of the disk key."""
+    return getattr(_function_of(build), "__globals__", {}).get("__file__")
 
 
 def fingerprint(source: Optional[str] = None) -> str:
@@ -320,6 +327,11 @@ def _from_disk_or_build(key: tuple, build: Callable[[], Any]) -> Optional[Any]:
             _stats["disk"] += 1
             return fn
         _announce(key, str(directory))
+        if _built_in_child(key, build, obj, so):
+            fn = _try_load(so, obj)
+            if fn is not None:
+                _stats["compiled"] += 1
+                return fn
         compiled = build()
         fn = _raw(compiled)
         _stats["compiled"] += 1
@@ -335,6 +347,60 @@ def _from_disk_or_build(key: tuple, build: Callable[[], Any]) -> Optional[Any]:
             # compile result has no tvm_ffi.Function; the exported object loads as one
             fn = _try_load(so, obj) or fn
         return fn
+
+
+# A first-use compile runs in a child process: CuTe-DSL aborts the whole process on some builds
+# it cannot do (a 96-column gate half's TMA atom, 2026-12-07) instead of raising, and a user's
+# process must outlive that. The child builds and exports under the lock the caller holds; the
+# caller loads the result. A child that fails as Python leaves the build to the caller, which
+# raises the real error (or succeeds where only the child's environment was at fault).
+# XGEMM_CUTE_BUILD=inline builds in the caller (warm()'s workers, themselves children, do).
+def _built_in_child(key: tuple, build: Callable, obj: Path, so: Path) -> bool:
+    """True: a child process compiled the key and exported it to obj / so. False: build here
+    (inline asked for, a build of a module without build_for_key, or a child that failed as
+    Python). Raises errors.KernelUnavailableError where the child died of a signal."""
+    import pickle
+    module = getattr(_function_of(build), "__module__", None)
+    if (os.environ.get("XGEMM_CUTE_BUILD", "child") == "inline" or module is None
+            or not hasattr(sys.modules.get(module), "build_for_key")):
+        return False
+    try:
+        done = subprocess.run([sys.executable, "-c", "from xgemm.runtime.cute_cache import _child_build; _child_build()"],
+                              input=pickle.dumps((module, key, str(obj), str(so))), env=_child_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    except OSError as exc:                  # no interpreter to start (an embedded Python)
+        _log.debug("xgemm.runtime.cute_cache: no child process for the build (%s); building here", exc)
+        return False
+    if done.returncode >= 0:
+        if done.returncode:
+            _log.debug("xgemm.runtime.cute_cache: the child build of %s failed; building here:\n%s",
+                       _describe(key), done.stderr.decode(errors="replace")[-2000:])
+        return done.returncode == 0
+    import signal as _signal
+    try:
+        name = _signal.Signals(-done.returncode).name
+    except ValueError:
+        name = f"signal {-done.returncode}"
+    tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
+    raise errors.KernelUnavailableError(
+        f"xgemm: compiling {_describe(key)} killed its build process ({name}; it said: {' | '.join(tail) or 'nothing'}). "
+        f"The compiler cannot build this class here, and the call that needed it cannot run; the calling process "
+        f"is unharmed. Please report it with this message.")
+
+
+def _child_env() -> Dict[str, str]:
+    root = str(Path(__file__).resolve().parents[2])     # the directory holding the xgemm package
+    env = dict(os.environ, XGEMM_CUTE_BUILD="inline")
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _child_build() -> None:
+    """The child of _built_in_child: build the key read from stdin and export it."""
+    import importlib
+    import pickle
+    module, key, obj, so = pickle.loads(sys.stdin.buffer.read())
+    _export(importlib.import_module(module).build_for_key(key)(), Path(obj), Path(so))
 
 
 _eager: Dict[tuple, Any] = {}
@@ -414,9 +480,7 @@ def warm(items: Iterable[Tuple[str, tuple]], jobs: int = 0,
             cute(key, importlib.import_module(module).build_for_key(key))
         return len(missing)
     jobs = min(jobs, len(missing))
-    root = str(Path(__file__).resolve().parents[2])     # the directory holding the xgemm package
-    env = dict(os.environ)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = _child_env()
     procs = []
     t0 = time.perf_counter()
     for w in range(jobs):
