@@ -733,12 +733,31 @@ def measure(torch_recs, jit_recs, args, impls, json_path: Path, out: Path) -> in
     for part in ("torch", "jit"):
         print(f"summary {part} ({'vs best of cuBLAS, quack' if part == 'torch' else 'vs XLA'}): "
               f"{summary_line(summarize(done, part))}")
+    for text in jit_kernel_lines(done) if args.jit_kernel_time else ():
+        print(text)
     try:
         png, md = render(json_path, out)
         print(f"wrote {json_path}, {png}, {md} ({meta['elapsed_s']} s)")
     except Exception as exc:   # noqa: BLE001 - the JSON stands; --render makes the rest anywhere
         print(f"wrote {json_path} ({meta['elapsed_s']} s); rendering failed ({exc!r}): run --render")
     return 0
+
+
+def jit_kernel_lines(records) -> list:
+    """Per jit shape, each implementation's wall clock beside its GPU kernel time and span (us a
+    product), and xgemm's eager time where the torch part ran the shape: which of kernel, gaps or
+    dispatch makes a jit ratio."""
+    eager = {r["case"]: r["impls"]["xgemm"].get("us") for r in records
+             if r["part"] == "torch" and "xgemm" in r.get("impls", {})}
+    out = []
+    for r in records:
+        if r["part"] != "jit" or "impls" not in r:
+            continue
+        cols = [f"{name} wall {d.get('us')} kernel {d.get('kernel_us')} span {d.get('span_us')}"
+                for name, d in r["impls"].items()]
+        out.append(f"jit kernel time {r['case']}: " + " | ".join(cols)
+                   + (f" | xgemm eager {eager[r['case']]}" if r["case"] in eager else ""))
+    return out
 
 
 def release_cached_memory() -> None:

@@ -46,7 +46,7 @@ if want decode; then stage decode 120 python3 benchmarks/decode.py --out "$R"; t
 if want model; then
   stage model 200 python3 benchmarks/model_shapes.py --subset "${MODEL_SUBSET:-core}" --jit-subset "${MODEL_JIT:-jit}" \
     --budget-s 150 --out "$R" ${MODEL_ARGS:-}
-  grep -iE "summary|geomean|median|worst|below|skipped" "$LOGS/model.log" | head -30
+  grep -iE "summary|geomean|median|worst|below|skipped|jit kernel time" "$LOGS/model.log" | head -60
 fi
 if want softmax; then
   stage softmax 90 python3 benchmarks/softmax.py --sizes "${SOFTMAX_SIZES:-1000,1536,3000,4095,4096}" \

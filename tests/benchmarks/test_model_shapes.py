@@ -173,3 +173,14 @@ def test_kernel_summary_reads_the_jit_calls_kernels():
     assert got["kernel_us"] == pytest.approx(42.0) and got["span_us"] == pytest.approx((500 + 43) / 6)
     assert got["kernels"] == {"xgemm_gemm": 2.0, "memset": 2.0}
     assert ms.kernel_summary([], 3, 2)["kernel_us"] is None
+
+
+def test_jit_kernel_lines_put_wall_kernel_and_eager_side_by_side():
+    recs = [{"part": "torch", "case": "bf16_1x4096x4096", "impls": {"xgemm": {"us": 12.6}}},
+            {"part": "jit", "case": "bf16_1x4096x4096",
+             "impls": {"xgemm": {"us": 23.3, "kernel_us": 12.9, "span_us": 21.0},
+                       "xla": {"us": 19.2, "kernel_us": 13.5, "span_us": 14.1}}},
+            {"part": "jit", "case": "bf16_8x8x8", "status": "skipped"}]
+    (line,) = ms.jit_kernel_lines(recs)
+    assert line == ("jit kernel time bf16_1x4096x4096: xgemm wall 23.3 kernel 12.9 span 21.0 | "
+                    "xla wall 19.2 kernel 13.5 span 14.1 | xgemm eager 12.6")
