@@ -84,12 +84,22 @@ def _fake_kernel(monkeypatch, tmp_path, how):
 def test_a_build_that_aborts_is_a_typed_error_and_the_caller_lives(monkeypatch, tmp_path):
     from xgemm import errors
     fake = _fake_kernel(monkeypatch, tmp_path, "abort")
+    monkeypatch.setattr(cute_cache, "_died", {})
     try:
         cute_cache.cute(("fake", "abort"), fake.build)
     except errors.KernelUnavailableError as exc:
         assert "SIGABRT" in str(exc) and "'fake', 'abort'" in str(exc), exc
+        first = str(exc)
     else:
         raise AssertionError("no error")
+    # asked again, it raises the same error at once, without another child
+    monkeypatch.setattr(cute_cache.subprocess, "run", None)
+    try:
+        cute_cache.cute(("fake", "abort"), fake.build)
+    except errors.KernelUnavailableError as exc:
+        assert str(exc) == first
+    else:
+        raise AssertionError("no error the second time")
 
 
 def test_a_build_that_raises_raises_its_own_error_in_the_caller(monkeypatch, tmp_path):

@@ -360,6 +360,8 @@ def _built_in_child(key: tuple, build: Callable, obj: Path, so: Path) -> bool:
     (inline asked for, a build of a module without build_for_key, or a child that failed as
     Python). Raises errors.KernelUnavailableError where the child died of a signal."""
     import pickle
+    if key in _died:                        # once per process: the next ask raises at once
+        raise errors.KernelUnavailableError(_died[key])
     module = getattr(_function_of(build), "__module__", None)
     if (os.environ.get("XGEMM_CUTE_BUILD", "child") == "inline" or module is None
             or not hasattr(sys.modules.get(module), "build_for_key")):
@@ -382,10 +384,13 @@ def _built_in_child(key: tuple, build: Callable, obj: Path, so: Path) -> bool:
     except ValueError:
         name = f"signal {-done.returncode}"
     tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
-    raise errors.KernelUnavailableError(
-        f"xgemm: compiling {_describe(key)} killed its build process ({name}; it said: {' | '.join(tail) or 'nothing'}). "
-        f"The compiler cannot build this class here, and the call that needed it cannot run; the calling process "
-        f"is unharmed. Please report it with this message.")
+    _died[key] = (f"xgemm: compiling {_describe(key)} killed its build process ({name}; it said: "
+                  f"{' | '.join(tail) or 'nothing'}). The compiler cannot build this class here, and the call that "
+                  f"needed it cannot run; the calling process is unharmed. Please report it with this message.")
+    raise errors.KernelUnavailableError(_died[key])
+
+
+_died: Dict[tuple, str] = {}                # keys whose build process died, and the error they raise
 
 
 def _child_env() -> Dict[str, str]:
