@@ -42,8 +42,8 @@ from xgemm.kernels.cute_gemm_sm90_build import (  # noqa: F401 -- compile-class 
     class_key, compiled, compiled_eager, max_clusters, workspace_sizes)
 from xgemm.kernels.cute_gemm_sm90_policy import (
     GATE_HALF_STEP, GATED_GROUPED_CONFIGS, GROUPED_CONFIGS, POLICY_TABLE, SWAP_ROWS, Config, choose_fp8_promoted_policy,
-    choose_gated_grouped_config, choose_gated_policy, choose_grouped_config, choose_policy, grouped_fill, swapped,
-    unsplit)
+    choose_gated_grouped_config, choose_gated_policy, choose_grouped_config, choose_policy, gate_half_fits, grouped_fill,
+    swapped, unsplit)
 from xgemm.kernels.cute_gemm_sm90_policy import (  # noqa: F401 -- the policy's model under this kernel's name too
     MAX_SPLIT, ROW_MARGIN, SWAP_MIN_K, SWAP_NOTE, WAVE_MARGIN, choose_config, row_of, slot_fill, wave_efficiency)
 from xgemm.runtime import cute_cache, workspace
@@ -397,8 +397,7 @@ class _Sm90Grouped:
                 return f"{label}: {why} (TMA needs 16-byte base and strides)"
         if problem.activation not in (None,) + ACTIVATIONS + tuple(GATED):
             return f"activation {problem.activation!r} has no class"
-        half = choose_gated_grouped_config(width).tile_n // 2 if gated else 0
-        if gated and (width % half or half % GATE_HALF_STEP):
+        if gated and not gate_half_fits(width, choose_gated_grouped_config(width).tile_n):
             return (f"H = {width} (the gate half of B's {s.n} columns) is not a multiple of {GATE_HALF_STEP}: no tile's "
                     f"gate half divides it")
         return None

@@ -257,6 +257,12 @@ def row_of(m: int, n: int, k: int, l: int) -> str:
 GATE_HALF_STEP = 64
 
 
+def gate_half_fits(h: int, tile_n: int) -> bool:
+    """A gated tile of tile_n columns serves H: its gate half divides H and is whole 128-byte rows."""
+    half = tile_n // 2
+    return half % GATE_HALF_STEP == 0 and h % half == 0
+
+
 def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
     """The policy of a gated product act(A @ gate) * (A @ up), B = [gate | up] with 2H columns: never
     transposed (its epilogue pairs B's columns), tiled as the plain product over 2H columns, with a
@@ -268,7 +274,7 @@ def choose_gated_policy(m: int, h: int, k: int, l: int) -> Policy:
     if cfg.tile_n < 128:
         cfg = dataclasses.replace(cfg, tile_n=128)
         why += "; tile_n 128: a gated tile's gate half fills a 128-byte row"
-    elif cfg.tile_n != 128 and (cfg.tile_n // 2 % GATE_HALF_STEP or h % (cfg.tile_n // 2)):
+    elif cfg.tile_n != 128 and not gate_half_fits(h, cfg.tile_n):
         cfg = dataclasses.replace(cfg, tile_n=128)
         why += f"; tile_n 128: a gate half of whole 128-byte rows dividing H = {h}"
     return cfg.policy(why)
@@ -350,9 +356,9 @@ GATED_GROUPED_CONFIGS = (GROUPED_CONFIGS[2], Config(128, 256, 2, 1, False, False
 
 
 def choose_gated_grouped_config(h: int, cfgs=GATED_GROUPED_CONFIGS) -> Config:
-    """The first config whose gate half divides H (the first one where none does: the kernel then
-    declines)."""
-    return next((c for c in cfgs if h % (c.tile_n // 2) == 0), cfgs[0])
+    """The first config whose gate half fits H (gate_half_fits; the first one where none does: the
+    kernel then declines)."""
+    return next((c for c in cfgs if gate_half_fits(h, c.tile_n)), cfgs[0])
 
 
 def choose_grouped_config(rows: int, n: int, groups: int, cfgs=GROUPED_CONFIGS) -> Config:
