@@ -62,6 +62,7 @@ _log = logging.getLogger("xgemm.runtime.cute_cache")
 _memory: Dict[tuple, Any] = {}
 _mutex = threading.RLock()
 _stats = {"memory": 0, "disk": 0, "compiled": 0}
+_died: Dict[tuple, str] = {}    # keys whose build process died (_built_in_child), and the error they raise
 
 
 # ------------------------------------------------------------------------------------------
@@ -286,6 +287,8 @@ def cute(key: tuple, build: Callable[[], Any]) -> Any:
     if fn is not None:
         _stats["memory"] += 1
         return fn
+    if key in _died:            # its build process died once in this process: no second child, no lock
+        raise errors.KernelUnavailableError(_died[key])
     with _mutex:
         fn = _memory.get(key)
         if fn is not None:
@@ -360,8 +363,6 @@ def _built_in_child(key: tuple, build: Callable, obj: Path, so: Path) -> bool:
     (inline asked for, a build of a module without build_for_key, or a child that failed as
     Python). Raises errors.KernelUnavailableError where the child died of a signal."""
     import pickle
-    if key in _died:                        # once per process: the next ask raises at once
-        raise errors.KernelUnavailableError(_died[key])
     module = getattr(_function_of(build), "__module__", None)
     if (os.environ.get("XGEMM_CUTE_BUILD", "child") == "inline" or module is None
             or not hasattr(sys.modules.get(module), "build_for_key")):
@@ -388,9 +389,6 @@ def _built_in_child(key: tuple, build: Callable, obj: Path, so: Path) -> bool:
                   f"{' | '.join(tail) or 'nothing'}). The compiler cannot build this class here, and the call that "
                   f"needed it cannot run; the calling process is unharmed. Please report it with this message.")
     raise errors.KernelUnavailableError(_died[key])
-
-
-_died: Dict[tuple, str] = {}                # keys whose build process died, and the error they raise
 
 
 def _child_env() -> Dict[str, str]:
