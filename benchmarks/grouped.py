@@ -121,7 +121,7 @@ def grouped_class_call(x, w, offs, activation=None):
 def _cute_candidates(torch, x, w, offs, out, impls, activation=None) -> None:
     """cute_gemm_sm90's grouped class at each of its policy's candidate configs, through the kernel
     protocol (labels `cute grouped <tile> <cluster>`), where the class takes the problem; with a
-    gated activation, at each gated candidate whose gate half divides H (labels `cute gated ...`)."""
+    gated activation, at each gated candidate whose gate half fits H (labels `cute gated ...`)."""
     from xgemm import arrays
     from xgemm.core.epilogues import GATED
     from xgemm.kernels import cute_gemm_sm90 as K90
@@ -130,7 +130,7 @@ def _cute_candidates(torch, x, w, offs, out, impls, activation=None) -> None:
         return
     problem, views = call_args
     gated = activation in GATED
-    cfgs = [c for c in K90.GATED_GROUPED_CONFIGS if (w.shape[-1] // 2) % (c.tile_n // 2) == 0] if gated \
+    cfgs = [c for c in K90.GATED_GROUPED_CONFIGS if K90.gate_half_fits(w.shape[-1] // 2, c.tile_n)] if gated \
         else K90.GROUPED_CONFIGS
     for cfg in cfgs:
         label = f"cute {'gated' if gated else 'grouped'} {cfg.tile_m}x{cfg.tile_n} {cfg.cluster_m}x{cfg.cluster_n}"
