@@ -9,7 +9,7 @@ What is stubbed -- and nothing else, so the Python that runs is the real hot pat
   STREAM (a CPU torch has neither; their real cost is measured on the GPU host); the calling thread
   counts as bound to the device's context (driver.bind_thread's check runs, its driver calls never);
 - CuTe: xgemm.runtime.cute_cache.cute(key, build) and cute_eager(key, build) return a Recorder per key in
-  place of the compiled function (so nothing compiles); cute_gemm_sm90._sm_count gives 132 (H200);
+  place of the compiled function (so nothing compiles); cute_gemm_sm90._sm_count and driver.sm_count give 132 (H200);
 - Gluon: launch._driver() is xgemm.runtime.driver (real CUlaunchConfig struct) with module loading
   stubbed and cuLaunchKernelEx replaced by a recorder of what the GPU would receive: kernel
   name, grid, block, shared bytes, stream and the packed parameter block.
@@ -96,10 +96,11 @@ class Fake:
         self._set(xcompile, "cute", cute)
         self._set(xcompile, "cute_eager", cute)
         self._set(cute_gemm_sm90, "_sm_count", lambda index: SM_COUNT)
+        from xgemm.runtime import driver
+        self._set(driver, "sm_count", lambda index: SM_COUNT)
         self._set(launch, "_driver", lambda: self._driver)
         self._driver = self._make_driver()
         # this thread counts as bound to device 0's context: driver.bind_thread's check still runs
-        from xgemm.runtime import driver
         self._set(driver._bound, "index", 0)
         return self
 

@@ -20,7 +20,7 @@ import sys
 from typing import Any, Optional
 
 from xgemm import arrays, errors, grouped, prepare
-from xgemm.core import checks, epilogues, grouped_checks
+from xgemm.core import checks, epilogues, grouped_checks, policy
 
 
 def _check(fn: str, a: Any, b: Any, c: Any, beta: float, bias: Any, activation: Optional[str], gated: bool):
@@ -90,7 +90,12 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
         plan.epilogue = epilogues.describe(bias is not None, activation, gated, product_dt, owner, gate_op=gate_op)
         return plan
     if fused is not None:
-        return prepare.run(fused)
+        try:
+            return prepare.run(fused)
+        except errors.KernelBuildError:
+            if policy.forced_kernel() is not None:
+                raise
+            # the only kernel that fuses it could not build its class (policy.attempt): composed
     xp = arrays.namespace(owner)
     pre = _product(fn, owner, a, b, c_used, alpha, beta, product_dt)
     if bias is not None:
@@ -153,7 +158,12 @@ def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any,
     product_dt = dt if gate_op else "float64" if dt == "float64" else "float32"
     want = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
     if owner in ("torch", "cupy") and dt in checks.HALF and not prepare.torch_op_needed(a, b):
-        fused = grouped.run_fused(op, a, b, index, want, activation, fn=fn, plan_only=plan_only)
+        try:
+            fused = grouped.run_fused(op, a, b, index, want, activation, fn=fn, plan_only=plan_only)
+        except errors.KernelBuildError:
+            if policy.forced_kernel() is not None:
+                raise
+            fused = None        # as in run(): composed
         if fused is not None and plan_only:
             fused.epilogue = epilogues.describe(False, activation, gated, "float32", owner, fused.kernel.name)
             return f"{op}: {fused}"

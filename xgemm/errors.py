@@ -55,6 +55,12 @@ class KernelUnavailableError(XgemmError, RuntimeError):
     binary cannot run here (missing from the cache, or a driver too old for it)."""
 
 
+class KernelBuildError(KernelUnavailableError):
+    """A kernel's compiler could not build its binary for a problem here (it died building it).
+    That kernel declines the problem from then on, and the call runs on the next kernel of the
+    table (policy.attempt); this reaches the caller only where no other may run it (a forced kernel)."""
+
+
 class OutOfMemoryError(XgemmError, MemoryError):
     """Device (or host) memory ran out during a call: an output or staging allocation, or the
     driver's. Nothing xgemm holds is left half-made, so the next call works once memory is free."""

@@ -114,7 +114,9 @@ def run(prep: "Prepared | Any") -> Any:
     if device.kind == "cuda":
         driver.bind_thread(device.index)        # a thread with no context yet (torch's autograd workers)
     stream = arrays.current_stream(plan.problem.framework, device)
-    result = plan.kernel.run(plan.problem, plan.policy, prep.operands, prep.out, stream)
+    # the next kernel where this one's binary cannot be built: every kernel of a table takes the
+    # operands and out a GPU kernel was prepared with (fastpath stores the plan that ran)
+    prep.plan, result = policy.attempt(plan, lambda p: p.kernel.run(p.problem, p.policy, prep.operands, prep.out, stream))
     return prep.finish(prep.out.obj if result is None else result)
 
 

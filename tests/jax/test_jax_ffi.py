@@ -128,6 +128,32 @@ def test_cuda_lowering_falls_back_to_xla_without_a_kernel():
     assert "dot_general" in text and not _custom_calls(text)
 
 
+def test_cuda_lowering_goes_past_a_class_that_cannot_be_built(monkeypatch):
+    """The CuTe class a bf16 product needs cannot be built (its compiler died: KernelBuildError):
+    the lowering takes the next kernel of the table, here XLA's dot (the fallback) once the Gluon
+    kernel declines, and the CuTe kernel declines the problem from then on."""
+    from xgemm import errors
+    from xgemm.core import policy
+    from xgemm.kernels import gluon_matmul_sm90
+    from xgemm.runtime import cute_cache
+    monkeypatch.setattr(policy, "_unbuildable", {})
+    monkeypatch.setattr(policy, "_plans", {})
+    monkeypatch.setattr(gluon_matmul_sm90.KERNEL, "supports", lambda problem: "not in this test")
+    died = []
+
+    def dying(key, build):
+        died.append(key)
+        raise errors.KernelBuildError("compiling <the class> killed its build process (SIGABRT)")
+    monkeypatch.setattr(cute_cache, "cute", dying)
+    a = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)
+    text = jax.jit(xj.matmul).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(died) == 2 and "dot_general" in text and "xgemm_tvm_ffi_call" not in text
+    assert {name for _, name, _ in policy._unbuildable} == {"cute_gemm_sm90", "cute_mma_sm80"}
+    (problem,) = {p for _, _, p in policy._unbuildable}
+    assert "could not be built" in dict(policy.choose("gemm", problem).declined)["cute_gemm_sm90"]
+
+
 def test_cuda_lowering_pads_unaligned_half_rows():
     """bf16 rows of 999 / 5001 elements (not 16-byte multiples): the cuda lowering zero-pads K and
     N to 1008 / 5008 (xgemm.api's staging rule), calls the CuTe kernel and slices D; no XLA dot.

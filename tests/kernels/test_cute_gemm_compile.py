@@ -740,7 +740,7 @@ for b_major in (ROW, COL):
 def test_a_class_the_compiler_aborts_on_is_a_typed_error(monkeypatch, tmp_path):
     """The class CuTe-DSL aborts on (a 128x192 gated tile with a row-major B: a 96-column gate half,
     which no policy picks now), asked of the compile cache: the build's child process dies, and the
-    caller gets errors.KernelUnavailableError instead of dying with it."""
+    caller gets errors.KernelBuildError instead of dying with it."""
     from xgemm import errors
     from xgemm.kernels import cute_gemm_sm90_build as B
     from xgemm.runtime import cute_cache
@@ -749,6 +749,6 @@ def test_a_class_the_compiler_aborts_on_is_a_typed_error(monkeypatch, tmp_path):
     monkeypatch.delenv("XGEMM_CACHE", raising=False)
     monkeypatch.delenv("XGEMM_CUTE_BUILD", raising=False)
     monkeypatch.setattr(cute_cache, "_memory", {})
-    with pytest.raises(errors.KernelUnavailableError, match="SIGABRT"):
+    with pytest.raises(errors.KernelBuildError, match="SIGABRT"):
         B.compiled(K90.Config(128, 192, 2, 1, True, False, 8), "bfloat16", "bfloat16", ROW, ROW, ROW, None, True,
                    (False, False, False, False), 66, "sm_90a", epi=K90.Epi(activation="silu", gated=True))

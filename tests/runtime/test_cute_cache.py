@@ -87,7 +87,7 @@ def test_a_build_that_aborts_is_a_typed_error_and_the_caller_lives(monkeypatch, 
     monkeypatch.setattr(cute_cache, "_died", {})
     try:
         cute_cache.cute(("fake", "abort"), fake.build)
-    except errors.KernelUnavailableError as exc:
+    except errors.KernelBuildError as exc:
         assert "SIGABRT" in str(exc) and "'fake', 'abort'" in str(exc), exc
         first = str(exc)
     else:
@@ -96,7 +96,7 @@ def test_a_build_that_aborts_is_a_typed_error_and_the_caller_lives(monkeypatch, 
     monkeypatch.setattr(cute_cache.subprocess, "run", None)
     try:
         cute_cache.cute(("fake", "abort"), fake.build)
-    except errors.KernelUnavailableError as exc:
+    except errors.KernelBuildError as exc:
         assert str(exc) == first
     else:
         raise AssertionError("no error the second time")

@@ -19,11 +19,13 @@ import contextvars
 import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from xgemm import errors
 from xgemm.core import registry
 from xgemm.core.problem import Policy
+
+T = TypeVar("T")
 
 # op -> [(kernel name, target)], most preferred first; reference is always last. A target is a
 # registry module name, or "module:attribute" for a kernel registered at run time (register()).
@@ -166,6 +168,32 @@ def clear_plans() -> None:
     _plans.clear()
 
 
+# (op, kernel name, problem) -> why that kernel declines the problem from now on: its compiler
+# died building the binary it needs (errors.KernelBuildError, attempt())
+_unbuildable: Dict[tuple, str] = {}
+
+
+def attempt(plan: Plan, use: Callable[[Plan], T]) -> Tuple[Plan, T]:
+    """(the plan used, use(plan)): a launch or a JAX lowering of the chosen plan. Where its kernel
+    cannot build the binary the problem needs (errors.KernelBuildError), that kernel declines the
+    problem for the rest of the process (explain() says why) and the next plan of the table is
+    used. The error reaches the caller where nothing else may run the problem: a forced kernel, or
+    a fused epilogue that only the reference would be left for (the caller composes it then)."""
+    while True:
+        try:
+            return plan, use(plan)
+        except errors.KernelBuildError as exc:
+            if forced_kernel() is not None or plan.kernel.name == "reference":
+                raise
+            _unbuildable[(plan.op, plan.kernel.name, plan.problem)] = f"its binary could not be built here: {exc}"
+            _plans.pop((plan.op, plan.problem, None), None)
+            nxt = choose(plan.op, plan.problem)
+            if nxt.kernel.name == "reference" and getattr(plan.problem, "fused", False):
+                raise
+            nxt.copies = list(plan.copies)
+            plan = nxt
+
+
 def choose(op: str, problem: Any) -> Plan:
     """The cached choice for this exact problem, or a fresh walk of the table."""
     # register() and snapshot() clear _plans
@@ -195,6 +223,8 @@ def _choose(op: str, problem: Any) -> Plan:
         kernel = load(op, target)
         if kernel is None:
             reason = _load_reason(op, target)
+        elif (op, name, problem) in _unbuildable:
+            reason = _unbuildable[(op, name, problem)]
         elif getattr(problem, "fused", False) and not getattr(kernel, "fuses_epilogue", False) \
                 and name != "reference":
             # the reference stays the last resort: a plan that names it means "compose instead"

@@ -32,7 +32,7 @@ from jax.custom_batching import custom_vmap
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from xgemm import arrays
+from xgemm import arrays, errors
 from xgemm.core import fp8_checks, layout, policy
 from xgemm.core.problem import COL, ROW, Epilogue, GemmProblem, Operand
 from xgemm.jax import ffi as jax_ffi
@@ -170,9 +170,14 @@ def _scaled_cuda(*args, cfg, portable):
         epilogue=Epilogue(out_dtype=cfg.out),
         bias=Operand((n,), (1,), jnp.dtype(bias.dtype).name, ROW, 16) if bias is not None else None,
         scales=scale_ops, float32_accumulation=True)
-    plan = policy.choose("gemm", problem)
-    made = (plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
-            if fp8_checks.PROMOTE_NOTE in plan.policy.notes else None)
+    try:
+        _, made = policy.attempt(policy.choose("gemm", problem), lambda plan: (
+            plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
+            if fp8_checks.PROMOTE_NOTE in plan.policy.notes else None))
+    except errors.KernelBuildError:
+        if policy.forced_kernel() is not None:
+            raise
+        made = None          # the FP8 class could not be built here: XLA's dot
     if not isinstance(made, TvmFfiCall):
         return _reference(*_split(args), cfg)
     lowering.ensure_registered()

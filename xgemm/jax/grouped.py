@@ -237,8 +237,13 @@ def _grouped_cuda(a, b, sizes, *, out, ragged_k, portable, a_major=ROW, b_major=
 def _lowered(problem, portable: bool):
     """The chosen kernel's launch; for an export, where the chosen kernel has none that leaves the
     process (a TVM-FFI class), the first kernel after it in the table that takes the problem."""
-    plan = policy.choose("grouped", problem)
-    made = plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
+    try:
+        plan, made = policy.attempt(policy.choose("grouped", problem),
+                                    lambda plan: plan.kernel.jax_lowering(problem, plan.policy, portable=portable))
+    except errors.KernelBuildError:
+        if policy.forced_kernel() is not None or not problem.fused:
+            raise
+        return None         # the class that fuses the activation could not be built here: composed
     if made is not None or not portable:
         return made
     names = policy.kernel_names("grouped")

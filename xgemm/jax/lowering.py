@@ -179,7 +179,8 @@ def _gemm_kernel(a, b, *c, alpha, beta, out_dtype, a_major, b_major, sm_margin, 
     operands = [a2, b2] + ([c2] if c2 is not None else [])
     layouts = [col_layout(a2.ndim) if a_major == COL else None,
                col_layout(b2.ndim) if b_major == COL else None] + ([None] if c2 is not None else [])
-    made = plan.kernel.jax_lowering(p, plan.policy, portable=portable, sm_margin=sm_margin)
+    plan, made = policy.attempt(plan, lambda plan: plan.kernel.jax_lowering(p, plan.policy, portable=portable,
+                                                                             sm_margin=sm_margin))
     if made is None:                 # XLA's own op (the declared fallback)
         return plus_exchange(reference_gemm(a, b, c, alpha=alpha, beta=beta, out_dtype=out_dtype))
     ensure_registered()

@@ -21,8 +21,9 @@ Lookup order
 3. compile: `build()`, then export under an exclusive per-key file lock (other processes wanting
    the same key wait and load the result instead of compiling it again). With the disk cache on,
    the build runs in a child process (modules with `build_for_key`), so that a compiler abort
-   becomes an errors.KernelUnavailableError instead of the end of the caller's process. One line is logged
-   (logger "xgemm.runtime.cute_cache", to stderr if nothing is configured) on every first-use compile.
+   becomes an errors.KernelBuildError instead of the end of the caller's process (the call then
+   runs on the next kernel: core/policy.attempt). One line is logged (logger
+   "xgemm.runtime.cute_cache", to stderr if nothing is configured) on every first-use compile.
 
 Faults (runtime/cache.py): an object that does not load (truncated, foreign) is compiled again
 and overwritten, with one errors.CacheWarning; a cache directory that cannot be created or
@@ -288,7 +289,7 @@ def cute(key: tuple, build: Callable[[], Any]) -> Any:
         _stats["memory"] += 1
         return fn
     if key in _died:            # its build process died once in this process: no second child, no lock
-        raise errors.KernelUnavailableError(_died[key])
+        raise errors.KernelBuildError(_died[key])
     with _mutex:
         fn = _memory.get(key)
         if fn is not None:
@@ -361,7 +362,7 @@ def _from_disk_or_build(key: tuple, build: Callable[[], Any]) -> Optional[Any]:
 def _built_in_child(key: tuple, build: Callable, obj: Path, so: Path) -> bool:
     """True: a child process compiled the key and exported it to obj / so. False: build here
     (inline asked for, a build of a module without build_for_key, or a child that failed as
-    Python). Raises errors.KernelUnavailableError where the child died of a signal."""
+    Python). Raises errors.KernelBuildError where the child died of a signal."""
     import pickle
     module = getattr(_function_of(build), "__module__", None)
     if (os.environ.get("XGEMM_CUTE_BUILD", "child") == "inline" or module is None
@@ -385,10 +386,10 @@ def _built_in_child(key: tuple, build: Callable, obj: Path, so: Path) -> bool:
     except ValueError:
         name = f"signal {-done.returncode}"
     tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
-    _died[key] = (f"xgemm: compiling {_describe(key)} killed its build process ({name}; it said: "
-                  f"{' | '.join(tail) or 'nothing'}). The compiler cannot build this class here, and the call that "
-                  f"needed it cannot run; the calling process is unharmed. Please report it with this message.")
-    raise errors.KernelUnavailableError(_died[key])
+    _died[key] = (f"compiling {_describe(key)} killed its build process ({name}; it said: "
+                  f"{' | '.join(tail) or 'nothing'}); the calling process is unharmed, and problems that need this "
+                  f"class run on the next kernel that takes them (explain() names it). Please report it with this message")
+    raise errors.KernelBuildError(_died[key])
 
 
 def _child_env() -> Dict[str, str]:
