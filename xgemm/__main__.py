@@ -65,7 +65,7 @@ def info() -> dict:
 
 def _explain(args) -> None:
     import numpy as np
-    m, n, k = args.shape
+    m, n, k = args.m, args.n, args.k
     a = np.ones((m, k), np.float32)
     b = np.ones((k, n), np.float32)
     print(xgemm.explain(a, b))
@@ -100,7 +100,9 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="frameworks, GPUs and kernel families available")
     p = sub.add_parser("explain", help="the plan for an M x N x K float32 matmul and an M x N softmax")
-    p.add_argument("shape", nargs=3, type=int, metavar=("M", "N", "K"), default=[256, 256, 256])
+    # three positionals, not one of nargs=3: argparse cannot print a tuple metavar's help
+    for dim in "MNK":
+        p.add_argument(dim.lower(), nargs="?", type=int, default=256, metavar=dim, help=f"{dim} (default 256)")
     p = sub.add_parser("build-cache", help="compile the kernel set ahead of time (no GPU needed)")
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile processes")

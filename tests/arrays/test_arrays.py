@@ -95,6 +95,16 @@ def test_cli_info_and_explain():
     out = subprocess.run([sys.executable, "-m", "xgemm", "explain", "8", "8", "8"], capture_output=True,
                          text=True, check=True).stdout
     assert "kernel: reference" in out
+    from xgemm.__main__ import main
+    with pytest.raises(SystemExit) as done:             # argparse printed the help (a tuple metavar crashed it)
+        main(["explain", "--help"])
+    assert done.value.code == 0
+
+
+def test_cli_explain_defaults_each_dimension(capsys):
+    from xgemm.__main__ import main
+    assert main(["explain", "64", "32"]) == 0
+    assert "gemm 64x32x256 float32" in capsys.readouterr().out
 
 
 def test_extent_one_dims_get_the_dense_stride_on_the_same_memory():
