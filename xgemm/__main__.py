@@ -1,7 +1,7 @@
 """python -m xgemm info | explain | build-cache
 
   info          frameworks, GPU (or none), and which kernel families can run here
-  explain       the plan for a sample problem (kernel, policy, declines, copies)
+  explain       the plan for a sample problem on this machine's GPU, or CPU (kernel, policy, declines, copies)
   build-cache   compile the kernel set ahead of time (no GPU needed) into the on-disk cache
 """
 from __future__ import annotations
@@ -63,13 +63,31 @@ def info() -> dict:
     }
 
 
-def _explain(args) -> None:
+def _sample(shape, dtype: str):
+    """An uninitialized array to plan for: a torch (or CuPy) array on the first GPU where there is
+    one, so that the plan is the GPU's, else NumPy's (bfloat16 from ml_dtypes)."""
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+        if torch.cuda.is_available():
+            return torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
+    if dtype != "bfloat16" and importlib.util.find_spec("cupy") is not None:
+        import cupy
+        try:
+            if cupy.cuda.runtime.getDeviceCount():
+                return cupy.empty(shape, dtype)
+        except cupy.cuda.runtime.CUDARuntimeError:
+            pass
     import numpy as np
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return np.zeros(shape, ml_dtypes.bfloat16)
+    return np.zeros(shape, dtype)
+
+
+def _explain(args) -> None:
     m, n, k = args.m, args.n, args.k
-    a = np.ones((m, k), np.float32)
-    b = np.ones((k, n), np.float32)
-    print(xgemm.explain(a, b))
-    print(xgemm.explain(np.ones((m, n), np.float32)))
+    print(xgemm.explain(_sample((m, k), args.dtype), _sample((k, n), args.dtype)))
+    print(xgemm.explain(_sample((m, n), args.dtype)))
 
 
 def _build_cache(args) -> None:
@@ -99,10 +117,12 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="frameworks, GPUs and kernel families available")
-    p = sub.add_parser("explain", help="the plan for an M x N x K float32 matmul and an M x N softmax")
+    p = sub.add_parser("explain", help="the plan for an M x N x K matmul and an M x N softmax, on the first "
+                                       "GPU where torch or CuPy sees one")
     # three positionals, not one of nargs=3: argparse cannot print a tuple metavar's help
     for dim in "MNK":
         p.add_argument(dim.lower(), nargs="?", type=int, default=256, metavar=dim, help=f"{dim} (default 256)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     p = sub.add_parser("build-cache", help="compile the kernel set ahead of time (no GPU needed)")
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile processes")

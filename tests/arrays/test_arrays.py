@@ -105,6 +105,9 @@ def test_cli_explain_defaults_each_dimension(capsys):
     from xgemm.__main__ import main
     assert main(["explain", "64", "32"]) == 0
     assert "gemm 64x32x256 float32" in capsys.readouterr().out
+    assert main(["explain", "8", "24", "16", "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "gemm 8x24x16 bfloat16" in out and "softmax" in out
 
 
 def test_extent_one_dims_get_the_dense_stride_on_the_same_memory():
