@@ -60,7 +60,7 @@ def build():
 
 
 def build_for_key(key):
-    return build
+    return os.abort if key[-1] == "die" else build
 '''
 
 
@@ -93,7 +93,8 @@ def test_a_build_that_aborts_is_a_typed_error_and_the_caller_lives(monkeypatch, 
     else:
         raise AssertionError("no error")
     # asked again, it raises the same error at once, without another child
-    monkeypatch.setattr(cute_cache.subprocess, "run", None)
+    from xgemm.runtime import build_process
+    monkeypatch.setattr(build_process, "build", None)
     try:
         cute_cache.cute(("fake", "abort"), fake.build)
     except errors.KernelBuildError as exc:
@@ -123,3 +124,45 @@ def test_the_child_exports_and_the_caller_loads_it(monkeypatch, tmp_path):
     monkeypatch.setenv("XGEMM_CUTE_BUILD", "inline")     # the fake then builds in this process
     monkeypatch.setattr(cute_cache, "_memory", {})
     assert cute_cache.cute(("fake", "inline"), fake.build) == f"built in pid {os.getpid()}"
+
+
+def test_one_child_serves_the_process_and_another_follows_a_death(monkeypatch, tmp_path):
+    """The build child is kept between first-use compiles (its imports are paid once); after a
+    build kills it, the next build starts a new one; a changed environment starts a new one too."""
+    from xgemm import errors
+    fake = _fake_kernel(monkeypatch, tmp_path, "ok")
+    monkeypatch.setattr(cute_cache, "_died", {})
+    monkeypatch.setattr(cute_cache, "_try_load", lambda so, obj: obj.read_text() if obj.exists() else None)
+    first = cute_cache.cute(("fake", 1), fake.build)
+    assert cute_cache.cute(("fake", 2), fake.build) == first            # the same child built both
+    try:
+        cute_cache.cute(("fake", "die"), fake.build)
+    except errors.KernelBuildError as exc:
+        assert "SIGABRT" in str(exc)
+    else:
+        raise AssertionError("no error")
+    after = cute_cache.cute(("fake", 4), fake.build)
+    assert after.startswith("built in pid ") and after != first, (first, after)
+    monkeypatch.setenv("FAKE_BUILD_NOTE", "another environment")
+    assert cute_cache.cute(("fake", 5), fake.build) not in (first, after)
+
+
+def test_a_child_that_ended_idle_or_was_killed_idle_is_replaced_not_blamed(monkeypatch, tmp_path):
+    import signal
+    import time
+
+    from xgemm.runtime import build_process
+    fake = _fake_kernel(monkeypatch, tmp_path, "ok")
+    monkeypatch.setenv("XGEMM_BUILD_IDLE_S", "0.5")
+    monkeypatch.setattr(cute_cache, "_try_load", lambda so, obj: obj.read_text() if obj.exists() else None)
+    first = cute_cache.cute(("fake", 1), fake.build)
+    child = build_process._child.proc
+    deadline = time.monotonic() + 30
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert child.returncode == 0                                     # it ended by itself, idle
+    second = cute_cache.cute(("fake", 2), fake.build)
+    assert second != first
+    build_process._child.proc.send_signal(signal.SIGKILL)             # killed between builds
+    build_process._child.proc.wait()
+    assert cute_cache.cute(("fake", 3), fake.build) not in (first, second)

@@ -353,40 +353,32 @@ def _from_disk_or_build(key: tuple, build: Callable[[], Any]) -> Optional[Any]:
         return fn
 
 
-# A first-use compile runs in a child process: CuTe-DSL aborts the whole process on some builds
-# it cannot do (a 96-column gate half's TMA atom, 2026-12-07) instead of raising, and a user's
-# process must outlive that. The child builds and exports under the lock the caller holds; the
-# caller loads the result. A child that fails as Python leaves the build to the caller, which
-# raises the real error (or succeeds where only the child's environment was at fault).
-# XGEMM_CUTE_BUILD=inline builds in the caller (warm()'s workers, themselves children, do).
+# A first-use compile runs in a child process (runtime/build_process.py: CuTe-DSL aborts the
+# whole process on some builds it cannot do, and a user's process must outlive that). The child
+# builds and exports under the lock the caller holds; the caller loads the result. A child that
+# fails as Python leaves the build to the caller, which raises the real error (or succeeds where
+# only the child's environment was at fault). XGEMM_CUTE_BUILD=inline builds in the caller
+# (the children themselves and warm()'s workers do).
 def _built_in_child(key: tuple, build: Callable, obj: Path, so: Path) -> bool:
     """True: a child process compiled the key and exported it to obj / so. False: build here
     (inline asked for, a build of a module without build_for_key, or a child that failed as
     Python). Raises errors.KernelBuildError where the child died of a signal."""
-    import pickle
     module = getattr(_function_of(build), "__module__", None)
     if (os.environ.get("XGEMM_CUTE_BUILD", "child") == "inline" or module is None
             or not hasattr(sys.modules.get(module), "build_for_key")):
         return False
-    try:
-        done = subprocess.run([sys.executable, "-c", "from xgemm.runtime.cute_cache import _child_build; _child_build()"],
-                              input=pickle.dumps((module, key, str(obj), str(so))), env=_child_env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    except OSError as exc:                  # no interpreter to start (an embedded Python)
-        _log.debug("xgemm.runtime.cute_cache: no child process for the build (%s); building here", exc)
+    from xgemm.runtime import build_process
+    done = build_process.build(module, key, str(obj), str(so), _child_env())
+    if done is None:                        # no interpreter to start (an embedded Python)
+        _log.debug("xgemm.runtime.cute_cache: no child process for the build; building here")
         return False
-    if done.returncode >= 0:
-        if done.returncode:
+    if done.status != "died":
+        if done.status == "failed":
             _log.debug("xgemm.runtime.cute_cache: the child build of %s failed; building here:\n%s",
-                       _describe(key), done.stderr.decode(errors="replace")[-2000:])
-        return done.returncode == 0
-    import signal as _signal
-    try:
-        name = _signal.Signals(-done.returncode).name
-    except ValueError:
-        name = f"signal {-done.returncode}"
-    tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
-    _died[key] = (f"compiling {_describe(key)} killed its build process ({name}; it said: "
+                       _describe(key), done.log[-2000:])
+        return done.status == "ok"
+    tail = done.log.strip().splitlines()[-3:]
+    _died[key] = (f"compiling {_describe(key)} killed its build process ({done.signal}; it said: "
                   f"{' | '.join(tail) or 'nothing'}); the calling process is unharmed, and problems that need this "
                   f"class run on the next kernel that takes them (explain() names it). Please report it with this message")
     raise errors.KernelBuildError(_died[key])
@@ -397,14 +389,6 @@ def _child_env() -> Dict[str, str]:
     env = dict(os.environ, XGEMM_CUTE_BUILD="inline")
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
-
-
-def _child_build() -> None:
-    """The child of _built_in_child: build the key read from stdin and export it."""
-    import importlib
-    import pickle
-    module, key, obj, so = pickle.loads(sys.stdin.buffer.read())
-    _export(importlib.import_module(module).build_for_key(key)(), Path(obj), Path(so))
 
 
 _eager: Dict[tuple, Any] = {}
