@@ -151,7 +151,8 @@ def softmax(x: Any, axis: int = -1, *, out: Any = None) -> Any:
         from xgemm.torch import ops as xtorch
         if not xtorch.compiling():
             axis = prepare.prepare_softmax("softmax", x, axis, None, plan_only=True).problem.axis
-        return xtorch.softmax_op(x, int(axis) % x.dim())
+        # inside a trace too: an axis out of range (or a float) would otherwise wrap to another axis
+        return xtorch.softmax_op(x, checks.softmax_axis("softmax", x.dim(), axis))
     prep = prepare.prepare_softmax("softmax", x, axis, out)
     result = prepare.run(prep)
     if key is not None and isinstance(prep, prepare.Prepared):

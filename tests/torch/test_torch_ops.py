@@ -54,6 +54,15 @@ def test_torch_compile_traces_the_op():
     torch.testing.assert_close(g(a), torch.softmax(a, -1) * 2)
 
 
+@pytest.mark.parametrize("axis", [4, -3, 1.5, 2.0])
+def test_softmax_under_torch_compile_refuses_a_bad_axis(axis):
+    """Inside a trace the axis was wrapped modulo x.dim() unchecked: axis=4 of a 2-D x ran along axis 0."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: xgemm.softmax(x, axis=axis))
+    with pytest.raises(xgemm.errors.AxisError):
+        f(torch.randn(3, 4))
+
+
 def test_torch_compile_of_the_public_api_with_the_native_fast_path_active(monkeypatch):
     """Under a torch.compile trace the public API goes straight to the torch.library op and never
     calls the native fast path's module. (The failure issue 22 saw, dynamo guarding on that module
