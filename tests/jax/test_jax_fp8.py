@@ -1,6 +1,6 @@
 """xgemm.jax.fp8: scaled_matmul in jit / vmap / export, and its custom_vjp: the fp8 operands get the
 gradients of the dequantized operands (jax.grad of the float32 formula a_deq @ b_deq), optionally
-with the incoming gradient quantized row-wise to e5m2."""
+with the incoming gradient quantized row-wise to e5m2, and the scales their exact gradients."""
 import numpy as np
 import pytest
 
@@ -47,8 +47,14 @@ def test_grads_are_those_of_the_dequantized_formula(recipes):
     np.testing.assert_allclose(da, ra, rtol=1e-5, atol=1e-5 * float(jnp.abs(ra).max()))
     np.testing.assert_allclose(db, rb, rtol=1e-5, atol=1e-5 * float(jnp.abs(rb).max()))
     np.testing.assert_allclose(dbias, rbias, rtol=1e-5, atol=1e-6)
-    dsa = jax.grad(lambda s: jnp.sum(fp8.scaled_matmul(qa, qb, s, sb).astype(jnp.float32)))(sa)
-    assert np.all(dsa == 0)                                             # scales: no gradient
+    # the scales: exact gradients of the same formula (they were zeros, silently)
+    dsa, dsb = jax.jit(jax.grad(lambda s, t: jnp.sum(fp8.scaled_matmul(qa, qb, s, t, bias=bias, out_dtype=jnp.float32)
+                                                     * g), argnums=(0, 1)))(sa, sb)
+    rsa, rsb = jax.grad(lambda s, t: jnp.sum((jnp.matmul(_deq(qa, s, ba), _deq(qb, t, bb), precision="highest")
+                                              + bias) * g), argnums=(0, 1))(sa, sb)
+    assert dsa.shape == sa.shape and dsb.shape == sb.shape and np.any(rsa != 0)
+    np.testing.assert_allclose(dsa, rsa, rtol=1e-4, atol=1e-5 * float(jnp.abs(rsa).max()))
+    np.testing.assert_allclose(dsb, rsb, rtol=1e-4, atol=1e-5 * float(jnp.abs(rsb).max()))
 
 
 def test_grads_come_in_bfloat16_by_default():

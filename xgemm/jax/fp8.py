@@ -8,7 +8,8 @@ b_deq = b * scale_b. The fp8 operands a and b receive the gradients of the DEQUA
 (not d/da, which would carry an extra factor scale_a): the straight-through convention of FP8
 training, where a_deq stands for the high-precision tensor a was quantized from. They are float32
 products cast to out_dtype (bfloat16 by default; float32 when out_dtype is float32), not fp8.
-bias gets sum(dy) over rows in its dtype; the scales get zeros (no gradient).
+bias gets sum(dy) over rows in its dtype; a scale gets its exact gradient, the sum of
+(grad a) * a over the block it scales (the same for b).
 grad_dtype="float8_e5m2": dy is first quantized row-wise to e5m2 (one scale per row of dy, as
 quantize_fp8(dy, "row", "float8_e5m2")) and dequantized, then the same two products run: what an
 FP8 kernel's dgrad / wgrad would compute. Forward mode (jvp) is not defined, as for xgemm.jax.gemm.
@@ -233,7 +234,11 @@ def _bwd(cfg, res, dy):
     a, b, sa, sb, bias = res
     da, db, dsum = _grads(dy, *_dequantized(a, b, sa, sb, cfg), cfg.grad_dtype)
     dbias = None if bias is None else dsum.astype(bias.dtype)
-    return da.astype(cfg.out), db.astype(cfg.out), jnp.zeros_like(sa), jnp.zeros_like(sb), dbias
+    # the scales' gradients are exact: a_deq = a * broadcast(scale_a), so d/d scale_a sums da * a
+    # over each scale's block (the broadcast's transpose, as jax.vjp of the dequantize gives it)
+    dsa = jax.vjp(lambda s: fp8_checks.dequantize(jnp, a, s, cfg.a_block, jnp.float32), sa)[1](da)[0]
+    dsb = jax.vjp(lambda s: fp8_checks.dequantize(jnp, b, s, cfg.b_block, jnp.float32), sb)[1](db)[0]
+    return da.astype(cfg.out), db.astype(cfg.out), dsa.astype(sa.dtype), dsb.astype(sb.dtype), dbias
 
 
 _scaled_matmul.defvjp(_fwd, _bwd)
