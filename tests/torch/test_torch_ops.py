@@ -8,11 +8,12 @@ import xgemm  # noqa: E402
 
 
 def _pair(*shapes):
-    xs = [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in shapes]
+    xs = [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes]
     return xs, [x.detach().clone().requires_grad_() for x in xs]
 
 
-@pytest.mark.parametrize("shapes", [((3, 4), (4, 5), (5,)), ((2, 3, 4), (4, 5), (3, 5)), ((4,), (2, 4, 5), (1, 5))])
+@pytest.mark.parametrize("shapes", [((3, 4), (4, 5), (5,)), ((2, 3, 4), (4, 5), (3, 5)), ((4,), (2, 4, 5), (1, 5)),
+                                    ((4,), (4,), ()), ((2, 3, 4), (4,), (1,))])
 def test_gemm_grad_matches_torch(shapes):
     (a, b, c), (a2, b2, c2) = _pair(*shapes)
     w = torch.randn(torch.matmul(a, b).shape, dtype=torch.float64)

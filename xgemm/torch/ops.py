@@ -62,10 +62,10 @@ def _gemm_backward(ctx, grad):
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     g = grad
+    if b.dim() == 1:            # first: for vector @ vector, grad is 0-d
+        g = g.unsqueeze(-1)
     if a.dim() == 1:
         g = g.unsqueeze(-2)
-    if b.dim() == 1:
-        g = g.unsqueeze(-1)
     g = g.to(a.dtype)
     ga = gb = gc = None
     if ctx.needs_input_grad[0]:
