@@ -36,6 +36,31 @@ def test_non_array_input():
         xgemm.softmax(1.0)
 
 
+@pytest.mark.parametrize("call", [
+    lambda: xgemm.gemm(A, B.tolist(), activation="relu"),
+    lambda: xgemm.gemm(A, B, bias=[0.0] * 5, activation="relu"),
+    lambda: xgemm.gemm(A, B, bias=1.0),
+    lambda: xgemm.gemm(A, B, [0.0] * 5, beta=1.0, activation="silu"),
+    lambda: xgemm.gemm(A, None, activation="relu"),
+    lambda: xgemm.gated(A, np.ones((4, 6), np.float32).tolist()),
+    lambda: xgemm.gated(A, np.ones((4, 2, 3), np.float32).tolist(), layout="stacked"),
+    lambda: xgemm.gated(A, np.ones((4, 2, 3), np.float32), bias=[0.0] * 6, layout="stacked"),
+    lambda: xgemm.ragged_dot(A, np.ones((2, 4, 6), np.float32).tolist(), np.array([1, 2]), activation="relu"),
+    lambda: xgemm.grouped_mm(A, np.ones((2, 4, 6), np.float32), [1, 3], activation="swiglu"),
+])
+def test_non_array_operand_of_an_epilogue_call(call):
+    """The bias / activation / gated / grouped-activation paths check for arrays as matmul does
+    (they raised AttributeError from a list's missing .dtype or .shape)."""
+    with raises(errors.NotAnArrayError, "not an array"):
+        call()
+
+
+def test_non_array_operand_of_a_jax_epilogue_call():
+    jnp = pytest.importorskip("jax.numpy")
+    with raises(errors.NotAnArrayError, "bias is a list"):
+        xgemm.gemm(jnp.ones((3, 4)), jnp.ones((4, 6)), bias=[0.0] * 6, activation="relu")
+
+
 def test_mismatched_inner_dims():
     with raises(errors.ShapeError, "a has shape (3, 4) and b (5, 6)", "must equal"):
         xgemm.matmul(A, np.ones((5, 6), np.float32))

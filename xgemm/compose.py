@@ -35,6 +35,13 @@ def _check(fn: str, a: Any, b: Any, c: Any, beta: float, bias: Any, activation: 
     return dt, final
 
 
+def _require_arrays(fn: str, named, optional=()) -> None:
+    """NotAnArrayError for a list, scalar, None or other non-array among the (name, value) pairs,
+    and among the optional ones that are not None."""
+    for name, x in list(named) + [(n, x) for n, x in optional if x is not None]:
+        arrays.require_array(fn, name, x)
+
+
 def no_jax_out(fn: str, out: Any) -> None:
     if out is not None:
         raise errors.OutError(f"{fn}: out= is not supported for JAX (its arrays are immutable); use the result")
@@ -43,6 +50,7 @@ def no_jax_out(fn: str, out: Any) -> None:
 def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activation: Optional[str],
         gated: bool, out: Any, *, plan_only: bool = False) -> Any:
     """The composed call (or, with plan_only, the product's Plan with its epilogue line)."""
+    _require_arrays(fn, (("a", a), ("b", b)), (("c", c), ("bias", bias)))
     alpha = checks.scalar(fn, "alpha", alpha, traced=arrays.is_jax_tracer(alpha))
     beta = checks.scalar(fn, "beta", beta, traced=arrays.is_jax_tracer(beta))
     owner = prepare.owner_of(fn, "a", a)
@@ -151,6 +159,7 @@ def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any,
     otherwise and under jax.grad. plan_only: explain()'s text, the plan and the epilogue line."""
     fn = fn or op
     names = grouped_checks.ARG_NAMES[op]
+    _require_arrays(fn, zip(names, (a, b, index)))
     gated = grouped_checks.activation(fn, activation, names, tuple(b.shape))
     owner = prepare.owner_of(fn, names[0], a)
     dt = checks.operand_dtypes(fn, names[:2], arrays.dtype_name(a), arrays.dtype_name(b))
