@@ -92,6 +92,26 @@ def test_quantize_round_trip_within_fp8_rounding(fw, recipe, dtype):
     assert np.isclose(np.abs(_np(q)).max(), fp8_checks.FP8_MAX[dtype])
 
 
+@pytest.mark.parametrize("fw", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("shape", [(0, 5), (4, 0)], ids=str)
+def test_empty_operands_quantize_to_unit_scales_and_multiply_to_zeros(fw, shape):
+    """A zero-size x (no rows, or K = 0): scales of 1 in the recipe's shape (a row-wise scale is
+    [M, 1] also at K = 0), and fp8_matmul of such operands is zeros; both used to raise a
+    reduction error, or a ShapeError about a scale the caller never passed."""
+    x = _to(fw, np.zeros(shape, np.float32))
+    want = {"tensor": (), "row": (shape[0], 1), "col": (1, shape[1]),
+            "block_1x128": (shape[0], -(-shape[1] // 128)), "block_128x128": (-(-shape[0] // 128), -(-shape[1] // 128))}
+    for recipe, scale_shape in want.items():
+        q, s = fp8.quantize_fp8(x, recipe)
+        assert tuple(q.shape) == shape and tuple(s.shape) == scale_shape, (recipe, s.shape)
+        assert np.all(_np(s) == 1.0)
+    m, k = shape
+    a, b = _to(fw, np.zeros((m, k), np.float32)), _to(fw, np.ones((k, 3), np.float32))
+    for recipe in ("tensor", "row", "block"):
+        y = _np(fp8.fp8_matmul(a, b, recipe=recipe))
+        assert y.shape == (m, 3) and np.all(y == 0), recipe
+
+
 def test_block_scales_follow_partial_blocks():
     x = np.ones((3, 130), np.float32)
     x[:, 128:] = 1000.0                  # the partial last K block has its own scale

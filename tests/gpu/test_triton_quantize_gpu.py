@@ -41,8 +41,8 @@ def test_bit_exact_with_the_default(shape, recipe, dtype, fp8):
     q, s = xgemm.quantize_fp8(x, recipe, fp8)
     torch.cuda.synchronize()
     xp = arrays.namespace("torch")
-    q_ref, s_ref = fp8_checks.quantize(xp, x, block, getattr(torch, fp8), fp8_checks.FP8_MAX[fp8], torch.float32,
-                                       x.device)
+    q_ref, s_ref = fp8_checks.quantize(xp, x, block, scale_shape, getattr(torch, fp8), fp8_checks.FP8_MAX[fp8],
+                                       torch.float32, x.device)
     assert torch.equal(s, s_ref), (s - s_ref).abs().max()
     # 1x128 scales M-major, their column stride padded to 4 floats (fp8_checks.kernel_block_scales)
     assert s.stride()[0] == 1 and (recipe == "row" or s.stride()[1] == -(-rows // 4) * 4), s.stride()

@@ -110,8 +110,9 @@ def straight_through(xp: Any, dy: Any, a_deq: Any, b_deq: Any, e5m2: Any, f32: A
     matmul = matmul or xp.matmul
     dy = xp.astype(dy, f32)
     if e5m2 is not None:
-        q, s = quantize(xp, dy, (1, dy.shape[1]), e5m2, FP8_MAX["float8_e5m2"], f32, device)
-        dy = dequantize(xp, q, s, (1, dy.shape[1]), f32, device)
+        row = (1, max(dy.shape[1], 1))
+        q, s = quantize(xp, dy, row, (dy.shape[0], 1), e5m2, FP8_MAX["float8_e5m2"], f32, device)
+        dy = dequantize(xp, q, s, row, f32, device)
     return matmul(dy, xp.permute_dims(b_deq, (1, 0))), matmul(xp.permute_dims(a_deq, (1, 0)), dy), xp.sum(dy, axis=0)
 
 
@@ -156,7 +157,9 @@ def quantize_block(fn: str, recipe: str, shape: Sequence[int]) -> Tuple[Optional
     r, c = shape
     block = {"row": (1, max(c, 1)), "col": (max(r, 1), 1), "block_1x128": (1, BLOCK),
              "block_128x128": (BLOCK, BLOCK)}[recipe]
-    return block, (_cdiv(r, block[0]), _cdiv(c, block[1]))
+    # a row (column) scale for every row (column), also where K is 0: scaled_matmul's [M, 1] / [1, N]
+    scales = {"row": (r, 1), "col": (1, c)}.get(recipe, (_cdiv(r, block[0]), _cdiv(c, block[1])))
+    return block, scales
 
 
 def bias(fn: str, dt: str, shape: Sequence[int], n: int) -> None:
@@ -221,11 +224,14 @@ def dequantize(xp: Any, q: Any, scale: Any, block: Tuple[int, int], acc: Any, de
     return x * _expand(xp, s, tuple(x.shape), block, device)
 
 
-def quantize(xp: Any, x: Any, block: Optional[Tuple[int, int]], dtype: Any, fmax: float, f32: Any,
-             device: Any = None) -> Tuple[Any, Any]:
+def quantize(xp: Any, x: Any, block: Optional[Tuple[int, int]], scale_shape: Tuple[int, ...], dtype: Any,
+             fmax: float, f32: Any, device: Any = None) -> Tuple[Any, Any]:
     """(q, scale): scale = amax / fmax per block (amax over the finite |x|; 1 where that is 0), q = x * (1 /
     scale) clamped to [-fmax, fmax] then cast (so +-inf saturate and NaN stays NaN). A multiply by the
-    reciprocal, as torchao's and TransformerEngine's quantizers do: one division a block, not one a value."""
+    reciprocal, as torchao's and TransformerEngine's quantizers do: one division a block, not one a value.
+    block and scale_shape as quantize_block gives them; an empty x has scales of 1 (nothing to scale)."""
+    if any(d == 0 for d in x.shape):
+        return xp.astype(x, dtype), xp.ones(tuple(scale_shape), dtype=f32, device=device)
     x = xp.astype(x, f32)
     mag = xp.where(xp.isfinite(x), xp.abs(x), xp.zeros((), dtype=f32, device=device))
     if block is None:

@@ -107,8 +107,8 @@ def explain_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, fn: str
 # ---------------------------------------------------------------------------------------------
 
 def _quantize(x, recipe: str, dt: str):
-    block, _ = fp8_checks.quantize_block("quantize_fp8", recipe, x.shape)
-    return fp8_checks.quantize(jnp, x, block, jnp.dtype(dt), fp8_checks.FP8_MAX[dt], jnp.float32)
+    block, scales = fp8_checks.quantize_block("quantize_fp8", recipe, x.shape)
+    return fp8_checks.quantize(jnp, x, block, scales, jnp.dtype(dt), fp8_checks.FP8_MAX[dt], jnp.float32)
 
 
 def _dequantized(a, b, sa, sb, cfg: Fp8Config):

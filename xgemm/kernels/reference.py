@@ -116,7 +116,8 @@ class _ReferenceQuantize(_Reference):
         """(q, scale) in the owner framework (operands (x, None); out None)."""
         x = operands[0].obj
         fw = problem.framework
-        return fp8_checks.quantize(arrays.namespace(fw), x, problem.block, arrays.framework_dtype(fw, problem.out_dtype),
+        return fp8_checks.quantize(arrays.namespace(fw), x, problem.block, problem.scale_shape,
+                                   arrays.framework_dtype(fw, problem.out_dtype),
                                    fp8_checks.FP8_MAX[problem.out_dtype], arrays.framework_dtype(fw, "float32"),
                                    x.device)
 

@@ -74,8 +74,8 @@ def _fp8_matmul_setup(ctx, inputs, output):
 def _dequantized(x: torch.Tensor, recipe: str) -> torch.Tensor:
     """x quantized to e4m3 with the recipe's blocks and back, in float32: the operand the forward used."""
     xp = arrays.namespace("torch")
-    block, _ = fp8_checks.quantize_block("fp8_matmul", recipe, x.shape)
-    q, s = fp8_checks.quantize(xp, x, block, torch.float8_e4m3fn, fp8_checks.FP8_MAX["float8_e4m3fn"],
+    block, scales = fp8_checks.quantize_block("fp8_matmul", recipe, x.shape)
+    q, s = fp8_checks.quantize(xp, x, block, scales, torch.float8_e4m3fn, fp8_checks.FP8_MAX["float8_e4m3fn"],
                                torch.float32, x.device)
     return fp8_checks.dequantize(xp, q, s, block, torch.float32, x.device)
 
