@@ -40,6 +40,25 @@ def test_softmax_grad_matches_torch(axis):
         torch.testing.assert_close(x.grad, x2.grad)
 
 
+@pytest.mark.parametrize("other", ["numpy", "jax"])
+def test_autograd_with_operands_of_another_framework(other):
+    """A torch A that requires grad beside a NumPy / JAX B and C (the README's mixing): they reach
+    the op as tensors on the same memory (the op refused them: 'Expected a value of type Tensor')."""
+    import numpy as np
+    b_np, c_np = np.random.default_rng(0).standard_normal((4, 5)), np.ones((3, 5))
+    if other == "jax":
+        jnp = pytest.importorskip("jax.numpy")
+        b, c = jnp.asarray(b_np, jnp.float32), jnp.asarray(c_np, jnp.float32)
+    else:
+        b, c = b_np.astype(np.float32), c_np.astype(np.float32)
+    a = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(3, 5)
+    (xgemm.gemm(a, b, c, alpha=2.0, beta=0.5) * w).sum().backward()
+    a2 = a.detach().clone().requires_grad_()
+    (2.0 * (a2 @ torch.from_numpy(b_np).float()) * w).sum().backward()
+    torch.testing.assert_close(a.grad, a2.grad)
+
+
 def test_no_grad_inputs_skip_the_op_and_errors_still_raise():
     a = torch.randn(3, 4, requires_grad=True)
     with pytest.raises(xgemm.errors.ShapeError, match="must equal"):

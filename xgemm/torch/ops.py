@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from xgemm import gate, prepare
+from xgemm import arrays, gate, prepare
 
 
 @torch.library.custom_op("xgemm::gemm", mutates_args=())
@@ -37,6 +37,10 @@ def gemm(fn: str, a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor], a
     before autograd records anything."""
     if not compiling():
         prepare.prepare_gemm(fn, a, b, c, alpha, beta, None, plan_only=True, out_dtype=out_dtype)
+        # b or C of another framework (NumPy, CuPy, JAX: the mixing rules prepare_gemm checked) as torch
+        # tensors on the same memory: the op takes tensors only
+        b = arrays.import_into("torch", b, "b", fn)
+        c = None if c is None else arrays.import_into("torch", c, "c", fn)
     return gemm_op(a, b, c, alpha, beta, None if out_dtype is None else getattr(torch, out_dtype))
 
 
