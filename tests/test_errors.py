@@ -217,6 +217,25 @@ def test_numpy_first_operand_with_a_device_array(monkeypatch):
         ops.import_into("numpy", CudaStandIn(), "b", "matmul")
 
 
+def test_out_that_requires_grad():
+    torch = pytest.importorskip("torch")
+    a, b = torch.ones(3, 4), torch.ones(4, 5)
+    with raises(errors.OutError, "out requires grad", "out.detach()"):
+        xgemm.matmul(a, b, out=torch.zeros(3, 5, requires_grad=True))
+    with raises(errors.OutError, "out requires grad"):
+        xgemm.softmax(a, out=torch.zeros(3, 4, requires_grad=True))
+    with torch.no_grad():
+        out = torch.zeros(3, 5, requires_grad=True)
+        assert xgemm.matmul(a, b, out=out) is out and float(out[0, 0]) == 4.0
+
+
+def test_jax_out_dtype_that_is_no_dtype():
+    jnp = pytest.importorskip("jax.numpy")
+    import xgemm.jax as xj
+    with raises(errors.DTypeError, "out_dtype=float99"):
+        xj.gemm(jnp.ones((2, 3)), jnp.ones((3, 4)), out_dtype="float99")
+
+
 def test_inference_tensor_out_outside_inference_mode():
     """torch refuses in-place writes to inference tensors outside inference mode; so does out= on
     every device (a GPU kernel would have written it silently)."""

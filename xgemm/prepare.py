@@ -40,6 +40,10 @@ def check_out(fn: str, out: Any, owner: str, shape: Tuple[int, ...], dtypes: Seq
         # torch refuses in-place writes to these outside inference mode; a kernel would not ask
         raise errors.OutError(f"{fn}: out is an inference tensor (made under torch.inference_mode()), which torch "
                               f"does not let anything write outside that mode; call inside it, or pass out.clone()")
+    if fw == "torch" and out.requires_grad and sys.modules["torch"].is_grad_enabled():
+        # torch's own out= refuses the same: a write into it would not be recorded for autograd
+        raise errors.OutError(f"{fn}: out requires grad, and out= writes are not differentiable; drop out= and "
+                              f"use the result, or pass out.detach() / call under torch.no_grad()")
     v = arrays.view(out, "out", fn)
     if v.shape != tuple(shape):
         raise errors.ShapeError(f"{fn}: out has shape {v.shape}; the result has shape {tuple(shape)}; pass an out of that shape")

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgemm import arrays
 from xgemm.jax import inputs
 from xgemm.core import checks, epilogues, policy
 from xgemm.core.problem import Device
@@ -55,7 +56,7 @@ def _checked_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out_dt
     c = inputs.as_jax(fn, "c", c) if has_c and beta != 0.0 else None
     dt = checks.gemm_dtypes(fn, np.dtype(a.dtype).name, np.dtype(b.dtype).name,
                             np.dtype(c.dtype).name if c is not None else None)
-    out = checks.out_dtype(fn, dt, None if out_dtype is None else np.dtype(out_dtype).name)
+    out = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
     shape = checks.gemm_shape(fn, a.shape, b.shape, c.shape if c is not None else None,
                               beta, has_c)
     return a, b, c, alpha, beta, out, shape
