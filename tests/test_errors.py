@@ -217,6 +217,23 @@ def test_numpy_first_operand_with_a_device_array(monkeypatch):
         ops.import_into("numpy", CudaStandIn(), "b", "matmul")
 
 
+def test_sparse_nested_and_masked_arrays():
+    torch = pytest.importorskip("torch")
+    a = torch.ones(3, 4)
+    with raises(errors.NotAnArrayError, "b is a torch.sparse_coo tensor", "b.to_dense()"):
+        xgemm.matmul(a, torch.ones(4, 5).to_sparse())
+    with raises(errors.NotAnArrayError, "x is a torch.sparse_csr tensor"):
+        xgemm.softmax(a.to_sparse_csr())
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # torch's prototype-stage warning
+        nested = torch.nested.nested_tensor([torch.ones(2, 4), torch.ones(3, 4)])
+    with raises(errors.NotAnArrayError, "a is a nested tensor", "to_padded_tensor"):
+        xgemm.matmul(nested, torch.ones(4, 5))
+    with raises(errors.NotAnArrayError, "a is a NumPy masked array", "a.filled(value)"):
+        xgemm.matmul(np.ma.masked_array(A, mask=A == 0), B)
+
+
 def test_out_that_requires_grad():
     torch = pytest.importorskip("torch")
     a, b = torch.ones(3, 4), torch.ones(4, 5)

@@ -112,6 +112,13 @@ def _build_cache(args) -> None:
               f"({os.path.getsize(args.pack) / 2**20:.1f} MiB): " + ", ".join(map(str, dirs)))
 
 
+def _extent(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative; a dimension is 0 or more")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xgemm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,7 +128,7 @@ def main(argv=None) -> int:
                                        "GPU where torch or CuPy sees one")
     # three positionals, not one of nargs=3: argparse cannot print a tuple metavar's help
     for dim in "MNK":
-        p.add_argument(dim.lower(), nargs="?", type=int, default=256, metavar=dim, help=f"{dim} (default 256)")
+        p.add_argument(dim.lower(), nargs="?", type=_extent, default=256, metavar=dim, help=f"{dim} (default 256)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     p = sub.add_parser("build-cache", help="compile the kernel set ahead of time (no GPU needed)")
     p.add_argument("--arch", default="sm_90a")

@@ -108,6 +108,9 @@ def test_cli_explain_defaults_each_dimension(capsys):
     assert main(["explain", "8", "24", "16", "--dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
     assert "gemm 8x24x16 bfloat16" in out and "softmax" in out
+    with pytest.raises(SystemExit) as done:                  # argparse's usage error, not a traceback
+        main(["explain", "-1", "5", "6"])
+    assert done.value.code == 2 and "negative" in capsys.readouterr().err
 
 
 def test_extent_one_dims_get_the_dense_stride_on_the_same_memory():

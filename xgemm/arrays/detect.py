@@ -44,6 +44,13 @@ def require_array(fn: str, name: str, x: Any) -> str:
         raise errors.NotAnArrayError(
             f"{fn}: {name} is a {type(x).__name__}, not an array; pass {hint} "
             f"(NumPy, torch, JAX or CuPy, or any object with __dlpack__)")
+    if fw == "torch" and (x.is_nested or x.layout is not sys.modules["torch"].strided):
+        kind, fix = (("a nested tensor", f"{name}.to_padded_tensor(0), or its components one by one") if x.is_nested
+                     else (f"a {x.layout} tensor", f"{name}.to_dense()"))
+        raise errors.NotAnArrayError(f"{fn}: {name} is {kind}; xgemm reads dense (strided) tensors: pass {fix}")
+    if fw == "numpy" and type(x).__name__ == "MaskedArray":
+        raise errors.NotAnArrayError(f"{fn}: {name} is a NumPy masked array, whose mask xgemm would ignore; pass "
+                                     f"{name}.filled(value) or numpy.asarray({name}) to say what masked values are")
     return fw
 
 
