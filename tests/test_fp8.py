@@ -162,6 +162,12 @@ def test_scale_shapes_matching_no_recipe_list_every_recipe():
         fp8.scaled_matmul(a, b, np.ones((4, 1), np.float32), one)
 
 
+@pytest.mark.parametrize("dtype", ["float99", "float8_e4m3fnuz", np.int8])
+def test_quantize_to_a_dtype_it_does_not_make(dtype):
+    with pytest.raises(errors.DTypeError, match="quantize to float8_e4m3fn"):
+        fp8.quantize_fp8(np.ones((2, 4), np.float32), "row", dtype)
+
+
 def test_typed_errors_name_the_argument():
     a, b, one = _ops()
     with pytest.raises(errors.DTypeError, match="a has dtype float32.*quantize_fp8"):
@@ -180,7 +186,7 @@ def test_typed_errors_name_the_argument():
         fp8.quantize_fp8(np.ones((2, 2), np.float32), "blocks")
     with pytest.raises(errors.ShapeError, match="needs a 2-D x"):
         fp8.quantize_fp8(np.ones((2, 2, 2), np.float32), "row")
-    with pytest.raises(errors.DTypeError, match="dtype float8_e4m3fnuz"):
+    with pytest.raises(errors.DTypeError, match="dtype=float8_e4m3fnuz"):
         fp8.quantize_fp8(np.ones((2, 2), np.float32), dtype="float8_e4m3fnuz")
 
 

@@ -45,6 +45,8 @@ def _cdiv(x: int, y: int) -> int:
 
 
 def fp8_dtype(fn: str, name: str, dt: str) -> str:
+    if name == "dtype" and dt not in FP8_DTYPES:          # the dtype asked of quantize_fp8
+        raise errors.DTypeError(f"{fn}: dtype={dt}; quantize to float8_e4m3fn (the default) or float8_e5m2")
     if dt not in FP8_DTYPES:
         raise errors.DTypeError(f"{fn}: {name} has dtype {dt}; pass float8_e4m3fn or float8_e5m2 "
                                 f"(quantize it first: xgemm.quantize_fp8({name}, recipe=...))")
