@@ -234,6 +234,13 @@ def test_sparse_nested_and_masked_arrays():
         xgemm.matmul(np.ma.masked_array(A, mask=A == 0), B)
 
 
+def test_explain_of_an_unknown_op():
+    with raises(errors.ShapeError, "op='foo' is not an op it explains", "'ragged_dot'"):
+        xgemm.explain(A, B, op="foo")
+    with raises(errors.ShapeError, "got 1 arrays with op='matmul'"):
+        xgemm.explain(A, op="matmul")
+
+
 def test_out_that_requires_grad():
     torch = pytest.importorskip("torch")
     a, b = torch.ones(3, 4), torch.ones(4, 5)

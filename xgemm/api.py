@@ -196,6 +196,12 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
             return compose.run("explain", arrays[0], arrays[1], c, alpha, beta, bias, activation, False, out,
                                plan_only=True)
         return prepare.prepare_gemm("explain", arrays[0], arrays[1], c, alpha, beta, out, plan_only=True)
+    if op not in _EXPLAINED:
+        raise errors.ShapeError(f"explain: op={op!r} is not an op it explains; use one of {', '.join(map(repr, _EXPLAINED))} "
+                         f"(or leave op out: the number of arrays picks softmax, matmul or gemm)")
     raise errors.ShapeError(f"explain: got {len(arrays)} arrays with op={op!r}; pass (x) for softmax, "
-                            f"(a, b) for matmul or gated, (a, b, c) for gemm, or (a, b, scale_a, scale_b) with "
-                            f"op='scaled_matmul'")
+                            f"(a, b) for matmul or gated, (a, b, c) for gemm, (lhs, rhs, group_sizes) for "
+                            f"ragged_dot, (x, w, offs) for grouped_mm, or (a, b, scale_a, scale_b) for scaled_matmul")
+
+
+_EXPLAINED = ("softmax", "matmul", "gemm", "gated", "ragged_dot", "grouped_mm", "scaled_matmul")
