@@ -61,6 +61,11 @@ class KernelBuildError(KernelUnavailableError):
     table (policy.attempt); this reaches the caller only where no other may run it (a forced kernel)."""
 
 
+class GradientError(XgemmError, RuntimeError):
+    """An input requires a gradient that the call does not define; the message names the inputs
+    and the differentiable call to use instead."""
+
+
 class OutOfMemoryError(XgemmError, MemoryError):
     """Device (or host) memory ran out during a call: an output or staging allocation, or the
     driver's. Nothing xgemm holds is left half-made, so the next call works once memory is free."""

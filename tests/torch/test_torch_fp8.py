@@ -1,5 +1,5 @@
 """xgemm::scaled_matmul, the torch op: same result as the eager path, torch.compile(fullgraph=True),
-and a typed refusal of inputs that require grad (no backward yet: torch would cast grads to fp8)."""
+and a typed refusal of inputs that require grad (no backward: torch would cast a and b's grads to fp8)."""
 import numpy as np
 import pytest
 
@@ -38,5 +38,9 @@ def test_torch_compile_fullgraph():
 
 def test_inputs_requiring_grad_are_refused():
     qa, qb, sa, sb, bias = _operands()
-    with pytest.raises(errors.DTypeError, match="requires grad"):
+    with pytest.raises(errors.GradientError, match="bias requires grad.*xgemm.fp8_matmul"):
         fp8_ops.scaled_matmul(qa, qb, sa, sb, bias=bias.requires_grad_())
+    with pytest.raises(errors.GradientError, match="scale_a, bias require grad"):
+        fp8_ops.scaled_matmul(qa, qb, sa.requires_grad_(), sb, bias=bias)
+    with torch.no_grad():
+        fp8_ops.scaled_matmul(qa, qb, sa, sb, bias=bias)

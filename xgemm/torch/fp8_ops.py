@@ -45,11 +45,14 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         return scaled_matmul_op(a, b, scale_a, scale_b, bias, getattr(torch, arrays.requested_dtype(out_dtype)),
                                 use_fast_accum)
     c = fp8.check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias)
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad
-                                       for x in (c.a, c.b, c.scale_a, c.scale_b, c.bias)):
-        raise errors.DTypeError("scaled_matmul: an input requires grad, but torch would cast a gradient to fp8; "
-                                "the torch op has no backward yet: call it under torch.no_grad(), or use "
-                                "xgemm.jax.scaled_matmul for dequantized-operand gradients")
+    needs = [name for name, x in (("a", c.a), ("b", c.b), ("scale_a", c.scale_a), ("scale_b", c.scale_b),
+                                  ("bias", c.bias)) if x is not None and x.requires_grad]
+    if needs and torch.is_grad_enabled():
+        # fp8 a and b could only hold fp8 gradients (torch casts a gradient to its input's dtype)
+        raise errors.GradientError(
+            f"scaled_matmul: {', '.join(needs)} require{'s' if len(needs) == 1 else ''} grad, and the torch op has no "
+            f"backward; call it under torch.no_grad() or detach them, train through xgemm.fp8_matmul on the "
+            f"high-precision tensors, or use xgemm.jax.scaled_matmul (gradients for the operands and the scales)")
     return scaled_matmul_op(c.a, c.b, c.scale_a, c.scale_b, c.bias, getattr(torch, c.out_dtype), use_fast_accum)
 
 
