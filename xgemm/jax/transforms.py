@@ -150,21 +150,18 @@ def _gemm_bwd(cfg: GemmConfig, res, g):
 gemm.defvjp(_gemm_fwd, _gemm_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+# A custom_jvp, not a custom_vjp: the tangent y * (dx - sum(y * dx)) is linear in dx, so JAX
+# transposes it for grad (the same formula with the cotangent) and jvp, jacfwd and hessian work too
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
 def softmax(x, axis: int):
     return _batchable_softmax(axis)(x)
 
 
-def _softmax_fwd(x, axis):
+@softmax.defjvp
+def _softmax_jvp(axis, primals, tangents):
+    (x,), (dx,) = primals, tangents
     y = softmax(x, axis)
-    return y, y
-
-
-def _softmax_bwd(axis, y, g):
     acc = acc_dtype(y.dtype)
-    y32, g32 = y.astype(acc), g.astype(acc)
-    dx = y32 * (g32 - jnp.sum(g32 * y32, axis=axis, keepdims=True))
-    return (dx.astype(y.dtype),)
-
-
-softmax.defvjp(_softmax_fwd, _softmax_bwd)
+    y32, dx32 = y.astype(acc), dx.astype(acc)
+    dy = y32 * (dx32 - jnp.sum(dx32 * y32, axis=axis, keepdims=True))
+    return y, dy.astype(y.dtype)
