@@ -6,6 +6,7 @@ torch.library ops (torch/ops.py); JAX arrays and tracers go to xgemm.jax.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 from xgemm import arrays, compose, errors, fp8, grouped, prepare
@@ -28,6 +29,12 @@ def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0
     gelu_tanh, silu, sigmoid (None: none). The epilogue runs in float32 (float64 for float64)."""
     if bias is not None or activation is not None:
         return compose.run(_fn, a, b, c, alpha, beta, bias, activation, False, out)
+    if out is not None and prepare.torch_op_needed(a) and sys.modules["torch"].compiler.is_compiling():
+        # dynamo cannot trace out='s DLPack view: the op writes a result of out's dtype, copied into out
+        from xgemm.torch import ops as xtorch
+        alpha, beta = checks.scalar(_fn, "alpha", alpha), checks.scalar(_fn, "beta", beta)
+        dt = checks.out_dtype(_fn, arrays.dtype_name(a), arrays.dtype_name(out))
+        return _copied_into(_fn, out, xtorch.gemm(_fn, a, b, c if beta != 0.0 else None, alpha, beta, dt))
     # C++: a signature seen before. Under a torch.compile trace the native module is never touched
     # (dynamo can neither guard on a module object nor trace its call): compiling() is asked first.
     if out is None and not torch_native.compiling() and torch_native.active is not None:
@@ -143,6 +150,11 @@ def softmax(x: Any, axis: int = -1, *, out: Any = None) -> Any:
         hit = torch_native.active.hit(_SOFTMAX, policy.forced_kernel(), axis, 0, x, None, None)
         if hit is not None:
             return hit
+    if out is not None and prepare.torch_op_needed(x) and sys.modules["torch"].compiler.is_compiling():
+        if out.dtype != x.dtype:                             # as prepare_softmax's check_out
+            raise errors.DTypeError(f"softmax: out has dtype {arrays.dtype_name(out)}; use {arrays.dtype_name(x)}")
+        from xgemm.torch import ops as xtorch
+        return _copied_into("softmax", out, xtorch.softmax_op(x, checks.softmax_axis("softmax", x.dim(), axis)))
     key = fastpath.softmax_key(x, axis) if out is None else None
     if key is not None:                     # a signature seen before: no planning
         hit = fastpath.softmax_hit(key, x)
@@ -159,6 +171,14 @@ def softmax(x: Any, axis: int = -1, *, out: Any = None) -> Any:
     if key is not None and isinstance(prep, prepare.Prepared):
         fastpath.softmax_store(key, prep)
     return result
+
+
+def _copied_into(fn: str, out: Any, result: Any) -> Any:
+    """out=, inside a torch.compile trace: the result copied into out (copy_ would broadcast a smaller one)."""
+    if tuple(out.shape) != tuple(result.shape):
+        raise errors.ShapeError(f"{fn}: out has shape {tuple(out.shape)}; the result has shape "
+                                f"{tuple(result.shape)}; pass an out of that shape")
+    return out.copy_(result)
 
 
 # ---------------------------------------------------------------------------------------------

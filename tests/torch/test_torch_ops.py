@@ -83,6 +83,27 @@ def test_softmax_under_torch_compile_refuses_a_bad_axis(axis):
         f(torch.randn(3, 4))
 
 
+def test_out_under_torch_compile():
+    """out= inside a trace: the op's result (in out's dtype) copied into out, fullgraph too (dynamo
+    could not trace out's DLPack view: an AssertionError from inside torch)."""
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, y, o: xgemm.gemm(x, y, None, alpha=2.0, out=o), fullgraph=True)
+    out = torch.full((3, 5), float("nan"))
+    assert f(a, b, out) is out
+    torch.testing.assert_close(out, 2.0 * (a @ b))
+    wide = torch.full((3, 5), float("nan"))                       # bf16 operands, a float32 out
+    f(a.bfloat16(), b.bfloat16(), wide)
+    torch.testing.assert_close(wide, 2.0 * (a.bfloat16().float() @ b.bfloat16().float()), atol=1e-3, rtol=1e-3)
+    g = torch.compile(lambda x, o: xgemm.softmax(x, axis=0, out=o), fullgraph=True)
+    sm = torch.full((3, 4), float("nan"))
+    g(a, sm)
+    torch.testing.assert_close(sm, torch.softmax(a, 0))
+    torch._dynamo.reset()
+    with pytest.raises(xgemm.errors.ShapeError, match="out has shape"):
+        torch.compile(lambda x, y, o: xgemm.matmul(x, y, out=o))(a, b, torch.empty(5))
+
+
 def test_torch_compile_of_the_public_api_with_the_native_fast_path_active(monkeypatch):
     """Under a torch.compile trace the public API goes straight to the torch.library op and never
     calls the native fast path's module. (The failure issue 22 saw, dynamo guarding on that module
