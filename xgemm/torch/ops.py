@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from xgemm import arrays, gate, prepare
+from xgemm.core import checks
 
 
 @torch.library.custom_op("xgemm::gemm", mutates_args=())
@@ -27,8 +28,11 @@ def gemm_op(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor], alpha: 
 
 @gemm_op.register_fake
 def _gemm_fake(a, b, c, alpha, beta, out_dtype=None):
-    d = torch.matmul(a, b)           # fake tensors: shape/dtype/device propagation only
-    return d if out_dtype is None else d.to(out_dtype)
+    # fake tensors: the op's own shape checks (inside a trace they are the first to see the
+    # shapes, and torch.matmul's meta check would name neither xgemm nor the fix), then the result
+    shape = checks.gemm_shape("gemm", tuple(a.shape), tuple(b.shape), None if c is None else tuple(c.shape),
+                              beta, c is not None)
+    return a.new_empty(shape.final, dtype=out_dtype or a.dtype)
 
 
 def gemm(fn: str, a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor], alpha: float, beta: float,
