@@ -31,3 +31,16 @@ def test_generic_code_runs_on_xgemm(fw, monkeypatch):
     np.testing.assert_allclose(to_f64(out), ref, rtol=1e-5, atol=1e-5)
     assert len(calls) == 2 and xp.sum is not None
     assert xgemm.array_api.namespace(q) is xp
+
+
+def test_namespace_of_no_arrays_a_list_or_two_libraries_is_a_typed_error():
+    from xgemm import errors
+    from xgemm.array_api import namespace
+    assert namespace(np.ones(2), 1.0, None) is namespace(np.ones(3))     # scalars and None are ignored
+    with pytest.raises(errors.NotAnArrayError, match="no arrays given"):
+        namespace(1.0)
+    with pytest.raises(errors.NotAnArrayError, match=r"arrays\[1\] is a list"):
+        namespace(np.ones(2), [1.0])
+    torch = pytest.importorskip("torch")
+    with pytest.raises(errors.FrameworkError, match="one library"):
+        namespace(np.ones(2), torch.ones(2))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from xgemm import api
+from xgemm import api, errors
+from xgemm.arrays import detect
 
 _cache: dict = {}
 
@@ -39,7 +40,17 @@ class _XgemmNamespace:
 def namespace(*arrays: Any) -> Any:
     """The array-API namespace of `arrays` (array_api_compat.array_namespace) with xgemm's matmul."""
     from array_api_compat import array_namespace
-    base = array_namespace(*arrays)
+    given = [(i, x) for i, x in enumerate(arrays) if x is not None and not isinstance(x, (bool, int, float, complex))]
+    if not given:       # as array_api_compat, Python scalars and None name no namespace
+        raise errors.NotAnArrayError("namespace: no arrays given (Python scalars and None name no namespace); "
+                                     "pass the arrays your code works on")
+    for i, x in given:
+        detect.require_array("namespace", f"arrays[{i}]", x)
+    try:
+        base = array_namespace(*arrays)
+    except TypeError as exc:               # arrays of two libraries: array_api_compat names them
+        raise errors.FrameworkError(f"namespace: {exc}; pass arrays of one library (convert the others, e.g. "
+                                    f"torch.from_dlpack / numpy.from_dlpack)") from None
     if id(base) not in _cache:
         _cache[id(base)] = (base, _XgemmNamespace(base))   # keep base alive so its id stays unique
     return _cache[id(base)][1]
