@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from xgemm import errors
 from xgemm.core import problem, registry
-from xgemm.runtime import cache, driver, tvm_abi
+from xgemm.runtime import build_process, cache, driver, tvm_abi
 
 EXPORT_NAME = "func"
 # Bump when what this module hands the DSL, or how it exports and loads objects, changes: the
@@ -367,7 +367,6 @@ def _built_in_child(key: tuple, build: Callable, obj: Path, so: Path) -> bool:
     if (os.environ.get("XGEMM_CUTE_BUILD", "child") == "inline" or module is None
             or not hasattr(sys.modules.get(module), "build_for_key")):
         return False
-    from xgemm.runtime import build_process
     done = build_process.build(module, key, str(obj), str(so), _child_env())
     if done is None:                        # no interpreter to start (an embedded Python)
         _log.debug("xgemm.runtime.cute_cache: no child process for the build; building here")
