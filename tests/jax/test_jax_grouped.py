@@ -65,6 +65,28 @@ def test_grads_match_jax_lax_ragged_dot(case, dtype):
         np.testing.assert_array_equal(np.asarray(ours[1][e], np.float64), 0)           # empty groups
 
 
+def test_an_experts_inf_and_nan_reach_only_its_own_rows():
+    """On CPU, XLA's ragged dot multiplies every row by every expert's masked weights (0 * inf):
+    an Inf in an expert with no rows made every row NaN. xgemm's lowering selects each row's own
+    product, as its eager path and kernels do; grads and the variable-K form too."""
+    lhs, rhs = jnp.ones((6, 2), jnp.float32), np.ones((3, 2, 4), np.float32)
+    rhs[2] = np.inf
+    rhs[1, 0, 0] = np.nan
+    rhs = jnp.asarray(rhs)
+    for sizes, want in (([3, 3, 0], [2, 2, 2]), ([3, 2, 1], [2, 2, 2])):
+        y = jax.jit(jg.ragged_dot)(lhs, rhs, jnp.asarray(sizes, jnp.int32))
+        np.testing.assert_array_equal(y[:3], 2.0)                       # expert 0's rows: finite
+        assert np.isnan(y[3:5, 0]).all() and (y[3:5, 1:] == 2.0).all()  # expert 1's NaN: its column only
+        if sizes[2]:
+            assert np.isinf(y[5]).all()
+        dlhs = jax.grad(lambda x, s=sizes: jnp.sum(jg.ragged_dot(x, rhs, jnp.asarray(s, jnp.int32))[:3]))(lhs)
+        np.testing.assert_array_equal(dlhs[:3], 4.0)
+    a, b = jnp.ones((6, 2), jnp.float32), jnp.ones((6, 3), jnp.float32).at[5].set(jnp.inf)
+    y = jg.grouped_mm(a.T, b, jnp.asarray([3, 5, 6], jnp.int32))     # variable K: [E, 2, 3]
+    np.testing.assert_array_equal(y[:2], np.array([3.0, 2.0])[:, None, None] * np.ones((2, 2, 3)))
+    assert np.isinf(y[2]).all()
+
+
 def test_grad_under_jit_with_traced_sizes_and_reverse_over_reverse():
     lhs, rhs, w = operands(1)
     sizes = jnp.asarray(SIZES["empty and one-row groups"], jnp.int32)

@@ -166,10 +166,12 @@ def _grouped_abstract(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW, a
     return jax.core.ShapedArray(shape, np.dtype(out))
 
 
-def _grouped_reference(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW, activation=None):
-    """XLA's ragged dot, accumulated in float32 (float64 for float64), then the activation (or gate)
-    in that type: what compose.run_grouped composes."""
-    if ragged_k:
+def _grouped_reference(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW, activation=None, selected=False):
+    """XLA's ragged dot (selected: _selected_groups), accumulated in float32 (float64 for float64),
+    then the activation (or gate) in that type: what compose.run_grouped composes."""
+    if selected:
+        y = _selected_groups(a, b, sizes, ragged_k)
+    elif ragged_k:
         y = jax.lax.ragged_dot_general(a.T, b, sizes, _CONTRACT_GROUPS, precision=_PRECISION,
                                        preferred_element_type=_acc_name(a.dtype))
     else:
@@ -177,6 +179,29 @@ def _grouped_reference(a, b, sizes, *, out, ragged_k, a_major=ROW, b_major=ROW, 
     if activation is not None:
         y = epilogues.activate(jnp, y, activation)
     return y.astype(out)
+
+
+def _selected_groups(a, b, sizes, ragged_k):
+    """The grouped product by selection, as kernels/reference.py's multiply_groups and
+    contract_groups compute it: XLA's CPU ragged dot multiplies every group's rows by every
+    expert's weights masked to zero, so a NaN or Inf in one expert reached every row (0 * inf).
+    Each row here takes its own expert's product; the variable-K form masks both sides. Dense like
+    XLA's CPU path (E products of all rows)."""
+    acc = _acc_name(a.dtype)
+    e = sizes.shape[0]
+    ends = jnp.cumsum(sizes)
+    rows = a.shape[1] if ragged_k else a.shape[0]
+    group = jnp.searchsorted(ends, jnp.arange(rows, dtype=ends.dtype), side="right")     # e: in no group
+    if ragged_k:                    # a [M, T], b [T, N] -> [E, M, N]
+        mine = group[None, :] == jnp.arange(e, dtype=group.dtype)[:, None]              # [E, T]
+        a_e = jnp.where(mine[:, None, :], a.astype(acc)[None], 0)
+        b_e = jnp.where(mine[:, :, None], b.astype(acc)[None], 0)
+        return jnp.einsum("emt,etn->emn", a_e, b_e, precision=_PRECISION)
+    if e == 0:
+        return jnp.zeros((rows, b.shape[2]), acc)
+    every = jnp.einsum("tk,ekn->etn", a.astype(acc), b.astype(acc), precision=_PRECISION)
+    picked = jnp.take_along_axis(every, jnp.minimum(group, e - 1)[None, :, None], axis=0)[0]
+    return jnp.where((group < e)[:, None], picked, 0)
 
 
 def explain(op: str, a: Any, b: Any, index: Any, out_dtype: Any = None, activation: Any = None) -> str:
@@ -267,6 +292,8 @@ def _grouped_cuda_rule(ctx, a, b, sizes, **params):
 grouped_p.def_abstract_eval(_grouped_abstract)
 grouped_p.def_impl(lambda *args, **params: jax.jit(functools.partial(grouped_p.bind, **params))(*args))
 mlir.register_lowering(grouped_p, mlir.lower_fun(_grouped_reference, multiple_results=False))
+mlir.register_lowering(grouped_p, mlir.lower_fun(functools.partial(_grouped_reference, selected=True),
+                                                 multiple_results=False), platform="cpu")
 mlir.register_lowering(grouped_p, _grouped_cuda_rule, platform="cuda")
 
 
