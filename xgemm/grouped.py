@@ -180,7 +180,9 @@ def run(c: Checked, ends: Any, out: Any = None, *, planned=None) -> Any:
         # graph replays their new values), any others copied
         v = arrays.view(ends, "ends", "grouped")
         if v.dtype != "int32" or v.ptr % 16 or (v.size > 1 and v.strides != (1,)):
-            ends = arrays.namespace(c.owner).astype(ends, arrays.framework_dtype(c.owner, "int32"), copy=True)
+            # an end past T means T: capped first, an int64 one cannot wrap in the int32 copy
+            xp = arrays.namespace(c.owner)
+            ends = xp.astype(xp.clip(ends, max=c.shape.rows), arrays.framework_dtype(c.owner, "int32"), copy=True)
     operands = (_moved(va, moves[0], "a"), _moved(vb, moves[1], "b"), arrays.view(ends, "ends", "grouped"))
     return prepare.run(prepare.Prepared(plan, operands, None if out is None else arrays.view(out, "out", "grouped"),
                                         lambda result: result))

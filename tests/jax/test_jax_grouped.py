@@ -87,6 +87,15 @@ def test_an_experts_inf_and_nan_reach_only_its_own_rows():
     assert np.isinf(y[2]).all()
 
 
+def test_int64_sizes_past_t_are_capped_not_wrapped():
+    if not jax.config.jax_enable_x64:
+        pytest.skip("int64 arrays need jax_enable_x64")
+    lhs, rhs = jnp.ones((8, 2), jnp.float32), jnp.ones((2, 2, 3), jnp.float32)
+    sizes = jnp.asarray([3, 2 ** 32 + 1], jnp.int64)          # wrapped to int32: [3, 1]
+    np.testing.assert_array_equal(jg.ragged_dot(lhs, rhs, sizes), jax.lax.ragged_dot(lhs, rhs, sizes))
+    np.testing.assert_array_equal(jg.grouped_mm(lhs, rhs, jnp.asarray([3, 2 ** 33], jnp.int64)), 2.0)
+
+
 def test_grad_under_jit_with_traced_sizes_and_reverse_over_reverse():
     lhs, rhs, w = operands(1)
     sizes = jnp.asarray(SIZES["empty and one-row groups"], jnp.int32)

@@ -121,3 +121,15 @@ def test_forced_kernel_reads_force_then_environment(monkeypatch):
     monkeypatch.setenv("XGEMM_KERNEL", "")
     assert policy.forced_kernel() is None
     assert os.environ.get("XGEMM_KERNEL") == ""
+
+
+def test_grouped_int64_offsets_past_t_reach_the_kernel_capped_not_wrapped():
+    """The kernels read int32 ends; an int64 offset past T (2**33 here) is copied capped at T, so
+    its groups keep every row after it, instead of wrapping to a small or negative end."""
+    x, w = torch.randn(256, 128, dtype=torch.bfloat16), torch.randn(4, 128, 256, dtype=torch.bfloat16)
+    offs = torch.tensor([64, 128, 2 ** 33, 2 ** 34], dtype=torch.int64)
+    with Fake(keep=True) as fake:
+        xgemm.grouped_mm(x, w, offs)
+    (call,) = [c for c in fake.calls if c[0] == "cute"]
+    ends = call[2][3]
+    assert ends.dtype == torch.int32 and ends.tolist() == [64, 128, 256, 256]

@@ -59,7 +59,11 @@ def _checked(fn: str, names: tuple, a: Any, b: Any, index: Any, out_dtype: Any, 
     check = grouped_checks.ragged_dot if ragged_dot else grouped_checks.grouped_mm
     shape = check(fn, a.shape, b.shape, index.shape)
     out = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
-    return a, b, index.astype(jnp.int32), out, shape
+    if index.dtype != jnp.int32:
+        # int32 on the device, as the kernels read them; a size or offset past T means T (every row
+        # after it in that group), so capping at T first keeps an int64 one from wrapping
+        index = jnp.minimum(index, shape.rows).astype(jnp.int32)
+    return a, b, index, out, shape
 
 
 def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: Any = None,
