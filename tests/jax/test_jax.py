@@ -270,3 +270,23 @@ def test_batched_half_products_under_x64_on_the_cpu_default(dtype):
         assert d.dtype == jnp.dtype(dtype)
     ref = -2.0 * np.matmul(a.T, b.swapaxes(-1, -2)) + c
     np.testing.assert_array_equal(f64(d), rounded(ref, dtype))
+
+
+@pytest.mark.parametrize("forced, words", [("garbage", "is not one of"),
+                                            ("cute_sgemm", "cannot run on cpu|is not one of")])   # softmax: not one of its
+def test_a_forced_kernel_that_cannot_run_on_the_cpu_raises_for_jax_too(forced, words):
+    """NumPy and torch raise for a forced kernel that declines; JAX's CPU lowering (XLA's own op)
+    ran anyway. The reference itself stays allowed."""
+    from xgemm import errors, policy
+    from xgemm.jax import fp8 as jfp8
+    x = jnp.ones((4, 8), jnp.float32)
+    q, s = jfp8.quantize_fp8(x, "tensor")
+    calls = (lambda: xj.matmul(x, x.T), lambda: xj.softmax(x),
+             lambda: xj.ragged_dot(x, jnp.ones((2, 8, 3), jnp.float32), jnp.asarray([1, 3], jnp.int32)),
+             lambda: jfp8.scaled_matmul(q, q.T, s, s))
+    for call in calls:
+        with policy.force(forced), pytest.raises(errors.KernelUnavailableError, match=words):
+            jax.jit(call)()
+    with policy.force("reference"):
+        for call in calls:
+            jax.jit(call)()

@@ -158,6 +158,21 @@ def forced_kernel() -> Optional[str]:
     return os.fsdecode(env) if env else None
 
 
+def forced_only_reference(op: str, where: str) -> None:
+    """Where only the reference can run a call (XLA's own op in a JAX lowering for a CPU): a forced
+    kernel other than the reference raises, as choose() raises for one that declines."""
+    forced = forced_kernel()
+    if forced is None or forced == "reference":
+        return
+    if forced not in kernel_names(op):
+        raise errors.KernelUnavailableError(
+            f"{op}: forced kernel {forced!r} (XGEMM_KERNEL or policy.force) is not one of {kernel_names(op)}; "
+            f"pick one of those or unset the override")
+    raise errors.KernelUnavailableError(
+        f"{op}: forced kernel {forced!r} cannot run on {where}, where only the reference (XLA's own op) runs; "
+        f"lift the override (unset XGEMM_KERNEL) or run on a Hopper GPU")
+
+
 _plans: Dict[tuple, tuple] = {}
 _PLAN_CACHE_SIZE = 4096
 

@@ -196,8 +196,12 @@ def _scaled_cuda_rule(ctx, *args, cfg):
 
 scaled_p.def_abstract_eval(_scaled_abstract)
 scaled_p.def_impl(lambda *args, cfg: jax.jit(functools.partial(scaled_p.bind, cfg=cfg))(*args))
-mlir.register_lowering(scaled_p, mlir.lower_fun(lambda *args, cfg: _reference(*_split(args), cfg),
-                                                multiple_results=False))
+def _scaled_reference_rule(ctx, *args, cfg):
+    policy.forced_only_reference("gemm", "/".join(ctx.module_context.platforms))
+    return mlir.lower_fun(lambda *xs: _reference(*_split(xs), cfg), multiple_results=False)(ctx, *args)
+
+
+mlir.register_lowering(scaled_p, _scaled_reference_rule)
 mlir.register_lowering(scaled_p, _scaled_cuda_rule, platform="cuda")
 
 

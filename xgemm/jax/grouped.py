@@ -295,9 +295,14 @@ def _grouped_cuda_rule(ctx, a, b, sizes, **params):
 
 grouped_p.def_abstract_eval(_grouped_abstract)
 grouped_p.def_impl(lambda *args, **params: jax.jit(functools.partial(grouped_p.bind, **params))(*args))
-mlir.register_lowering(grouped_p, mlir.lower_fun(_grouped_reference, multiple_results=False))
-mlir.register_lowering(grouped_p, mlir.lower_fun(functools.partial(_grouped_reference, selected=True),
-                                                 multiple_results=False), platform="cpu")
+def _grouped_reference_rule(ctx, a, b, sizes, *, selected=False, **params):
+    policy.forced_only_reference("grouped", "/".join(ctx.module_context.platforms))
+    fn = functools.partial(_grouped_reference, selected=selected, **params)
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, sizes)
+
+
+mlir.register_lowering(grouped_p, _grouped_reference_rule)
+mlir.register_lowering(grouped_p, functools.partial(_grouped_reference_rule, selected=True), platform="cpu")
 mlir.register_lowering(grouped_p, _grouped_cuda_rule, platform="cuda")
 
 
