@@ -158,6 +158,23 @@ def test_vmap_over_any_operands_folds_into_one_call():
     assert jaxpr.count("xgemm_grouped[") == 1, jaxpr
 
 
+@pytest.mark.parametrize("b, t, k, n, e", [(0, 5, 3, 4, 3), (2, 0, 3, 4, 3), (2, 5, 3, 0, 3), (2, 5, 0, 4, 3),
+                                           (2, 5, 3, 4, 0)])
+def test_vmap_of_zero_size_extents(b, t, k, n, e):
+    """A zero-size batch, T, K, N or E under vmap gives the unbatched call's empty or zero result
+    (reshape(-1) beside a zero extent raised ZeroDivisionError)."""
+    sizes = jnp.zeros((b, e), jnp.int32).at[:, 0].set(min(t, 2)) if e else jnp.zeros((b, 0), jnp.int32)
+    for shared in (False, True):
+        rhs = jnp.ones((e, k, n), jnp.float32) if shared else jnp.ones((b, e, k, n), jnp.float32)
+        y = jax.vmap(jg.ragged_dot, in_axes=(0, None if shared else 0, 0))(jnp.ones((b, t, k), jnp.float32), rhs, sizes)
+        want = np.zeros((b, t, n), np.float32)
+        want[:, :min(t, 2) if e else 0] = k
+        np.testing.assert_array_equal(y, want)
+    y = jax.vmap(jg.grouped_mm)(jnp.ones((b, k, t), jnp.float32), jnp.ones((b, t, n), jnp.float32),
+                                jnp.full((b, e), t, jnp.int32))
+    assert y.shape == (b, e, k, n)
+
+
 def test_nested_vmap_and_vmap_of_the_variable_k_product():
     rng = np.random.default_rng(4)
     lhs = jnp.asarray(rng.standard_normal((2, 3, 8, 4)))

@@ -321,9 +321,10 @@ def _multiply_groups(out: str, b_major: str, activation: Any = None):
         lhs = lhs if lhs_b else jnp.broadcast_to(lhs, (axis_size, rows, k))
         sizes = sizes if sizes_b else jnp.broadcast_to(sizes, (axis_size,) + sizes.shape)
         dest, folded = _fold(sizes, rows, shared=not rhs_b)
-        rhs = rhs.reshape((-1,) + rhs.shape[-2:]) if rhs_b else rhs
-        y = multiply(lhs.reshape(-1, k)[_inverse(dest)], rhs, folded)
-        return y[dest.reshape(-1)].reshape(axis_size, rows, -1), True
+        # explicit extents, no -1: reshape cannot infer one where another is 0
+        rhs = rhs.reshape((axis_size * rhs.shape[-3],) + rhs.shape[-2:]) if rhs_b else rhs
+        y = multiply(lhs.reshape(axis_size * rows, k)[_inverse(dest)], rhs, folded)
+        return y[dest.reshape(-1)].reshape(axis_size, rows, y.shape[-1]), True
     return multiply
 
 
@@ -342,7 +343,8 @@ def _contract_groups(out: str):
                        for x, batched in zip((a, b, sizes), in_batched))
         dest, folded = _fold(sizes, rows, shared=False)
         src = _inverse(dest)
-        y = contract(a.reshape(-1, a.shape[-1])[src], b.reshape(-1, b.shape[-1])[src], folded)
+        flat = axis_size * rows                      # explicit, no -1 (as in multiply_batched)
+        y = contract(a.reshape(flat, a.shape[-1])[src], b.reshape(flat, b.shape[-1])[src], folded)
         return y.reshape((axis_size, groups) + y.shape[1:]), True
     return contract
 
