@@ -234,6 +234,14 @@ def test_sparse_nested_and_masked_arrays():
         xgemm.matmul(np.ma.masked_array(A, mask=A == 0), B)
 
 
+def test_activation_that_is_not_a_name():
+    for call in (lambda: xgemm.gemm(A, B, activation=["relu"]), lambda: xgemm.gated(A, np.ones((4, 6), np.float32),
+                                                                                     activation={"swiglu": 1}),
+                 lambda: xgemm.ragged_dot(A, np.ones((2, 4, 6), np.float32), np.array([1, 2]), activation=["relu"])):
+        with raises(errors.EpilogueError, "activation="):
+            call()
+
+
 def test_explain_of_an_unknown_op():
     with raises(errors.ShapeError, "op='foo' is not an op it explains", "'ragged_dot'"):
         xgemm.explain(A, B, op="foo")

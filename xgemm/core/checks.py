@@ -128,11 +128,12 @@ def gemm_shape(fn: str, a: Sequence[int], b: Sequence[int], c: Optional[Sequence
 def activation(fn: str, name: Any, gated: bool) -> None:
     """An epilogue's activation: one of epilogues.ACTIVATIONS (or None) for gemm, of GATED for gated."""
     allowed = tuple(epilogues.GATED) if gated else epilogues.ACTIVATIONS
-    if (name is None and not gated) or name in allowed:
+    named = isinstance(name, str)          # a list or dict is no name (and not hashable)
+    if (name is None and not gated) or (named and name in allowed):
         return
-    other = ("; gating is xgemm.gated(a, b, activation=...)" if not gated and name in epilogues.GATED else
-             "; a plain activation is xgemm.gemm(a, b, activation=...)" if gated and name in epilogues.ACTIVATIONS
-             else "")
+    other = ("; gating is xgemm.gated(a, b, activation=...)" if named and not gated and name in epilogues.GATED else
+             "; a plain activation is xgemm.gemm(a, b, activation=...)"
+             if named and gated and name in epilogues.ACTIVATIONS else "")
     raise errors.EpilogueError(f"{fn}: activation={name!r}; use one of {', '.join(allowed)}"
                                f"{'' if gated else ' or None'}{other}")
 

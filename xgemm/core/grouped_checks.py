@@ -125,7 +125,8 @@ def grouped_mm(fn: str, x: Sequence[int], w: Sequence[int], offs: Sequence[int])
 def activation(fn: str, name: object, names: Sequence[str], b_shape: Sequence[int]) -> bool:
     """A grouped product's activation: None, a plain one (epilogues.ACTIVATIONS) or a gated one
     (epilogues.GATED: B's last dim holds [gate | up], so it must be even). True where gated."""
-    if name is not None and name not in epilogues.ACTIVATIONS and name not in epilogues.GATED:
+    if name is not None and (not isinstance(name, str) or (name not in epilogues.ACTIVATIONS
+                                                           and name not in epilogues.GATED)):
         raise errors.EpilogueError(f"{fn}: activation={name!r}; use one of "
                                    f"{', '.join(epilogues.ACTIVATIONS + tuple(epilogues.GATED))} or None")
     gated = name in epilogues.GATED
