@@ -249,6 +249,15 @@ def test_explain_of_an_unknown_op():
         xgemm.explain(A, op="matmul")
 
 
+def test_torch_out_whose_elements_share_memory():
+    torch = pytest.importorskip("torch")
+    a = torch.ones(4, 4)
+    with raises(errors.OutError, "share memory", "dense out"):
+        xgemm.matmul(a, a, out=torch.zeros(4).expand(4, 4))
+    with raises(errors.OutError, "share memory"):
+        xgemm.softmax(a, out=torch.zeros(4).expand(4, 4))
+
+
 def test_out_that_requires_grad():
     torch = pytest.importorskip("torch")
     a, b = torch.ones(3, 4), torch.ones(4, 5)
