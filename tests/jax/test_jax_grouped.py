@@ -215,6 +215,10 @@ def test_errors_are_typed():
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("e",))
     with pytest.raises(errors.ShapeError, match="axis 'x' is not an axis of the mesh"):
         jg.ragged_dot_expert_parallel(lhs, rhs, jnp.zeros(5, jnp.int32), mesh, "x")
+    with pytest.raises(errors.ShapeError, match=r"axis \['e'\] is not an axis of the mesh"):
+        jg.ragged_dot_expert_parallel(lhs, rhs, jnp.zeros(5, jnp.int32), mesh, ["e"])
+    with pytest.raises(errors.ShapeError, match="mesh is a NoneType; pass a jax.sharding.Mesh"):
+        jg.ragged_dot_expert_parallel(lhs, rhs, jnp.zeros(5, jnp.int32), None, "e")
 
 
 SHARDED = r'''

@@ -123,7 +123,10 @@ def ragged_dot_expert_parallel(lhs: Any, rhs: Any, group_sizes: Any, mesh: jax.s
     """
     lhs, rhs, sizes, out, shape = _checked(fn, grouped_checks.ARG_NAMES["ragged_dot"], lhs, rhs, group_sizes,
                                            preferred_element_type, True)
-    if axis not in mesh.shape:
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise errors.ShapeError(f"{fn}: mesh is a {type(mesh).__name__}; pass a jax.sharding.Mesh (e.g. "
+                                f"jax.make_mesh((D,), ('e',))) whose axis `axis` shards the experts")
+    if not isinstance(axis, str) or axis not in mesh.shape:
         raise errors.ShapeError(f"{fn}: axis {axis!r} is not an axis of the mesh {dict(mesh.shape)}; "
                                 f"pass one of {tuple(mesh.shape)}")
     d = mesh.shape[axis]
