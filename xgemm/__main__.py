@@ -137,12 +137,16 @@ def main(argv=None) -> int:
                    help="then write FILE (.tar.xz): the cache directories of the installed sources only "
                         "(xgemm/runtime/pack.py), to carry to a GPU machine")
     args = parser.parse_args(argv)
-    if args.cmd == "info":
-        print(json.dumps(info(), indent=2))
-    elif args.cmd == "explain":
-        _explain(args)
-    else:
-        _build_cache(args)
+    try:
+        if args.cmd == "info":
+            print(json.dumps(info(), indent=2))
+        elif args.cmd == "explain":
+            _explain(args)
+        else:
+            _build_cache(args)
+    except xgemm.errors.XgemmError as exc:       # a bad override or input: its message, not a traceback
+        print(f"python -m xgemm {args.cmd}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -111,6 +111,10 @@ def test_cli_explain_defaults_each_dimension(capsys):
     with pytest.raises(SystemExit) as done:                  # argparse's usage error, not a traceback
         main(["explain", "-1", "5", "6"])
     assert done.value.code == 2 and "negative" in capsys.readouterr().err
+    from xgemm import policy
+    with policy.force("garbage"):                            # a bad override: its message, exit status 1
+        assert main(["explain", "8", "8", "8"]) == 1
+    assert "forced kernel 'garbage'" in capsys.readouterr().err
 
 
 def test_extent_one_dims_get_the_dense_stride_on_the_same_memory():
