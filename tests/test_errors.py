@@ -289,3 +289,10 @@ def test_inference_tensor_out_outside_inference_mode():
     with torch.inference_mode():
         assert xgemm.matmul(a, b, out=out) is out
     assert torch.equal(out, torch.full((3, 5), 4.0))
+
+
+def test_stacked_gated_shape_errors_give_the_callers_shapes():
+    jnp = pytest.importorskip("jax.numpy")
+    for a, b in ((A, np.ones((3, 2, 3), np.float32)), (jnp.ones((3, 4)), jnp.ones((3, 2, 3)))):
+        with raises(errors.ShapeError, "b (3, 2, 3)", "b.shape[-3] (3)"):
+            xgemm.gated(a, b, layout="stacked")

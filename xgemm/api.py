@@ -72,7 +72,8 @@ def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out: 
             return xjax.gated(a, b, bias=bias, activation=activation, layout=layout, fn="gated")
         for name, x in (("a", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
             arrays.require_array("gated", name, x)
-        checks.gated_layout("gated", layout, tuple(b.shape), None if bias is None else tuple(bias.shape))
+        checks.gated_layout("gated", layout, tuple(b.shape), None if bias is None else tuple(bias.shape),
+                            tuple(a.shape))
         b = b.reshape(*b.shape[:-2], 2 * b.shape[-1])           # a view where the strides allow it
         bias = None if bias is None else bias.reshape(2 * bias.shape[-1])
     return compose.run("gated", a, b, None, 1.0, 0.0, bias, activation, True, out)

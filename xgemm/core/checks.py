@@ -170,7 +170,8 @@ def epilogue_shape(fn: str, shape: GemmShape, gated: bool, bias_dtype: Optional[
 GATED_LAYOUTS = ("concat", "stacked")
 
 
-def gated_layout(fn: str, layout: Any, b_shape: Tuple[int, ...], bias_shape: Optional[Tuple[int, ...]]) -> None:
+def gated_layout(fn: str, layout: Any, b_shape: Tuple[int, ...], bias_shape: Optional[Tuple[int, ...]],
+                 a_shape: Optional[Tuple[int, ...]] = None) -> None:
     """gated's weight layouts: "concat", b [..., K, 2H] = [gate | up]; "stacked", b [..., K, 2, H]
     (b[..., 0, :] the gate projection, b[..., 1, :] the up one; MaxText's fused wi), with a bias of
     shape (2, H). The same numbers: a contiguous stacked b reshaped to [..., K, 2H] is the concat one.
@@ -182,6 +183,11 @@ def gated_layout(fn: str, layout: Any, b_shape: Tuple[int, ...], bias_shape: Opt
         if len(b_shape) < 3 or b_shape[-2] != 2:
             raise errors.ShapeError(f"{fn}: b has shape {tuple(b_shape)}; layout='stacked' takes b [..., K, 2, H] "
                                     f"(gate and up along the second-to-last axis)")
+        if a_shape is not None and len(a_shape) >= 1 and a_shape[-1] != b_shape[-3]:
+            # here, in the caller's shapes: the product sees b reshaped (concat) or sliced (JAX)
+            raise errors.ShapeError(f"{fn}: a has shape {tuple(a_shape)} and b {tuple(b_shape)} (layout='stacked', "
+                                    f"b [..., K, 2, H]); a.shape[-1] ({a_shape[-1]}) must equal b.shape[-3] "
+                                    f"({b_shape[-3]})")
         if bias_shape is not None and tuple(bias_shape) != (2, b_shape[-1]):
             raise errors.ShapeError(f"{fn}: bias has shape {tuple(bias_shape)}; layout='stacked' takes a bias of "
                                     f"shape (2, {b_shape[-1]}) (gate's, then up's)")

@@ -120,7 +120,7 @@ def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out_d
     if layout == "concat":
         return _with_epilogue(fn, a, b, None, 1.0, 0.0, out_dtype, bias, activation, True)
     b, bias = inputs.as_jax(fn, "b", b), None if bias is None else inputs.as_jax(fn, "bias", bias)
-    checks.gated_layout(fn, layout, b.shape, None if bias is None else bias.shape)
+    checks.gated_layout(fn, layout, b.shape, None if bias is None else bias.shape, tuple(getattr(a, "shape", ())))
     checks.activation(fn, activation, True)
     a, _, _, _, _, out, _ = _checked_gemm(fn, a, b[..., 0, :], None, 1.0, 0.0, out_dtype)
     acc = "float64" if a.dtype == jnp.float64 else "float32"
