@@ -242,6 +242,12 @@ def test_activation_that_is_not_a_name():
             call()
 
 
+def test_explain_of_a_softmax_with_gemm_arguments():
+    with raises(errors.ShapeError, "activation given with one array"):
+        xgemm.explain(A, activation="relu")
+    assert xgemm.explain(A).op == "softmax"
+
+
 def test_explain_of_an_unknown_op():
     with raises(errors.ShapeError, "op='foo' is not an op it explains", "'ragged_dot'"):
         xgemm.explain(A, B, op="foo")

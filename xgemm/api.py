@@ -206,6 +206,11 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
         return fp8.explain_scaled_matmul(*arrays, use_fast_accum=use_fast_accum)
     op = op or {1: "softmax", 2: "matmul", 3: "gemm"}.get(len(arrays))
     if op == "softmax" and len(arrays) == 1:
+        given = [n for n, v, unset in (("alpha", alpha, 1.0), ("beta", beta, None), ("bias", bias, None),
+                                       ("activation", activation, None)) if v is not unset and v != unset]
+        if given:           # a GEMM's arguments beside one array: a softmax plan would drop them unsaid
+            raise errors.ShapeError(f"explain: {', '.join(given)} given with one array, which explains softmax; "
+                                    f"pass (a, b) for a GEMM with an epilogue")
         return prepare.prepare_softmax("explain", arrays[0], axis, out, plan_only=True)
     if op in ("matmul", "gemm", "gated") and len(arrays) in (2, 3):
         c = arrays[2] if len(arrays) == 3 else None
