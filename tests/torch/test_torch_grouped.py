@@ -150,3 +150,16 @@ def test_the_default_traces_whole_so_it_reads_nothing_on_the_host():
     a, b = torch.randn(2, 9), torch.randn(9, 4)
     torch.testing.assert_close(cols(a, b, ends), contract_loop(a, b, [2, 0, 5]))
     assert len(backend.graphs) == 2
+
+
+def test_ragged_dot_errors_under_torch_compile_name_its_own_arguments():
+    """Inside a trace the op sees grouped_mm's offsets: ragged_dot checks its shapes and sizes' dtype
+    first, so its errors name lhs / rhs / group_sizes (they said grouped_mm: x, w, offs)."""
+    import xgemm
+    f = torch.compile(lambda l, r, g: xgemm.ragged_dot(l, r, g))
+    torch._dynamo.reset()
+    with pytest.raises(errors.DTypeError, match="ragged_dot: group_sizes has dtype float32"):
+        f(torch.randn(8, 4), torch.randn(3, 4, 6), torch.tensor([3.0, 2.0, 3.0]))
+    torch._dynamo.reset()
+    with pytest.raises(errors.ShapeError, match=r"ragged_dot: lhs has shape \(8, 5\) and rhs"):
+        f(torch.randn(8, 5), torch.randn(3, 4, 6), torch.tensor([3, 2, 3]))

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 
 from xgemm import arrays, grouped
+from xgemm.core import grouped_checks
 
 
 @torch.library.custom_op("xgemm::grouped_mm", mutates_args=())
@@ -69,6 +70,10 @@ def _torch_dtype(name: Optional[str]) -> Optional[torch.dtype]:
 def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None) -> torch.Tensor:
     """xgemm.grouped.ragged_dot through the op: offs = cumsum(group_sizes), on the device."""
     if compiling():                  # checked at run time, inside the op; the trace sees torch's ops
+        # the shapes and the sizes' dtype first, in ragged_dot's own names (the op sees grouped_mm's offs)
+        grouped_checks.ragged_dot("ragged_dot", tuple(lhs.shape), tuple(rhs.shape), tuple(group_sizes.shape))
+        if group_sizes.dtype not in (torch.int32, torch.int64):
+            grouped_checks.index_dtype("ragged_dot", "group_sizes", str(group_sizes.dtype).rsplit(".", 1)[-1])
         return grouped_mm_op(lhs, rhs, torch.cumsum(group_sizes, 0), _torch_dtype(arrays.requested_dtype(out_dtype)))
     c = grouped.check_ragged_dot(lhs, rhs, group_sizes, out_dtype)
     return grouped_mm_op(c.a, c.b, torch.cumsum(c.index, 0), _torch_dtype(c.out_dtype))
