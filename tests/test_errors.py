@@ -262,6 +262,8 @@ def test_torch_out_whose_elements_share_memory():
         xgemm.matmul(a, a, out=torch.zeros(4).expand(4, 4))
     with raises(errors.OutError, "share memory"):
         xgemm.softmax(a, out=torch.zeros(4).expand(4, 4))
+    empty = torch.empty_strided((4, 0), (0, 1))                # no elements: nothing shared (the fuzzer's case)
+    assert xgemm.matmul(a, torch.ones(4, 0), out=empty) is empty
 
 
 def test_out_that_requires_grad():

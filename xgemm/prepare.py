@@ -45,7 +45,7 @@ def check_out(fn: str, out: Any, owner: str, shape: Tuple[int, ...], dtypes: Seq
         raise errors.OutError(f"{fn}: out requires grad, and out= writes are not differentiable; drop out= and "
                               f"use the result, or pass out.detach() / call under torch.no_grad()")
     v = arrays.view(out, "out", fn)
-    if fw == "torch" and any(s == 0 and n > 1 for s, n in zip(v.strides, v.shape)):
+    if fw == "torch" and 0 not in v.shape and any(s == 0 and n > 1 for s, n in zip(v.strides, v.shape)):
         # torch refuses writes where elements share memory (an expand()ed tensor)
         raise errors.OutError(f"{fn}: out has strides {v.strides} for shape {v.shape}: several of its elements "
                               f"share memory (an expand()ed tensor); pass a dense out, e.g. torch.empty({v.shape})")
