@@ -250,3 +250,13 @@ def test_out_under_torch_compile():
     a, b, v, o = torch.randn(4, 8), torch.randn(8, 6), torch.randn(6), torch.full((4, 6), float("nan"))
     f(a, b, v, o)
     torch.testing.assert_close(o, torch.relu(a @ b + v))
+
+
+def test_explain_takes_the_stacked_gated_layout():
+    import xgemm
+    a, b = np.ones((8, 16), np.float32), np.ones((16, 2, 24), np.float32)
+    plan = xgemm.explain(a, b, op="gated", layout="stacked", bias=np.zeros((2, 24), np.float32))
+    assert plan.problem.n == 48 and "swiglu" in plan.epilogue          # the concat call it runs
+    jnp = pytest.importorskip("jax.numpy")
+    plan = xgemm.explain(jnp.asarray(a), jnp.asarray(b), op="gated", layout="stacked")
+    assert plan.problem.n == 24 and "this product twice" in plan.epilogue   # JAX: two half products

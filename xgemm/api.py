@@ -70,13 +70,31 @@ def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out: 
             from xgemm import jax as xjax
             compose.no_jax_out("gated", out)
             return xjax.gated(a, b, bias=bias, activation=activation, layout=layout, fn="gated")
-        for name, x in (("a", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
-            arrays.require_array("gated", name, x)
-        checks.gated_layout("gated", layout, tuple(b.shape), None if bias is None else tuple(bias.shape),
-                            tuple(a.shape))
-        b = b.reshape(*b.shape[:-2], 2 * b.shape[-1])           # a view where the strides allow it
-        bias = None if bias is None else bias.reshape(2 * bias.shape[-1])
+        b, bias = _stacked_as_concat("gated", a, b, bias, layout)
     return compose.run("gated", a, b, None, 1.0, 0.0, bias, activation, True, out)
+
+
+def _explain_stacked(a: Any, b: Any, bias: Any, activation: str, layout: str, out: Any) -> policy.Plan:
+    """gated(layout="stacked")'s plan: eagerly the concat layout's (the call reshapes b so); for JAX,
+    which runs the gate and the up halves as two products, the plan of one of them."""
+    b2, bias2 = _stacked_as_concat("explain", a, b, bias, layout)
+    if arrays.framework_of(a) != "jax":
+        return compose.run("explain", a, b2, None, 1.0, 0.0, bias2, activation, True, out, plan_only=True)
+    acc = "float64" if arrays.dtype_name(a) == "float64" else "float32"
+    plan = prepare.prepare_gemm("explain", a, b[..., 0, :], None, 1.0, 0.0, None, plan_only=True, out_dtype=acc)
+    plan.epilogue = (f"layout='stacked': this product twice (b's gate and up halves, each [K, H]), then "
+                     f"{activation}'s gate of the two in {acc} and one cast (jax.numpy)")
+    return plan
+
+
+def _stacked_as_concat(fn: str, a: Any, b: Any, bias: Any, layout: str):
+    """(b, bias) of the stacked layout ([..., K, 2, H], (2, H)), checked in the caller's shapes, as
+    the concat layout's [..., K, 2H] and (2H,): views where the strides allow (the same numbers)."""
+    for name, x in (("a", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
+        arrays.require_array(fn, name, x)
+    checks.gated_layout(fn, layout, tuple(b.shape), None if bias is None else tuple(bias.shape), tuple(a.shape))
+    b = b.reshape(*b.shape[:-2], 2 * b.shape[-1])
+    return b, None if bias is None else bias.reshape(2 * bias.shape[-1])
 
 
 def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None,
@@ -187,11 +205,12 @@ def _copied_into(fn: str, out: Any, result: Any) -> Any:
 
 def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Optional[float] = None,
             axis: int = -1, out: Any = None, bias: Any = None, activation: Optional[str] = None,
-            use_fast_accum: bool = False) -> policy.Plan:
+            use_fast_accum: bool = False, layout: str = "concat") -> policy.Plan:
     """The plan a call would run: kernel, policy, why others declined, any copy made, the epilogue.
 
     explain(x) -> softmax, explain(a, b) -> matmul, explain(a, b, c, alpha=, beta=) -> gemm,
-    bias= / activation= as gemm() takes them; op="softmax"|"matmul"|"gemm"|"gated" overrides.
+    bias= / activation= as gemm() takes them; op="softmax"|"matmul"|"gemm"|"gated" overrides
+    (gated takes layout= as gated() does).
     Printing the result gives a few readable lines. op="ragged_dot" | "grouped_mm" with
     (lhs, rhs, group_sizes) | (x, w, offs) returns those lines as a string (the grouped plan, and
     with activation= the epilogue),
@@ -216,8 +235,11 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
         c = arrays[2] if len(arrays) == 3 else None
         beta = (1.0 if c is not None else 0.0) if beta is None else beta
         if op == "gated":
-            return compose.run("explain", arrays[0], arrays[1], None, 1.0, 0.0, bias, activation or "swiglu", True,
-                               out, plan_only=True)
+            a, b = arrays[0], arrays[1]
+            if layout != "concat":
+                return _explain_stacked(a, b, bias, activation or "swiglu", layout, out)
+            return compose.run("explain", a, b, None, 1.0, 0.0, bias, activation or "swiglu", True, out,
+                               plan_only=True)
         if bias is not None or activation is not None:
             return compose.run("explain", arrays[0], arrays[1], c, alpha, beta, bias, activation, False, out,
                                plan_only=True)
