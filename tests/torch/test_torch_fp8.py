@@ -1,5 +1,6 @@
 """xgemm::scaled_matmul, the torch op: same result as the eager path, torch.compile(fullgraph=True),
-and a typed refusal of inputs that require grad (no backward: torch would cast a and b's grads to fp8)."""
+exact gradients for the scales and the bias, and a typed refusal of fp8 a or b that require grad
+(torch would cast their gradients to fp8)."""
 import numpy as np
 import pytest
 
@@ -36,11 +37,25 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(f(qa, qb, sa, sb, bias), fp8.scaled_matmul(qa, qb, sa, sb, bias=bias).float().relu())
 
 
-def test_inputs_requiring_grad_are_refused():
+def test_fp8_operands_requiring_grad_are_refused():
     qa, qb, sa, sb, bias = _operands()
-    with pytest.raises(errors.GradientError, match="bias requires grad.*xgemm.fp8_matmul"):
-        fp8_ops.scaled_matmul(qa, qb, sa, sb, bias=bias.requires_grad_())
-    with pytest.raises(errors.GradientError, match="scale_a, bias require grad"):
-        fp8_ops.scaled_matmul(qa, qb, sa.requires_grad_(), sb, bias=bias)
+    with pytest.raises(errors.GradientError, match="a requires grad.*detach a.*xgemm.fp8_matmul"):
+        fp8_ops.scaled_matmul(qa.requires_grad_(), qb, sa, sb, bias=bias)
     with torch.no_grad():
         fp8_ops.scaled_matmul(qa, qb, sa, sb, bias=bias)
+
+
+def test_scales_and_bias_get_their_exact_gradients():
+    """d/d scale of (a * scale_a) @ (b * scale_b) + bias: the dequantized operand's gradient times
+    the fp8 values, summed over each scale's block (float64 autograd of the same formula)."""
+    qa, qb, sa, sb, bias = _operands()
+    g = torch.randn(5, 130, generator=torch.Generator().manual_seed(1))
+    ours = [x.clone().requires_grad_() for x in (sa, sb, bias)]
+    (fp8_ops.scaled_matmul(qa, qb, *ours[:2], bias=ours[2], out_dtype=torch.float32) * g).sum().backward()
+    ref = [x.double().requires_grad_() for x in (sa, sb, bias)]
+    deq_a = qa.double() * ref[0].repeat_interleave(128, 1)[:, :260]
+    deq_b = qb.double() * ref[1].repeat_interleave(128, 0).repeat_interleave(128, 1)[:260, :130]
+    ((deq_a @ deq_b + ref[2]) * g.double()).sum().backward()
+    for x, r in zip(ours, ref):
+        assert x.grad.dtype == torch.float32 and x.grad.shape == x.shape
+        torch.testing.assert_close(x.grad.double(), r.grad, rtol=1e-5, atol=1e-5 * float(r.grad.abs().max()))

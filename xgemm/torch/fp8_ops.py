@@ -7,9 +7,10 @@
 The real implementation is xgemm/fp8.py's eager path (the embedded default now, an FP8 kernel later);
 recipes and the scale convention are in that module's docstring.
 
-scaled_matmul has no autograd: torch casts a gradient to its input's dtype, so an fp8 a or b could
-only hold an fp8 (saturated, 3-bit-mantissa) gradient; scaled_matmul() below refuses inputs that
-require grad. The differentiable path is fp8_matmul, on the high-precision a and b: it quantizes
+scaled_matmul's autograd gives the scales (their exact gradients, the sum of the dequantized
+operand's gradient times the fp8 values over each scale's block) and the bias theirs; an fp8 a or
+b that requires grad is refused (errors.GradientError): torch casts a gradient to its input's
+dtype, so it could only hold an fp8 (saturated, 3-bit-mantissa) gradient. The differentiable path is fp8_matmul, on the high-precision a and b: it quantizes
 inside the op, and its backward gives the dequantized operands' gradients (straight through the
 cast; core/fp8_checks.straight_through) in a's and b's dtypes. The backward re-quantizes a and b
 (saved as given) rather than keeping their fp8 copies: one elementwise pass each, and no tensors
@@ -37,6 +38,38 @@ def _scaled_matmul_fake(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum=
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
+def _scaled_matmul_setup(ctx, inputs, output):
+    a, b, scale_a, scale_b, bias = inputs[:5]
+    ctx.save_for_backward(a, b, scale_a, scale_b)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _scale_grad(xp, q: torch.Tensor, scale: torch.Tensor, block, dq: torch.Tensor) -> torch.Tensor:
+    """d loss / d scale, given d loss / d (q * scale) = dq: the dequantize's own backward (a sum of
+    dq * q over each scale's block)."""
+    with torch.enable_grad():
+        s = scale.detach().requires_grad_()
+        (ds,) = torch.autograd.grad(fp8_checks.dequantize(xp, q, s, block, torch.float32, q.device), s, dq)
+    return ds.to(scale.dtype)
+
+
+def _scaled_matmul_backward(ctx, dy):
+    """The scales' and the bias's gradients (a and b, fp8, get none: scaled_matmul() refuses them)."""
+    a, b, scale_a, scale_b = ctx.saved_tensors
+    xp = arrays.namespace("torch")
+    recipe = fp8_checks.matmul_recipe("scaled_matmul", a.shape, b.shape, scale_a.shape, scale_b.shape)
+    a_deq = fp8_checks.dequantize(xp, a, scale_a, recipe.a_block, torch.float32, a.device)
+    b_deq = fp8_checks.dequantize(xp, b, scale_b, recipe.b_block, torch.float32, b.device)
+    da, db, dsum = fp8_checks.straight_through(xp, dy, a_deq, b_deq, None, torch.float32, a.device)
+    need = ctx.needs_input_grad
+    return (None, None, _scale_grad(xp, a, scale_a, recipe.a_block, da) if need[2] else None,
+            _scale_grad(xp, b, scale_b, recipe.b_block, db) if need[3] else None,
+            dsum.to(ctx.bias_dtype) if need[4] else None, None, None)
+
+
+scaled_matmul_op.register_autograd(_scaled_matmul_backward, setup_context=_scaled_matmul_setup)
+
+
 def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any = "bfloat16",
                   bias: Any = None, use_fast_accum: bool = False) -> torch.Tensor:
     """xgemm.fp8.scaled_matmul through the op (checked eagerly first; inside a torch.compile trace
@@ -45,14 +78,14 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         return scaled_matmul_op(a, b, scale_a, scale_b, bias, getattr(torch, arrays.requested_dtype(out_dtype)),
                                 use_fast_accum)
     c = fp8.check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias)
-    needs = [name for name, x in (("a", c.a), ("b", c.b), ("scale_a", c.scale_a), ("scale_b", c.scale_b),
-                                  ("bias", c.bias)) if x is not None and x.requires_grad]
+    needs = [name for name, x in (("a", c.a), ("b", c.b)) if x.requires_grad]
     if needs and torch.is_grad_enabled():
         # fp8 a and b could only hold fp8 gradients (torch casts a gradient to its input's dtype)
         raise errors.GradientError(
-            f"scaled_matmul: {', '.join(needs)} require{'s' if len(needs) == 1 else ''} grad, and the torch op has no "
-            f"backward; call it under torch.no_grad() or detach them, train through xgemm.fp8_matmul on the "
-            f"high-precision tensors, or use xgemm.jax.scaled_matmul (gradients for the operands and the scales)")
+            f"scaled_matmul: {' and '.join(needs)} require{'s' if len(needs) == 1 else ''} grad, and an fp8 tensor "
+            f"can only hold an fp8 gradient; detach {' and '.join(needs)} (the scales and the bias get gradients), "
+            f"train through xgemm.fp8_matmul on the high-precision tensors, or use xgemm.jax.scaled_matmul "
+            f"(gradients of the dequantized operands)")
     return scaled_matmul_op(c.a, c.b, c.scale_a, c.scale_b, c.bias, getattr(torch, c.out_dtype), use_fast_accum)
 
 
