@@ -127,3 +127,34 @@ def test_extent_one_dims_get_the_dense_stride_on_the_same_memory():
     assert v.ptr == x.__array_interface__["data"][0] and v.readonly and not v.obj.flags.writeable
     np.testing.assert_array_equal(v.obj, x.T)
     assert arrays.view(np.zeros((4, 4)), "x", "test").obj.strides == (32, 8)      # no extent 1: as is
+
+
+def test_torch_first_with_a_flipped_numpy_operand():
+    """torch.from_dlpack aborts the process (C++ terminate) on a NumPy array with a negative
+    stride: such an operand joins torch as a copy. Run in a child so a regression fails the test
+    instead of ending the run."""
+    pytest.importorskip("torch")
+    code = ("import numpy as np, torch, xgemm\n"
+            "a, b = np.random.rand(4, 6).astype(np.float32), np.random.rand(6, 5).astype(np.float32)\n"
+            "r = xgemm.matmul(torch.from_numpy(a), np.flip(b, 1))\n"
+            "assert np.allclose(r.numpy(), a @ np.flip(b, 1), atol=1e-5)\n"
+            "r = xgemm.gemm(torch.from_numpy(a), b, np.flip(np.ones((4, 5), np.float32), 0), beta=1.0)\n"
+            "assert np.allclose(r.numpy(), a @ b + 1, atol=1e-5)\n"
+            "print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_numpy_bfloat16_mixes_with_torch_and_jax_both_ways():
+    """NumPy's DLPack has no bfloat16 (ml_dtypes): its bits cross as int16 views, zero-copy."""
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    jnp = pytest.importorskip("jax.numpy")
+    rng = np.random.default_rng(0)
+    a, b = rng.random((4, 6)).astype(ml_dtypes.bfloat16), rng.random((6, 5)).astype(ml_dtypes.bfloat16)
+    want = a.astype(np.float32) @ b.astype(np.float32)
+    ta, tb = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16), torch.from_numpy(b.view(np.int16)).view(torch.bfloat16)
+    for x, y in ((ta, b), (a, tb), (a, jnp.asarray(b)), (jnp.asarray(a), b)):
+        r = xgemm.matmul(x, y)
+        assert xgemm.arrays.dtype_name(r) == "bfloat16" and type(r) is type(x)
+        np.testing.assert_allclose(np.asarray(r.float() if hasattr(r, "float") else r, np.float32), want, atol=0.05)

@@ -8,7 +8,7 @@ import sys
 from typing import Any, Tuple
 
 from xgemm import errors
-from xgemm.arrays.detect import framework_of
+from xgemm.arrays.detect import dtype_name, framework_of
 from xgemm.arrays.views import ArrayView, device_of, view
 from xgemm.core.problem import Device
 
@@ -71,6 +71,20 @@ def import_into(owner: str, x: Any, name: str, fn: str) -> Any:
                 f"{fn}: {name} is on {dev.kind}:{dev.index} but the first operand is a NumPy array (cpu), so the "
                 f"result would be NumPy on the CPU; move {name} to the CPU first (e.g. torch: {name}.cpu(), "
                 f"cupy: {name}.get()), or pass the device arrays first and convert the NumPy ones to them")
+    if fw == "numpy" and owner == "torch":
+        import numpy
+        if any(s < 0 for s in x.strides):
+            # torch.from_dlpack aborts the process (a C++ terminate) on a negative stride: a copy
+            x = numpy.ascontiguousarray(x)
+        if x.dtype.name == "bfloat16":      # NumPy's DLPack has no bfloat16 (ml_dtypes): its bits, as a view
+            torch = sys.modules["torch"]
+            return torch.from_numpy(x.view(numpy.int16)).view(torch.bfloat16)
+    if owner == "numpy" and dtype_name(x) == "bfloat16" and fw in ("torch", "jax"):
+        import ml_dtypes
+        import numpy
+        if fw == "jax":
+            return numpy.asarray(x)         # JAX hands NumPy its bfloat16 (ml_dtypes) itself
+        return numpy.from_dlpack(x.detach().view(sys.modules["torch"].int16)).view(ml_dtypes.bfloat16)
     try:
         if owner == "numpy":
             import numpy
