@@ -266,6 +266,19 @@ def test_torch_out_whose_elements_share_memory():
     assert xgemm.matmul(a, torch.ones(4, 0), out=empty) is empty
 
 
+def test_numpy_out_whose_elements_share_memory():
+    from numpy.lib.stride_tricks import as_strided, sliding_window_view
+    z = np.zeros(5, np.float32)
+    with raises(errors.OutError, "share memory"):                    # every row the same 5 floats
+        xgemm.matmul(np.ones((4, 6), np.float32), np.ones((6, 5), np.float32), out=as_strided(z, (4, 5), (0, 4)))
+    window = sliding_window_view(np.zeros(8, np.float32), 5, writeable=True)    # rows overlapping by 4
+    with raises(errors.OutError, "share memory"):
+        xgemm.softmax(np.ones((4, 5), np.float32), out=window)
+    for ok in (np.zeros((4, 5), np.float32).T.T, np.zeros((5, 4), np.float32).T, np.flip(np.zeros((4, 5), np.float32), 0)):
+        assert xgemm.matmul(np.ones((4, 6), np.float32), np.ones((6, 5), np.float32), out=ok) is ok
+        assert np.all(ok == 6.0)
+
+
 def test_out_that_requires_grad():
     torch = pytest.importorskip("torch")
     a, b = torch.ones(3, 4), torch.ones(4, 5)

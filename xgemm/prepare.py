@@ -45,10 +45,10 @@ def check_out(fn: str, out: Any, owner: str, shape: Tuple[int, ...], dtypes: Seq
         raise errors.OutError(f"{fn}: out requires grad, and out= writes are not differentiable; drop out= and "
                               f"use the result, or pass out.detach() / call under torch.no_grad()")
     v = arrays.view(out, "out", fn)
-    if fw == "torch" and 0 not in v.shape and any(s == 0 and n > 1 for s, n in zip(v.strides, v.shape)):
-        # torch refuses writes where elements share memory (an expand()ed tensor)
+    if layout.self_overlapping(v.shape, v.strides):
+        # each element would be written more than once, the last write winning (torch refuses such writes)
         raise errors.OutError(f"{fn}: out has strides {v.strides} for shape {v.shape}: several of its elements "
-                              f"share memory (an expand()ed tensor); pass a dense out, e.g. torch.empty({v.shape})")
+                              f"share memory (an expand()ed, broadcast or as_strided view); pass a dense out")
     if v.shape != tuple(shape):
         raise errors.ShapeError(f"{fn}: out has shape {v.shape}; the result has shape {tuple(shape)}; pass an out of that shape")
     if v.dtype not in dtypes:
