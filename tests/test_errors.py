@@ -279,6 +279,18 @@ def test_numpy_out_whose_elements_share_memory():
         assert np.all(ok == 6.0)
 
 
+def test_a_jax_tracer_beside_a_numpy_first_operand_on_every_path():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    a8, sa = xgemm.quantize_fp8(A, "tensor")
+    b8, sb = xgemm.quantize_fp8(B, "tensor")
+    for call, arg in ((lambda v: xgemm.gemm(A, B, bias=v, activation="relu"), jnp.ones(5)),
+                      (lambda b: xgemm.fp8_matmul(A, b), jnp.ones((4, 5))),
+                      (lambda s: xgemm.scaled_matmul(a8, b8, s, sb), jnp.float32(1))):
+        with raises(errors.FrameworkError, "is a JAX tracer", "pass JAX arrays"):
+            jax.jit(call)(arg)
+
+
 def test_out_that_requires_grad():
     torch = pytest.importorskip("torch")
     a, b = torch.ones(3, 4), torch.ones(4, 5)

@@ -8,7 +8,7 @@ import sys
 from typing import Any, Tuple
 
 from xgemm import errors
-from xgemm.arrays.detect import dtype_name, framework_of
+from xgemm.arrays.detect import dtype_name, framework_of, is_jax_tracer
 from xgemm.arrays.views import ArrayView, device_of, view
 from xgemm.core.problem import Device
 
@@ -60,6 +60,9 @@ def import_into(owner: str, x: Any, name: str, fn: str) -> Any:
     fw = framework_of(x)
     if fw == owner:
         return x
+    if fw == "jax" and is_jax_tracer(x):
+        raise errors.FrameworkError(f"{fn}: {name} is a JAX tracer (inside jax.jit/grad) but the first operand is a "
+                                    f"{owner} array; pass JAX arrays for every operand inside JAX transforms")
     if (owner, fw) not in MIXING_RULES:
         raise errors.FrameworkError(
             f"{fn}: {name} is a {fw} array but the result framework (from the first operand) is {owner}; "
