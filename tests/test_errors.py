@@ -284,8 +284,8 @@ def test_a_jax_tracer_beside_a_numpy_first_operand_on_every_path():
     jnp = jax.numpy
     a8, sa = xgemm.quantize_fp8(A, "tensor")
     b8, sb = xgemm.quantize_fp8(B, "tensor")
-    for call, arg in ((lambda v: xgemm.gemm(A, B, bias=v, activation="relu"), jnp.ones(5)),
-                      (lambda b: xgemm.fp8_matmul(A, b), jnp.ones((4, 5))),
+    for call, arg in ((lambda v: xgemm.gemm(A, B, bias=v, activation="relu"), jnp.ones(5, jnp.float32)),
+                      (lambda b: xgemm.fp8_matmul(A, b), jnp.ones((4, 5), jnp.float32)),
                       (lambda s: xgemm.scaled_matmul(a8, b8, s, sb), jnp.float32(1))):
         with raises(errors.FrameworkError, "is a JAX tracer", "pass JAX arrays"):
             jax.jit(call)(arg)
