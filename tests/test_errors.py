@@ -329,3 +329,12 @@ def test_stacked_gated_shape_errors_give_the_callers_shapes():
     for a, b in ((A, np.ones((3, 2, 3), np.float32)), (jnp.ones((3, 4)), jnp.ones((3, 2, 3)))):
         with raises(errors.ShapeError, "b (3, 2, 3)", "b.shape[-3] (3)"):
             xgemm.gated(a, b, layout="stacked")
+
+
+def test_explain_names_the_copy_of_a_numpy_operand_into_jax():
+    jnp = pytest.importorskip("jax.numpy")
+    plan = xgemm.explain(jnp.ones((3, 4), jnp.float32), B)
+    assert plan.copies == ["b: a NumPy array, copied into a JAX array (JAX arrays own their buffers)"]
+    plan = xgemm.explain(jnp.ones((3, 4), jnp.float32), jnp.asarray(B), bias=np.zeros(5, np.float32), activation="relu")
+    assert [c.split(":")[0] for c in plan.copies] == ["bias"]
+    assert xgemm.explain(jnp.ones((3, 4), jnp.float32), jnp.asarray(B)).copies == []

@@ -57,11 +57,13 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
     if owner == "jax":
         no_jax_out(fn, out)
         from xgemm import jax as xjax
-        b, c, bias = (arrays.import_into("jax", x, name, fn) if x is not None else None
-                      for x, name in ((b, "b"), (c, "c"), (bias, "bias")))
+        given = [("b", b), ("c", c), ("bias", bias)]
+        b, c, bias = (arrays.import_into("jax", x, name, fn) if x is not None else None for name, x in given)
         if plan_only:
-            return xjax.explain_epilogue(a, b, c, alpha=alpha, beta=beta, bias=bias, activation=activation,
+            plan = xjax.explain_epilogue(a, b, c, alpha=alpha, beta=beta, bias=bias, activation=activation,
                                          gated=gated, fn=fn)
+            plan.copies[:0] = prepare.numpy_copied_into_jax(given)
+            return plan
         if gated:
             return xjax.gated(a, b, bias=bias, activation=activation, fn=fn)
         return xjax.gemm(a, b, c, alpha=alpha, beta=beta, bias=bias, activation=activation, fn=fn)

@@ -128,6 +128,13 @@ def run(prep: "Prepared | Any") -> Any:
     return prep.finish(prep.out.obj if result is None else result)
 
 
+def numpy_copied_into_jax(named: Sequence[Tuple[str, Any]]) -> List[str]:
+    """explain()'s lines for the NumPy operands of a JAX call: jnp.asarray copies them (JAX arrays
+    own their buffers; arrays/ops.import_into)."""
+    return [f"{name}: a NumPy array, copied into a JAX array (JAX arrays own their buffers)"
+            for name, x in named if x is not None and arrays.framework_of(x) == "numpy"]
+
+
 def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: Any, *, plan_only: bool = False,
                  out_dtype: Optional[str] = None, bias: Any = None, activation: Optional[str] = None):
     """A Prepared GEMM (or, with plan_only, its Plan); for JAX operands the result itself.
@@ -146,7 +153,9 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
         c_j = arrays.import_into("jax", c_used, "c", fn) if c_used is not None else None
         from xgemm import jax as xjax
         if plan_only:
-            return xjax.explain_gemm(a, b_j, c_j, alpha=alpha, beta=beta, out_dtype=out_dtype, fn=fn)
+            plan = xjax.explain_gemm(a, b_j, c_j, alpha=alpha, beta=beta, out_dtype=out_dtype, fn=fn)
+            plan.copies[:0] = numpy_copied_into_jax([("b", b), ("c", c_used)])
+            return plan
         return xjax.gemm(a, b_j, c_j, alpha=alpha, beta=beta, out_dtype=out_dtype, fn=fn)
     dt = checks.gemm_dtypes(fn, arrays.dtype_name(a), arrays.dtype_name(b),
                             arrays.dtype_name(c) if c is not None else None)
