@@ -54,6 +54,7 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
     alpha = checks.scalar(fn, "alpha", alpha, traced=arrays.is_jax_tracer(alpha))
     beta = checks.scalar(fn, "beta", beta, traced=arrays.is_jax_tracer(beta))
     owner = prepare.owner_of(fn, "a", a)
+    b, c, bias = (prepare.adopt_foreign(owner, fn, x, name) for x, name in ((b, "b"), (c, "c"), (bias, "bias")))
     if owner == "jax":
         no_jax_out(fn, out)
         from xgemm import jax as xjax

@@ -128,6 +128,12 @@ def run(prep: "Prepared | Any") -> Any:
     return prep.finish(prep.out.obj if result is None else result)
 
 
+def adopt_foreign(owner: str, fn: str, x: Any, name: str) -> Any:
+    """x, or, where it is a DLPack producer of no known framework (which may have no .dtype or
+    .shape to check), x brought into the owner's framework first, as it would be later anyway."""
+    return arrays.import_into(owner, x, name, fn) if x is not None and arrays.framework_of(x) == "other" else x
+
+
 def numpy_copied_into_jax(named: Sequence[Tuple[str, Any]]) -> List[str]:
     """explain()'s lines for the NumPy operands of a JAX call: jnp.asarray copies them (JAX arrays
     own their buffers; arrays/ops.import_into)."""
@@ -145,6 +151,7 @@ def prepare_gemm(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, out: An
     beta = checks.scalar(fn, "beta", beta, traced=arrays.is_jax_tracer(beta))
     named = [("a", a), ("b", b)] + ([("c", c)] if c is not None else [])
     owner = _owner_and_tracers(fn, named)
+    b, c = adopt_foreign(owner, fn, b, "b"), adopt_foreign(owner, fn, c, "c")
     c_used = c if (c is not None and beta != 0.0) else None
     if owner == "jax":               # xgemm.jax checks the arrays as below (core/checks.py)
         if out is not None:

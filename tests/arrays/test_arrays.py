@@ -158,3 +158,26 @@ def test_numpy_bfloat16_mixes_with_torch_and_jax_both_ways():
         r = xgemm.matmul(x, y)
         assert xgemm.arrays.dtype_name(r) == "bfloat16" and type(r) is type(x)
         np.testing.assert_allclose(np.asarray(r.float() if hasattr(r, "float") else r, np.float32), want, atol=0.05)
+
+
+class _DLPackOnly:
+    """A DLPack producer with nothing else: no .dtype, no .shape."""
+
+    def __init__(self, x):
+        self._x = x
+
+    def __dlpack__(self, **kw):
+        return self._x.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._x.__dlpack_device__()
+
+
+def test_a_dlpack_only_object_after_the_first_operand():
+    rng = np.random.default_rng(0)
+    a, b = rng.random((4, 6)).astype(np.float32), rng.random((6, 5)).astype(np.float32)
+    np.testing.assert_allclose(xgemm.matmul(a, _DLPackOnly(b)), a @ b, rtol=1e-5)
+    np.testing.assert_allclose(xgemm.gemm(a, b, _DLPackOnly(np.ones((4, 5), np.float32)), beta=1.0), a @ b + 1, rtol=1e-5)
+    got = xgemm.gemm(a, _DLPackOnly(b), bias=_DLPackOnly(np.ones(5, np.float32)), activation="relu")
+    np.testing.assert_allclose(got, np.maximum(a @ b + 1, 0), rtol=1e-5)
+    assert xgemm.gated(a, _DLPackOnly(np.ones((6, 8), np.float32))).shape == (4, 4)

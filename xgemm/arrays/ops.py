@@ -82,7 +82,7 @@ def import_into(owner: str, x: Any, name: str, fn: str) -> Any:
         if x.dtype.name == "bfloat16":      # NumPy's DLPack has no bfloat16 (ml_dtypes): its bits, as a view
             torch = sys.modules["torch"]
             return torch.from_numpy(x.view(numpy.int16)).view(torch.bfloat16)
-    if owner == "numpy" and dtype_name(x) == "bfloat16" and fw in ("torch", "jax"):
+    if owner == "numpy" and fw in ("torch", "jax") and dtype_name(x) == "bfloat16":
         import ml_dtypes
         import numpy
         if fw == "jax":
