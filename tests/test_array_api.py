@@ -44,3 +44,15 @@ def test_namespace_of_no_arrays_a_list_or_two_libraries_is_a_typed_error():
     torch = pytest.importorskip("torch")
     with pytest.raises(errors.FrameworkError, match="one library"):
         namespace(np.ones(2), torch.ones(2))
+
+
+def test_namespace_matmul_of_dtypes_xgemm_does_not_serve_is_the_standards():
+    """Integers, complex and mixed float dtypes (which the standard promotes) go to the wrapped
+    namespace's matmul; xgemm's own errors are for its direct calls."""
+    from xgemm.array_api import namespace
+    for a, b, want in ((np.ones((2, 3), np.int64), np.ones((3, 2), np.int64), "int64"),
+                       (np.ones((2, 3), np.float32), np.ones((3, 2), np.float64), "float64"),
+                       (np.ones((2, 3), np.complex64), np.ones((3, 2), np.complex64), "complex64")):
+        r = namespace(a, b).matmul(a, b)
+        assert r.dtype.name == want and np.all(r == 3)
+    assert "sum" in dir(namespace(np.ones(2))) and "matmul" in dir(namespace(np.ones(2)))

@@ -13,6 +13,7 @@ from typing import Any
 
 from xgemm import api, errors
 from xgemm.arrays import detect
+from xgemm.core import checks
 
 _cache: dict = {}
 
@@ -25,7 +26,15 @@ class _XgemmNamespace:
         self.__name__ = f"xgemm[{getattr(base, '__name__', type(base).__name__)}]"
 
     def matmul(self, x1: Any, x2: Any, /) -> Any:
-        return api.matmul(x1, x2)
+        """xgemm.matmul for two arrays of one floating dtype it serves; anything else (integers,
+        complex, mixed dtypes, which the standard promotes) the wrapped namespace's own matmul."""
+        dts = {detect.dtype_name(x) for x in (x1, x2) if hasattr(x, "dtype")}
+        if len(dts) == 1 and dts <= set(checks.SUPPORTED_DTYPES):
+            return api.matmul(x1, x2)
+        return self._base.matmul(x1, x2)
+
+    def __dir__(self):
+        return sorted(set(dir(self._base)) | {"matmul", "softmax"})
 
     def softmax(self, x: Any, /, *, axis: int = -1) -> Any:
         return api.softmax(x, axis=axis)
