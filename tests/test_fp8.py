@@ -180,8 +180,8 @@ def test_typed_errors_name_the_argument():
         fp8.scaled_matmul(a, b, one, one, bias=np.ones(4, np.float32))
     with pytest.raises(errors.DTypeError, match="out_dtype=float64"):
         fp8.scaled_matmul(a, b, one, one, out_dtype="float64")
-    with pytest.raises(errors.FrameworkError, match="b a torch"):
-        fp8.scaled_matmul(a, torch.ones(256, 8).to(torch.float8_e4m3fn), one, one)
+    with pytest.raises(errors.FrameworkError, match="b a jax"):          # NumPy and torch fp8 mix; JAX's not
+        fp8.scaled_matmul(a, jnp.ones((256, 8), jnp.float8_e4m3fn), one, one)
     with pytest.raises(errors.ShapeError, match="recipe='blocks'"):
         fp8.quantize_fp8(np.ones((2, 2), np.float32), "blocks")
     with pytest.raises(errors.ShapeError, match="needs a 2-D x"):
@@ -204,3 +204,21 @@ def test_explain_takes_scaled_matmul():
     a, b, one = _ops()
     assert xgemm.explain(a, b, one, one, op="scaled_matmul") == fp8.explain_scaled_matmul(a, b, one, one)
     assert "transposing copy" in xgemm.explain(a, b, one, one, op="scaled_matmul")
+
+
+def test_numpy_and_torch_fp8_operands_mix_both_ways():
+    """NumPy's fp8 (ml_dtypes) has no DLPack type code: the bytes cross as uint8 views, zero-copy,
+    as bfloat16's do as int16."""
+    rng = np.random.default_rng(0)
+    qa, sa = fp8.quantize_fp8(rng.standard_normal((6, 200)).astype(np.float32), "tensor")
+    qb, sb = fp8.quantize_fp8(rng.standard_normal((140, 200)).astype(np.float32), "tensor")
+    qb = qb.T                                                   # (K, N), K-major
+    want = fp8.scaled_matmul(qa, qb, sa, sb, out_dtype="float32")
+    ta = torch.from_numpy(qa.view(np.uint8)).view(torch.float8_e4m3fn)
+    tb = torch.from_numpy(qb.view(np.uint8)).view(torch.float8_e4m3fn)
+    got = fp8.scaled_matmul(ta, qb, torch.from_numpy(np.asarray(sa)), torch.from_numpy(np.asarray(sb)), out_dtype="float32")
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    got = fp8.scaled_matmul(qa, tb, sa, sb, out_dtype="float32")
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

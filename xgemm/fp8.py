@@ -85,8 +85,10 @@ class Checked(NamedTuple):
 
 def _same_framework(fn: str, owner: str, name: str, x: Any) -> Any:
     fw = arrays.require_array(fn, name, x)
+    if {fw, owner} == {"numpy", "torch"}:   # the bytes cross as uint8 views (arrays/ops.import_into)
+        return arrays.import_into(owner, x, name, fn)
     if fw != owner:
-        # DLPack has no fp8 type code every framework reads, so fp8 operands are never exchanged
+        # DLPack has no fp8 type code every framework reads, so other fp8 operands are not exchanged
         raise errors.FrameworkError(f"{fn}: a is a {owner} array and {name} a {fw} one; pass fp8 operands of one "
                                     f"framework (convert {name} to {owner} first)")
     return x

@@ -79,15 +79,16 @@ def import_into(owner: str, x: Any, name: str, fn: str) -> Any:
         if any(s < 0 for s in x.strides):
             # torch.from_dlpack aborts the process (a C++ terminate) on a negative stride: a copy
             x = numpy.ascontiguousarray(x)
-        if x.dtype.name == "bfloat16":      # NumPy's DLPack has no bfloat16 (ml_dtypes): its bits, as a view
+        if x.dtype.name in _BITS:           # NumPy's DLPack has no bfloat16 / fp8 (ml_dtypes): their bits, as views
             torch = sys.modules["torch"]
-            return torch.from_numpy(x.view(numpy.int16)).view(torch.bfloat16)
-    if owner == "numpy" and fw in ("torch", "jax") and dtype_name(x) == "bfloat16":
+            return torch.from_numpy(x.view(_BITS[x.dtype.name])).view(getattr(torch, x.dtype.name))
+    if owner == "numpy" and fw in ("torch", "jax") and dtype_name(x) in _BITS:
         import ml_dtypes
         import numpy
         if fw == "jax":
-            return numpy.asarray(x)         # JAX hands NumPy its bfloat16 (ml_dtypes) itself
-        return numpy.from_dlpack(x.detach().view(sys.modules["torch"].int16)).view(ml_dtypes.bfloat16)
+            return numpy.asarray(x)         # JAX hands NumPy these ml_dtypes itself
+        bits = getattr(sys.modules["torch"], _BITS[dtype_name(x)])
+        return numpy.from_dlpack(x.detach().view(bits)).view(getattr(ml_dtypes, dtype_name(x)))
     try:
         if owner == "numpy":
             import numpy
@@ -104,6 +105,9 @@ def import_into(owner: str, x: Any, name: str, fn: str) -> Any:
                                     f"{exc}; convert it yourself") from exc
     raise AssertionError(owner)
 
+
+# ml_dtypes' types NumPy cannot export through DLPack, and the integer type of their width
+_BITS = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
 
 MIXING_RULES = frozenset({
     ("torch", "numpy"), ("cupy", "numpy"), ("jax", "numpy"), ("numpy", "torch"), ("numpy", "jax"),
