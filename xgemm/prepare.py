@@ -34,7 +34,8 @@ def check_out(fn: str, out: Any, owner: str, shape: Tuple[int, ...], dtypes: Seq
     if fw == "jax":
         raise errors.OutError(f"{fn}: out is a JAX array, and JAX arrays are immutable; drop out= and use the result")
     if fw != owner:
-        raise errors.FrameworkError(f"{fn}: out is a {fw} array but the result is {owner} (the first operand's "
+        what = "a DLPack producer of no known framework" if fw == "other" else f"a {fw} array"
+        raise errors.FrameworkError(f"{fn}: out is {what} but the result is {owner} (the first operand's "
                                     f"framework); pass a {owner} array as out")
     if fw == "torch" and out.is_inference() and not sys.modules["torch"].is_inference_mode_enabled():
         # torch refuses in-place writes to these outside inference mode; a kernel would not ask

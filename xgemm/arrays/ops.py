@@ -65,7 +65,8 @@ def import_into(owner: str, x: Any, name: str, fn: str) -> Any:
                                     f"{owner} array; pass JAX arrays for every operand inside JAX transforms")
     if (owner, fw) not in MIXING_RULES:
         raise errors.FrameworkError(
-            f"{fn}: {name} is a {fw} array but the result framework (from the first operand) is {owner}; "
+            f"{fn}: {name} is {'a DLPack producer' if fw == 'other' else 'a ' + fw + ' array'} but the result "
+            f"framework (from the first operand) is {owner}; "
             f"no rule mixes {fw} into {owner}: convert {name} first, e.g. {owner}'s from_dlpack({name})")
     if owner == "numpy":             # NumPy holds host arrays only: a device array is on the wrong device
         dev = device_of(fw, x, name, fn)

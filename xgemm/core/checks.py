@@ -32,8 +32,10 @@ def scalar(fn: str, name: str, value: Any, *, traced: bool = False) -> float:
 
 def dtype(fn: str, name: str, dt: str) -> str:
     if dt not in SUPPORTED_DTYPES:
-        raise errors.DTypeError(f"{fn}: {name} has dtype {dt}; supported are {', '.join(SUPPORTED_DTYPES)} "
-                                f"(cast it, e.g. {name}.astype('float32'))")
+        fix = ("complex is not supported (split the real and imaginary parts into real products)"
+               if dt.startswith("complex") else
+               f"cast it, e.g. {name}.astype('float32'), or torch: {name}.to(torch.float32)")
+        raise errors.DTypeError(f"{fn}: {name} has dtype {dt}; supported are {', '.join(SUPPORTED_DTYPES)} ({fix})")
     return dt
 
 
@@ -47,7 +49,7 @@ def operand_dtypes(fn: str, names: Tuple[str, str], a: str, b: str) -> str:
     dt = dtype(fn, names[0], a)
     if dtype(fn, names[1], b) != dt:
         raise errors.DTypeError(f"{fn}: {names[0]} is {dt} and {names[1]} is {b}; cast {names[1]} to {dt} "
-                                f"({names[1]}.astype({names[0]}.dtype))")
+                                f"({names[1]}.astype({names[0]}.dtype), or torch: {names[1]}.to({names[0]}.dtype))")
     return dt
 
 
