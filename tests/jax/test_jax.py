@@ -290,3 +290,8 @@ def test_a_forced_kernel_that_cannot_run_on_the_cpu_raises_for_jax_too(forced, w
     with policy.force("reference"):
         for call in calls:
             jax.jit(call)()
+
+
+def test_matmul_takes_out_dtype():
+    y = xj.matmul(jnp.ones((2, 3), jnp.bfloat16), jnp.ones((3, 4), jnp.bfloat16), out_dtype=jnp.float32)
+    assert y.dtype == jnp.float32 and float(y[0, 0]) == 3.0

@@ -105,9 +105,9 @@ def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0
     return d
 
 
-def matmul(a: Any, b: Any) -> jax.Array:
-    """a @ b with numpy.matmul semantics."""
-    return gemm(a, b)
+def matmul(a: Any, b: Any, *, out_dtype: Any = None) -> jax.Array:
+    """a @ b with numpy.matmul semantics; out_dtype as gemm takes it (float32 for fp16/bf16 operands)."""
+    return gemm(a, b, out_dtype=out_dtype)
 
 
 def gated(a: Any, b: Any, *, bias: Any = None, activation: str = "swiglu", out_dtype: Any = None,
