@@ -243,8 +243,12 @@ def test_activation_that_is_not_a_name():
 
 
 def test_explain_of_a_softmax_with_gemm_arguments():
-    with raises(errors.ShapeError, "activation given with one array"):
+    with raises(errors.ShapeError, "activation given, which softmax does not take"):
         xgemm.explain(A, activation="relu")
+    with raises(errors.ShapeError, "alpha given, which ragged_dot does not take"):
+        xgemm.explain(A, np.ones((2, 4, 5), np.float32), np.array([1, 2]), op="ragged_dot", alpha=2.0)
+    with raises(errors.ShapeError, "use_fast_accum given, which gemm does not take"):
+        xgemm.explain(A, B, B[:3], use_fast_accum=True)
     assert xgemm.explain(A).op == "softmax"
 
 

@@ -217,6 +217,8 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
     and so does op="scaled_matmul" with (a, b, scale_a, scale_b): where it runs, and the copies an
     FP8 kernel would need (use_fast_accum as scaled_matmul takes it).
     """
+    _applies(op or {1: "softmax", 2: "matmul", 3: "gemm"}.get(len(arrays)), alpha=alpha, beta=beta, axis=axis,
+             out=out, bias=bias, activation=activation, use_fast_accum=use_fast_accum, layout=layout)
     if op in ("ragged_dot", "grouped_mm") and len(arrays) == 3:
         if activation is not None:
             return compose.run_grouped(op, None, *arrays, None, activation, fn="explain", plan_only=True)
@@ -225,11 +227,6 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
         return fp8.explain_scaled_matmul(*arrays, use_fast_accum=use_fast_accum)
     op = op or {1: "softmax", 2: "matmul", 3: "gemm"}.get(len(arrays))
     if op == "softmax" and len(arrays) == 1:
-        given = [n for n, v, unset in (("alpha", alpha, 1.0), ("beta", beta, None), ("bias", bias, None),
-                                       ("activation", activation, None)) if v is not unset and v != unset]
-        if given:           # a GEMM's arguments beside one array: a softmax plan would drop them unsaid
-            raise errors.ShapeError(f"explain: {', '.join(given)} given with one array, which explains softmax; "
-                                    f"pass (a, b) for a GEMM with an epilogue")
         return prepare.prepare_softmax("explain", arrays[0], axis, out, plan_only=True)
     if op in ("matmul", "gemm", "gated") and len(arrays) in (2, 3):
         c = arrays[2] if len(arrays) == 3 else None
@@ -253,3 +250,19 @@ def explain(*arrays: Any, op: Optional[str] = None, alpha: float = 1.0, beta: Op
 
 
 _EXPLAINED = ("softmax", "matmul", "gemm", "gated", "ragged_dot", "grouped_mm", "scaled_matmul")
+_GEMM_ARGS = {"alpha", "beta", "out", "bias", "activation"}
+_APPLIES = {"softmax": {"axis", "out"}, "matmul": _GEMM_ARGS, "gemm": _GEMM_ARGS,
+            "gated": {"bias", "activation", "out", "layout"}, "ragged_dot": {"activation"},
+            "grouped_mm": {"activation"}, "scaled_matmul": {"use_fast_accum"}}
+_UNSET = {"alpha": 1.0, "axis": -1, "use_fast_accum": False, "layout": "concat"}       # the rest: None
+
+
+def _applies(op: Optional[str], **given: Any) -> None:
+    """ShapeError for explain()'s arguments that the op does not take: its plan would drop them unsaid."""
+    if op not in _APPLIES:
+        return                      # explain() says what is wrong with the op itself
+    extra = [name for name, v in given.items() if name not in _APPLIES[op]
+             and (v is not None if name not in _UNSET else not (isinstance(v, type(_UNSET[name])) and v == _UNSET[name]))]
+    if extra:
+        raise errors.ShapeError(f"explain: {', '.join(extra)} given, which {op} does not take; "
+                                f"{op} takes {', '.join(sorted(_APPLIES[op])) or 'none of them'}")
