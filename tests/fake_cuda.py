@@ -64,7 +64,8 @@ class Fake:
         from xgemm import arrays
         from xgemm.core import policy
         from xgemm.core.problem import Device
-        from xgemm.kernels import cute_gemm_sm90, cute_sgemm, gluon_matmul_sm90, gluon_softmax, gluon_splitk_sm90
+        from xgemm.kernels import (cute_gemm_sm90, cute_sgemm, gluon_matmul_sm90, gluon_softmax, gluon_splitk_sm90,
+                                   triton_gemv_sm90, triton_grouped_sm90)
         from xgemm.runtime import cute_cache as xcompile
         from xgemm.runtime import launch
         from xgemm.torch import fastpath
@@ -73,7 +74,8 @@ class Fake:
                         cute_sgemm.KERNEL._plans, gluon_softmax.KERNEL._launchers, policy._plans,
                         fastpath._gemm, fastpath._softmax,
                         # each Gluon kernel's own launchers (a second Fake must not find the first's)
-                        gluon_matmul_sm90.KERNEL._launchers, gluon_splitk_sm90.KERNEL._launchers]
+                        gluon_matmul_sm90.KERNEL._launchers, gluon_splitk_sm90.KERNEL._launchers,
+                        triton_gemv_sm90.KERNEL._launchers, triton_grouped_sm90.KERNEL._launchers]
         self._saved = [dict(c) for c in self._caches]
         for c in self._caches[1:]:
             c.clear()
@@ -120,6 +122,9 @@ class Fake:
         fake = types.SimpleNamespace(**{k: v for k, v in vars(real).items() if k.isupper()})
         fake.launch_config, fake.check, fake.CudaError = real.launch_config, real.check, real.CudaError
         fake.load_kernel = lambda cubin, name, device, shared, cluster=1: real.LoadedKernel("module", name, 0, 0)
+        # stream-ordered scratch (the grouped kernel's group table): addresses nothing reads
+        fake.mem_alloc_async = lambda nbytes, stream: 0x7E00_0000_0000
+        fake.mem_free_async = lambda ptr, stream: None
         fake.launcher = lambda: self._launch
         return fake
 

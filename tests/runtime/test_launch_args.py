@@ -133,3 +133,14 @@ def test_grouped_int64_offsets_past_t_reach_the_kernel_capped_not_wrapped():
     (call,) = [c for c in fake.calls if c[0] == "cute"]
     ends = call[2][3]
     assert ends.dtype == torch.int32 and ends.tolist() == [64, 128, 256, 256]
+
+
+def test_the_variable_k_grouped_product_launches_under_two_fakes_in_a_row():
+    """The Triton grouped kernel's launch (its group table in stream-ordered scratch) under the fake
+    driver, twice: each Fake starts without the last one's launchers."""
+    x, w = torch.randn(656, 529, dtype=torch.float16), torch.randn(529, 64, dtype=torch.float16)
+    offs = torch.tensor([22, 61, 62, 285, 285, 306, 306, 306, 330, 358], dtype=torch.int32)
+    for _ in range(2):
+        with Fake(keep=True) as fake:
+            y = xgemm.grouped_mm(x, w, offs)
+        assert y.shape == (10, 656, 64) and [c[0] for c in fake.calls] == ["gluon"]
