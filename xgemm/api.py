@@ -90,8 +90,7 @@ def _explain_stacked(a: Any, b: Any, bias: Any, activation: str, layout: str, ou
 def _stacked_as_concat(fn: str, a: Any, b: Any, bias: Any, layout: str):
     """(b, bias) of the stacked layout ([..., K, 2, H], (2, H)), checked in the caller's shapes, as
     the concat layout's [..., K, 2H] and (2H,): views where the strides allow (the same numbers)."""
-    for name, x in (("a", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
-        arrays.require_array(fn, name, x)
+    arrays.require_arrays(fn, (("a", a), ("b", b)), (("bias", bias),))
     checks.gated_layout(fn, layout, tuple(b.shape), None if bias is None else tuple(bias.shape), tuple(a.shape))
     b = b.reshape(*b.shape[:-2], 2 * b.shape[-1])
     return b, None if bias is None else bias.reshape(2 * bias.shape[-1])

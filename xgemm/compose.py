@@ -35,13 +35,6 @@ def _check(fn: str, a: Any, b: Any, c: Any, beta: float, bias: Any, activation: 
     return dt, final
 
 
-def _require_arrays(fn: str, named, optional=()) -> None:
-    """NotAnArrayError for a list, scalar, None or other non-array among the (name, value) pairs,
-    and among the optional ones that are not None."""
-    for name, x in list(named) + [(n, x) for n, x in optional if x is not None]:
-        arrays.require_array(fn, name, x)
-
-
 def no_jax_out(fn: str, out: Any) -> None:
     if out is not None:
         raise errors.OutError(f"{fn}: out= is not supported for JAX (its arrays are immutable); use the result")
@@ -50,7 +43,7 @@ def no_jax_out(fn: str, out: Any) -> None:
 def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activation: Optional[str],
         gated: bool, out: Any, *, plan_only: bool = False) -> Any:
     """The composed call (or, with plan_only, the product's Plan with its epilogue line)."""
-    _require_arrays(fn, (("a", a), ("b", b)), (("c", c), ("bias", bias)))
+    arrays.require_arrays(fn, (("a", a), ("b", b)), (("c", c), ("bias", bias)))
     alpha = checks.scalar(fn, "alpha", alpha, traced=arrays.is_jax_tracer(alpha))
     beta = checks.scalar(fn, "beta", beta, traced=arrays.is_jax_tracer(beta))
     owner = prepare.owner_of(fn, "a", a)
@@ -100,13 +93,10 @@ def run(fn: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any, bias: Any, activ
         plan = prepare.prepare_gemm(fn, a, b, c_used, alpha, beta, None, plan_only=True, out_dtype=product_dt)
         plan.epilogue = epilogues.describe(bias is not None, activation, gated, product_dt, owner, gate_op=gate_op)
         return plan
-    if fused is not None:
-        try:
-            return prepare.run(fused)
-        except errors.KernelBuildError:
-            if policy.forced_kernel() is not None:
-                raise
-            # the only kernel that fuses it could not build its class (policy.attempt): composed
+    # None: the only kernel that fuses it could not build its class (policy.attempt): composed
+    result = None if fused is None else policy.built_or_none(lambda: prepare.run(fused))
+    if result is not None:
+        return result
     xp = arrays.namespace(owner)
     pre = _product(fn, owner, a, b, c_used, alpha, beta, product_dt)
     if bias is not None:
@@ -162,7 +152,7 @@ def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any,
     otherwise and under jax.grad. plan_only: explain()'s text, the plan and the epilogue line."""
     fn = fn or op
     names = grouped_checks.ARG_NAMES[op]
-    _require_arrays(fn, zip(names, (a, b, index)))
+    arrays.require_arrays(fn, zip(names, (a, b, index)))
     gated = grouped_checks.activation(fn, activation, names, tuple(b.shape))
     owner = prepare.owner_of(fn, names[0], a)
     dt = checks.operand_dtypes(fn, names[:2], arrays.dtype_name(a), arrays.dtype_name(b))
@@ -170,12 +160,9 @@ def run_grouped(op: str, entry: Any, a: Any, b: Any, index: Any, out_dtype: Any,
     product_dt = dt if gate_op else "float64" if dt == "float64" else "float32"
     want = checks.out_dtype(fn, dt, arrays.requested_dtype(out_dtype))
     if owner in ("torch", "cupy") and dt in checks.HALF and not prepare.torch_op_needed(a, b):
-        try:
-            fused = grouped.run_fused(op, a, b, index, want, activation, fn=fn, plan_only=plan_only)
-        except errors.KernelBuildError:
-            if policy.forced_kernel() is not None:
-                raise
-            fused = None        # as in run(): composed
+        # None also where the fusing class could not be built (policy.built_or_none): composed, as in run()
+        fused = policy.built_or_none(lambda: grouped.run_fused(op, a, b, index, want, activation, fn=fn,
+                                                               plan_only=plan_only))
         if fused is not None and plan_only:
             fused.epilogue = epilogues.describe(False, activation, gated, "float32", owner, fused.kernel.name)
             return f"{op}: {fused}"

@@ -133,14 +133,9 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
         return jax_fp8.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias, fn=fn)
     c = check_scaled_matmul(a, b, scale_a, scale_b, out_dtype, bias, fn=fn)
     prepared = prepare_kernel(c, fn, use_fast_accum)
-    if prepared is not None:
-        try:
-            return prepare.run(prepared)
-        except errors.KernelBuildError:
-            if policy.forced_kernel() is not None:
-                raise
-            # the FP8 class could not be built here (policy.attempt): the embedded default
-    return run_default(arrays.namespace(c.owner), c)
+    # None also where the FP8 class could not be built (policy.built_or_none): the embedded default
+    result = None if prepared is None else policy.built_or_none(lambda: prepare.run(prepared))
+    return result if result is not None else run_default(arrays.namespace(c.owner), c)
 
 
 def prepare_kernel(c: Checked, fn: str = "scaled_matmul", use_fast_accum: bool = True) -> Any:

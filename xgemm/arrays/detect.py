@@ -54,6 +54,13 @@ def require_array(fn: str, name: str, x: Any) -> str:
     return fw
 
 
+def require_arrays(fn: str, named, optional=()) -> None:
+    """require_array for each (name, value) pair (a None there is no array either), and for each
+    optional pair whose value is not None."""
+    for name, x in list(named) + [(n, x) for n, x in optional if x is not None]:
+        require_array(fn, name, x)
+
+
 def dtype_name(x: Any) -> str:
     """'float32', 'bfloat16', ... for numpy/jax/cupy dtypes (incl. ml_dtypes) and torch dtypes."""
     dt = x.dtype

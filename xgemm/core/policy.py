@@ -209,6 +209,18 @@ def attempt(plan: Plan, use: Callable[[Plan], T]) -> Tuple[Plan, T]:
             plan = nxt
 
 
+def built_or_none(call: Callable[[], T]) -> Optional[T]:
+    """call() (a launch or a lowering through attempt()), or None where attempt() let an
+    errors.KernelBuildError through with no kernel forced: a fused epilogue or an FP8 product that
+    only the reference is left for, which the caller composes (or gives the embedded default)."""
+    try:
+        return call()
+    except errors.KernelBuildError:
+        if forced_kernel() is not None:
+            raise
+        return None
+
+
 def choose(op: str, problem: Any) -> Plan:
     """The cached choice for this exact problem, or a fresh walk of the table."""
     # register() and snapshot() clear _plans

@@ -33,11 +33,11 @@ from jax.custom_batching import custom_vmap
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from xgemm import arrays, errors
+from xgemm import arrays
 from xgemm.core import fp8_checks, layout, policy
 from xgemm.core.problem import COL, ROW, Epilogue, GemmProblem, Operand
 from xgemm.jax import ffi as jax_ffi
-from xgemm.jax import inputs, lowering
+from xgemm.jax import inputs, lowering, primitives
 from xgemm.runtime.calls import TvmFfiCall
 
 _PRECISION = jax.lax.Precision.HIGHEST          # float32 products in float32 on GPUs too (no TF32)
@@ -171,14 +171,10 @@ def _scaled_cuda(*args, cfg, portable):
         epilogue=Epilogue(out_dtype=cfg.out),
         bias=Operand((n,), (1,), jnp.dtype(bias.dtype).name, ROW, 16) if bias is not None else None,
         scales=scale_ops, float32_accumulation=True)
-    try:
-        _, made = policy.attempt(policy.choose("gemm", problem), lambda plan: (
-            plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
-            if fp8_checks.PROMOTE_NOTE in plan.policy.notes else None))
-    except errors.KernelBuildError:
-        if policy.forced_kernel() is not None:
-            raise
-        made = None          # the FP8 class could not be built here: XLA's dot
+    # None also where the FP8 class could not be built (policy.built_or_none): XLA's dot
+    made = policy.built_or_none(lambda: policy.attempt(policy.choose("gemm", problem), lambda plan: (
+        plan.kernel.jax_lowering(problem, plan.policy, portable=portable)
+        if fp8_checks.PROMOTE_NOTE in plan.policy.notes else None))[1])
     if not isinstance(made, TvmFfiCall):
         return _reference(*_split(args), cfg)
     lowering.ensure_registered()
@@ -197,7 +193,7 @@ def _scaled_cuda_rule(ctx, *args, cfg):
 scaled_p.def_abstract_eval(_scaled_abstract)
 scaled_p.def_impl(lambda *args, cfg: jax.jit(functools.partial(scaled_p.bind, cfg=cfg))(*args))
 def _scaled_reference_rule(ctx, *args, cfg):
-    policy.forced_only_reference("gemm", "/".join(ctx.module_context.platforms))
+    primitives.forced_only_reference(ctx, "gemm")
     return mlir.lower_fun(lambda *xs: _reference(*_split(xs), cfg), multiple_results=False)(ctx, *args)
 
 

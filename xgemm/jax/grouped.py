@@ -44,7 +44,7 @@ from xgemm import arrays, errors
 from xgemm.core import checks, epilogues, grouped_checks, layout, policy
 from xgemm.core.problem import COL, ROW, Device
 from xgemm.jax import ffi as jax_ffi
-from xgemm.jax import inputs, lowering
+from xgemm.jax import inputs, lowering, primitives
 from xgemm.runtime.calls import Launch, TvmFfiCall
 
 # the variable-K product: a [T, M] . b [T, N] contracted over T, which is ragged -> [E, M, N]
@@ -269,13 +269,11 @@ def _grouped_cuda(a, b, sizes, *, out, ragged_k, portable, a_major=ROW, b_major=
 def _lowered(problem, portable: bool):
     """The chosen kernel's launch; for an export, where the chosen kernel has none that leaves the
     process (a TVM-FFI class), the first kernel after it in the table that takes the problem."""
-    try:
-        plan, made = policy.attempt(policy.choose("grouped", problem),
-                                    lambda plan: plan.kernel.jax_lowering(problem, plan.policy, portable=portable))
-    except errors.KernelBuildError:
-        if policy.forced_kernel() is not None or not problem.fused:
-            raise
-        return None         # the class that fuses the activation could not be built here: composed
+    lowered = policy.built_or_none(lambda: policy.attempt(
+        policy.choose("grouped", problem), lambda plan: plan.kernel.jax_lowering(problem, plan.policy, portable=portable)))
+    if lowered is None:         # the class that fuses the activation could not be built here: composed
+        return None
+    plan, made = lowered
     if made is not None or not portable:
         return made
     names = policy.kernel_names("grouped")
@@ -299,7 +297,7 @@ def _grouped_cuda_rule(ctx, a, b, sizes, **params):
 grouped_p.def_abstract_eval(_grouped_abstract)
 grouped_p.def_impl(lambda *args, **params: jax.jit(functools.partial(grouped_p.bind, **params))(*args))
 def _grouped_reference_rule(ctx, a, b, sizes, *, selected=False, **params):
-    policy.forced_only_reference("grouped", "/".join(ctx.module_context.platforms))
+    primitives.forced_only_reference(ctx, "grouped")
     fn = functools.partial(_grouped_reference, selected=selected, **params)
     return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, sizes)
 

@@ -147,19 +147,21 @@ def reference_softmax(x, *, axis: int):
     return (e / jnp.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
 
 
-def _platforms(ctx) -> str:
-    return "/".join(ctx.module_context.platforms)
+def forced_only_reference(ctx, op: str) -> None:
+    """In a reference lowering rule (XLA's own op): a forced kernel other than the reference raises,
+    naming the platforms lowered for (policy.forced_only_reference)."""
+    policy.forced_only_reference(op, "/".join(ctx.module_context.platforms))
 
 
 def _gemm_reference_rule(ctx, a, b, *c, alpha, beta, out_dtype, has_c, a_major="row", b_major="row", sm_margin=0):
-    policy.forced_only_reference("gemm", _platforms(ctx))
+    forced_only_reference(ctx, "gemm")
     fn = lambda a, b, *c: reference_gemm(a, b, c[0] if c else None, alpha=alpha, beta=beta, out_dtype=out_dtype,
                                          widen=True)
     return mlir.lower_fun(fn, multiple_results=False)(ctx, a, b, *c)
 
 
 def _softmax_reference_rule(ctx, x, *, axis):
-    policy.forced_only_reference("softmax", _platforms(ctx))
+    forced_only_reference(ctx, "softmax")
     return mlir.lower_fun(functools.partial(reference_softmax, axis=axis), multiple_results=False)(ctx, x)
 
 
