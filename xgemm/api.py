@@ -6,7 +6,6 @@ torch.library ops (torch/ops.py); JAX arrays and tracers go to xgemm.jax.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Optional
 
 from xgemm import arrays, compose, errors, fp8, grouped, prepare
@@ -29,7 +28,7 @@ def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0
     gelu_tanh, silu, sigmoid (None: none). The epilogue runs in float32 (float64 for float64)."""
     if bias is not None or activation is not None:
         return compose.run(_fn, a, b, c, alpha, beta, bias, activation, False, out)
-    if out is not None and prepare.torch_op_needed(a) and sys.modules["torch"].compiler.is_compiling():
+    if out is not None and prepare.torch_tracing(a):
         # dynamo cannot trace out='s DLPack view: the op writes a result of out's dtype, copied into out
         from xgemm.torch import ops as xtorch
         alpha, beta = checks.scalar(_fn, "alpha", alpha), checks.scalar(_fn, "beta", beta)
@@ -168,7 +167,7 @@ def softmax(x: Any, axis: int = -1, *, out: Any = None) -> Any:
         hit = torch_native.active.hit(_SOFTMAX, policy.forced_kernel(), axis, 0, x, None, None)
         if hit is not None:
             return hit
-    if out is not None and prepare.torch_op_needed(x) and sys.modules["torch"].compiler.is_compiling():
+    if out is not None and prepare.torch_tracing(x):
         if out.dtype != x.dtype:                             # as prepare_softmax's check_out
             raise errors.DTypeError(f"softmax: out has dtype {arrays.dtype_name(out)}; use {arrays.dtype_name(x)}")
         from xgemm.torch import ops as xtorch

@@ -103,6 +103,11 @@ def _owner_and_tracers(fn: str, named: Sequence[Tuple[str, Any]]) -> str:
     return fw
 
 
+def torch_tracing(x: Any) -> bool:
+    """Is x a torch tensor inside a torch.compile trace?"""
+    return arrays.framework_of(x) == "torch" and sys.modules["torch"].compiler.is_compiling()
+
+
 def torch_op_needed(*xs: Any) -> bool:
     """Torch tensors that require grad (or a torch.compile trace) go through the torch.library ops.
     Decided without importing xgemm.torch.ops: registering its ops costs a first call ~6 ms."""
